@@ -1,0 +1,108 @@
+#include "core/checkpoint.h"
+
+#include <cstdint>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/file_util.h"
+#include "core/flat_params.h"
+
+namespace starling {
+namespace {
+
+// Layout (little-endian):
+//   "STARCKPT" u32 version u32 n_sections
+//   n x { u32 name_len, name, u64 size, bytes }
+//   u64 HashBytes(everything above)
+constexpr char kMagic[8] = {'S', 'T', 'A', 'R', 'C', 'K', 'P', 'T'};
+constexpr uint32_t kVersion = 1;
+
+template <typename T>
+void Put(std::string* out, T v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+class Reader {
+ public:
+  explicit Reader(const std::string& data) : data_(data) {}
+  template <typename T>
+  bool Get(T* v) {
+    if (data_.size() - pos_ < sizeof(T)) return false;
+    std::memcpy(v, data_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool GetBytes(uint64_t n, std::string* out) {
+    if (data_.size() - pos_ < n) return false;
+    out->assign(data_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  size_t pos() const { return pos_; }
+
+ private:
+  const std::string& data_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+std::string CheckpointPathInRunDir(const std::string& run_dir) {
+  return absl::StrCat(run_dir, "/checkpoint.ckpt");
+}
+
+absl::Status WriteCheckpoint(const std::string& path, const Checkpoint& ckpt) {
+  std::string out(kMagic, sizeof(kMagic));
+  Put<uint32_t>(&out, kVersion);
+  Put<uint32_t>(&out, static_cast<uint32_t>(ckpt.sections.size()));
+  for (const auto& [name, bytes] : ckpt.sections) {
+    Put<uint32_t>(&out, static_cast<uint32_t>(name.size()));
+    out += name;
+    Put<uint64_t>(&out, bytes.size());
+    out += bytes;
+  }
+  Put<uint64_t>(&out, HashBytes(out.data(), out.size()));
+  return WriteFileAtomic(path, out);
+}
+
+absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
+  absl::StatusOr<std::string> data = ReadFile(path);
+  if (!data.ok()) return data.status();
+  auto corrupt = [&](absl::string_view why) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", path, " is unreadable: ", why));
+  };
+  if (data->size() < sizeof(kMagic) + 16 ||
+      std::memcmp(data->data(), kMagic, sizeof(kMagic)) != 0) {
+    return corrupt("not a Starling checkpoint (bad magic)");
+  }
+  size_t body = data->size() - sizeof(uint64_t);
+  uint64_t stored;
+  std::memcpy(&stored, data->data() + body, sizeof(stored));
+  if (stored != HashBytes(data->data(), body)) {
+    return corrupt("checksum mismatch (truncated or corrupted file)");
+  }
+  Reader r(*data);
+  std::string magic;
+  uint32_t version = 0, n = 0;
+  r.GetBytes(sizeof(kMagic), &magic);
+  if (!r.Get(&version) || version != kVersion) {
+    return corrupt(absl::StrCat("unsupported version ", version));
+  }
+  if (!r.Get(&n)) return corrupt("missing section count");
+  Checkpoint ckpt;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t name_len = 0;
+    uint64_t size = 0;
+    std::string name, bytes;
+    if (!r.Get(&name_len) || !r.GetBytes(name_len, &name) || !r.Get(&size) ||
+        r.pos() + size > body || !r.GetBytes(size, &bytes)) {
+      return corrupt(absl::StrCat("section ", i, " is out of bounds"));
+    }
+    ckpt.sections[name] = std::move(bytes);
+  }
+  if (r.pos() != body) return corrupt("trailing bytes after the sections");
+  return ckpt;
+}
+
+}  // namespace starling

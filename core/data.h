@@ -1,0 +1,124 @@
+// Datasets for the inner trainer: byte-level text (a file or the built-in KJV
+// corpus), uint16 token files and Fashion-MNIST idx.gz files. Each dataset is
+// loaded once, split deterministically into train and validation, and sharded
+// per node (--shard=K/N: iid, contiguous, or non-iid by label for images).
+// A Dataset is immutable after Load: concurrent reads are safe. A Sampler is
+// per-trainer mutable state (not thread-safe) and goes into checkpoints.
+#ifndef STARLING_CORE_DATA_H_
+#define STARLING_CORE_DATA_H_
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace starling {
+
+enum class TaskKind {
+  kLanguageModel,   // x: int64 [B, T]; y: int64 [B, T] (next token)
+  kClassification,  // x: float [B, 1, 28, 28]; y: int64 [B]
+};
+
+struct Batch {
+  torch::Tensor x;
+  torch::Tensor y;
+};
+
+enum class ShardMode { kIid, kContiguous, kNonIid };
+
+struct ShardSpec {
+  int index = 0;  // K, 0-based
+  int count = 1;  // N
+  ShardMode mode = ShardMode::kIid;
+};
+
+// Parses "K/N" (0 <= K < N) and "iid" | "contiguous" | "noniid".
+// InvalidArgument naming the flag on bad values.
+absl::StatusOr<ShardSpec> ParseShard(const std::string& shard,
+                                     const std::string& mode);
+
+struct DataOptions {
+  // "kjv", "text:PATH", "tokens:PATH", "fmnist" or "fmnist:DIR".
+  std::string spec = "kjv";
+  int context = 64;            // language models: window length
+  double val_fraction = 0.05;  // text/tokens: the tail held out
+  int vocab = 0;               // tokens: 0 = max token + 1
+  std::string cache_dir;       // where kjv.txt is cached; "" = default
+  ShardSpec shard;
+  uint64_t split_seed =
+      0;  // fixes the iid shard assignment (same on all nodes)
+};
+
+// Mutable sampling position, saved in checkpoints: the RNG for random text
+// windows, and (epoch, cursor) for epoch-shuffled images.
+struct Sampler {
+  explicit Sampler(uint64_t seed = 0) : rng(seed), seed(seed) {}
+  std::mt19937_64 rng;
+  uint64_t seed;
+  int64_t epoch = 0;
+  int64_t cursor = 0;
+  // Cache of the current epoch's order; rebuilt from (seed, epoch), not saved.
+  std::vector<int64_t> order;
+  int64_t order_epoch = -1;
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+
+  virtual TaskKind kind() const = 0;
+  // Vocabulary size (language models) or number of classes.
+  virtual int64_t num_classes() const = 0;
+  // Shape of one input example, e.g. {64} or {1, 28, 28}.
+  virtual std::vector<int64_t> example_shape() const = 0;
+  // Human-readable description for logs and summaries.
+  virtual std::string Describe() const = 0;
+  // Examples in this node's training shard (text: bytes/tokens).
+  virtual int64_t train_size() const = 0;
+  // Predicted positions per example (text: context; images: 1).
+  virtual int64_t targets_per_example() const = 0;
+
+  // Draws the next training batch from this node's shard.
+  virtual Batch NextTrain(int batch_size, Sampler& sampler) const = 0;
+
+  // Validation examples [begin, begin+count) of the full held-out set (the
+  // same on every node).
+  virtual int64_t val_examples() const = 0;
+  virtual Batch ValBatch(int64_t begin, int64_t count) const = 0;
+};
+
+// Loads and validates the data set. NotFound / InvalidArgument naming the file
+// and what was expected when it is missing or malformed; FailedPrecondition
+// when `bible` is needed and not installed.
+absl::StatusOr<std::unique_ptr<Dataset>> LoadDataset(const DataOptions& opts);
+
+// The default cache directory: $STARLING_CACHE_DIR, else
+// $XDG_CACHE_HOME/starling, else $HOME/.cache/starling.
+std::string DefaultCacheDir();
+
+// Returns the path of the cached KJV text, creating it from
+// `bible -f "Gen1:1-Rev22:21"` on first use.
+absl::StatusOr<std::string> EnsureKjvCorpus(const std::string& cache_dir);
+
+// Parsers exposed for tests. `name` appears in error messages.
+absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(const std::string& bytes,
+                                                     const std::string& name);
+struct IdxArray {
+  std::vector<int32_t> dims;
+  std::string data;  // uint8 payload
+};
+// Parses a (gunzipped) idx file; `expected_type` is 0x08 (uint8) and
+// `expected_rank` the number of dimensions.
+absl::StatusOr<IdxArray> ParseIdx(const std::string& bytes, int expected_rank,
+                                  const std::string& name);
+// Reads a whole .gz file. InvalidArgument when it is not valid gzip.
+absl::StatusOr<std::string> ReadGzipFile(const std::string& path);
+
+}  // namespace starling
+
+#endif  // STARLING_CORE_DATA_H_

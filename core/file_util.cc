@@ -1,0 +1,130 @@
+#include "core/file_util.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace starling {
+namespace {
+
+absl::Status Errno(absl::string_view what, const std::string& path) {
+  return absl::InternalError(
+      absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+absl::Status WriteAll(int fd, absl::string_view data, const std::string& path) {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Errno("write", path);
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+std::string DirName(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace
+
+bool FileExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) {
+      return absl::NotFoundError(absl::StrCat("file not found: ", path));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is not a regular file"));
+  }
+  std::string data;
+  data.resize(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::read(fd, &data[done], data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  if (done != data.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "short read on ", path, ": ", done, " of ", data.size(), " bytes"));
+  }
+  return data;
+}
+
+absl::Status WriteFileAtomic(const std::string& path, absl::string_view data) {
+  std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("cannot create", tmp);
+  absl::Status st = WriteAll(fd, data, tmp);
+  if (st.ok() && ::fsync(fd) != 0) st = Errno("fsync", tmp);
+  if (::close(fd) != 0 && st.ok()) st = Errno("close", tmp);
+  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    st = Errno("rename to", path);
+  }
+  if (!st.ok()) {
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  int dir = ::open(DirName(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AppendLine(const std::string& path, absl::string_view line) {
+  int fd =
+      ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("cannot open", path);
+  std::string buf = absl::StrCat(line, "\n");
+  absl::Status st = WriteAll(fd, buf, path);
+  ::close(fd);
+  return st;
+}
+
+absl::Status MakeDirs(const std::string& path) {
+  if (path.empty()) return absl::OkStatus();
+  std::string partial;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    partial = path.substr(0, pos);
+    if (partial.empty()) continue;
+    if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+      return Errno("mkdir", partial);
+    }
+  }
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::InternalError(absl::StrCat(path, " is not a directory"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace starling

@@ -1,0 +1,35 @@
+// Whole-file reads and crash-safe whole-file writes.
+// WriteFileAtomic writes a temp file in the same directory, fsyncs it, renames
+// it over the target and fsyncs the directory: a crash at any point leaves
+// either the old file or the new one, never a torn one.
+// Thread-safe (no shared state); concurrent writers to one path race benignly
+// (last rename wins).
+#ifndef STARLING_CORE_FILE_UTIL_H_
+#define STARLING_CORE_FILE_UTIL_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace starling {
+
+// NotFound if `path` does not exist; InvalidArgument if it is not a readable
+// regular file.
+absl::StatusOr<std::string> ReadFile(const std::string& path);
+
+// Internal on any I/O failure; the target is untouched in that case.
+absl::Status WriteFileAtomic(const std::string& path, absl::string_view data);
+
+// Appends `line` plus '\n' with one write(2) (O_APPEND) and no fsync.
+absl::Status AppendLine(const std::string& path, absl::string_view line);
+
+// mkdir -p. Internal on failure.
+absl::Status MakeDirs(const std::string& path);
+
+bool FileExists(const std::string& path);
+
+}  // namespace starling
+
+#endif  // STARLING_CORE_FILE_UTIL_H_

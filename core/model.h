@@ -1,0 +1,54 @@
+// Models the trainer can run: built-in `mlp` and `cnn` (Fashion-MNIST), `gpt`
+// (a byte/token-level decoder-only transformer), and any TorchScript module
+// exported from Python whose forward(x) returns logits.
+// A Model is not thread-safe: one trainer owns it. LibTorch exceptions are
+// caught inside CreateModel; Forward may throw c10::Error, which the trainer
+// catches at its edge.
+#ifndef STARLING_CORE_MODEL_H_
+#define STARLING_CORE_MODEL_H_
+
+#include <torch/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace starling {
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // Logits: [B, C] for classification, [B, T, V] for language models.
+  virtual torch::Tensor Forward(const torch::Tensor& x) = 0;
+  // Trainable parameters in a fixed order (the flat-view order).
+  virtual std::vector<torch::Tensor> Parameters() = 0;
+  // Non-trainable state that checkpoints keep (may be empty).
+  virtual std::vector<torch::Tensor> Buffers() = 0;
+  virtual void SetTraining(bool training) = 0;
+  virtual void To(const torch::Device& device) = 0;
+  // Architecture string, e.g.
+  // "gpt(layers=2,width=64,heads=4,context=64,vocab=256)".
+  virtual std::string Architecture() const = 0;
+};
+
+struct ModelOptions {
+  std::string spec = "gpt";  // "mlp", "cnn", "gpt" or "torchscript:PATH"
+  int layers = 2;
+  int width = 64;
+  int heads = 4;
+  int context = 64;
+  int64_t num_classes = 256;   // vocabulary or classes, from the data set
+  bool language_model = true;  // x is int64 [B, T] (else float images)
+};
+
+// InvalidArgument naming the flag for an unknown model, a model that does not
+// fit the data (e.g. `gpt` on images), or a bad shape; NotFound /
+// InvalidArgument naming the file for an unreadable TorchScript file.
+absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ModelOptions& opts);
+
+}  // namespace starling
+
+#endif  // STARLING_CORE_MODEL_H_

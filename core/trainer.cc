@@ -1,0 +1,434 @@
+#include "core/trainer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <mutex>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/checkpoint.h"
+#include "core/status.h"
+#include "core/torch_error.h"
+
+namespace starling {
+namespace {
+
+bool IsImageData(const std::string& spec) {
+  return spec == "fmnist" || absl::StartsWith(spec, "fmnist:");
+}
+
+std::string ShapeString(const torch::Tensor& t) {
+  return absl::StrCat("[", absl::StrJoin(t.sizes(), ","), "]");
+}
+
+std::string ArchiveToString(torch::serialize::OutputArchive& archive) {
+  std::ostringstream os;
+  archive.save_to(os);
+  return os.str();
+}
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since)
+      .count();
+}
+
+}  // namespace
+
+TrainConfig DefaultTrainConfig() {
+  TrainConfig c;
+  c.set_model("");  // auto: gpt for text, cnn for fmnist
+  c.set_layers(2);
+  c.set_width(64);
+  c.set_heads(4);
+  c.set_context(64);
+  c.set_data("kjv");
+  c.set_shard("0/1");
+  c.set_shard_mode("iid");
+  c.set_val_fraction(0.05);
+  c.set_optimizer("adamw");
+  c.set_lr(0);       // auto
+  c.set_warmup(-1);  // auto
+  c.set_weight_decay(0.1);
+  c.set_beta1(0.9);
+  c.set_beta2(0.95);
+  c.set_momentum(0.9);
+  c.set_clip(1.0);
+  c.set_batch(0);  // auto
+  c.set_steps(0);  // auto
+  c.set_device("cpu");
+  c.set_threads(0);
+  c.set_seed(0);
+  c.set_eval_every(200);
+  c.set_checkpoint_every(200);
+  c.set_log_every(50);
+  return c;
+}
+
+absl::Status ResolveTrainConfig(TrainConfig* c) {
+  const bool images = IsImageData(c->data());
+  if (c->model().empty()) c->set_model(images ? "cnn" : "gpt");
+  if (c->batch() == 0) c->set_batch(images ? 64 : 16);
+  if (c->steps() == 0) c->set_steps(images ? 1900 : 800);
+  if (c->lr() == 0) c->set_lr(images ? 1e-3 : 3e-3);
+  if (c->warmup() < 0) c->set_warmup(50);
+  auto bad = [](absl::string_view flag, auto value, absl::string_view want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", value, ": ", want));
+  };
+  if (c->batch() < 1) return bad("batch", c->batch(), "must be >= 1");
+  if (c->steps() < 1) return bad("steps", c->steps(), "must be >= 1");
+  if (!(c->lr() > 0) || !std::isfinite(c->lr())) {
+    return bad("lr", c->lr(), "must be a positive number");
+  }
+  if (c->clip() < 0) return bad("clip", c->clip(), "must be >= 0 (0 = off)");
+  if (c->weight_decay() < 0) {
+    return bad("weight_decay", c->weight_decay(), "must be >= 0");
+  }
+  if (c->beta1() < 0 || c->beta1() >= 1) {
+    return bad("beta1", c->beta1(), "must be in [0, 1)");
+  }
+  if (c->beta2() < 0 || c->beta2() >= 1) {
+    return bad("beta2", c->beta2(), "must be in [0, 1)");
+  }
+  if (c->momentum() < 0 || c->momentum() >= 1) {
+    return bad("momentum", c->momentum(), "must be in [0, 1)");
+  }
+  if (c->optimizer() != "adamw" && c->optimizer() != "adam" &&
+      c->optimizer() != "sgd") {
+    return bad("optimizer", c->optimizer(), "expected adamw, adam or sgd");
+  }
+  if (c->eval_every() < 0) return bad("eval_every", c->eval_every(), ">= 0");
+  if (c->checkpoint_every() < 0) {
+    return bad("checkpoint_every", c->checkpoint_every(), "must be >= 0");
+  }
+  if (c->threads() < 0) return bad("threads", c->threads(), "must be >= 0");
+  if (c->device() != "cpu" && c->device() != "cuda" &&
+      !absl::StartsWith(c->device(), "cuda:")) {
+    return bad("device", c->device(), "expected cpu, cuda or cuda:N");
+  }
+  return absl::OkStatus();
+}
+
+Trainer::Trainer(const TrainConfig& config, torch::Device device)
+    : config_(config), device_(device) {}
+
+Trainer::~Trainer() = default;
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    const TrainConfig& config) {
+  torch::Device device(torch::kCPU);
+  if (config.device() != "cpu") {
+    if (!torch::cuda::is_available()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--device=", config.device(),
+          ": CUDA is not available (this LibTorch build has no CUDA support "
+          "or no GPU is visible); build against a CUDA LibTorch with "
+          "-DCMAKE_PREFIX_PATH=/path/to/libtorch, or use --device=cpu"));
+    }
+    try {
+      device = torch::Device(config.device());
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--device=", config.device(), ": ", TorchErrorMessage(e)));
+    }
+  }
+  auto trainer = std::unique_ptr<Trainer>(new Trainer(config, device));
+  STARLING_RETURN_IF_ERROR(trainer->Init());
+  return trainer;
+}
+
+absl::Status Trainer::Init() {
+  DataOptions data;
+  data.spec = config_.data();
+  data.context = config_.context();
+  data.val_fraction = config_.val_fraction();
+  data.vocab = config_.vocab();
+  data.cache_dir = config_.cache_dir();
+  data.split_seed = config_.seed();
+  STARLING_ASSIGN_OR_RETURN(data.shard,
+                            ParseShard(config_.shard(), config_.shard_mode()));
+  STARLING_ASSIGN_OR_RETURN(dataset_, LoadDataset(data));
+
+  ModelOptions mo;
+  mo.spec = config_.model();
+  mo.layers = config_.layers();
+  mo.width = config_.width();
+  mo.heads = config_.heads();
+  mo.context = config_.context();
+  mo.num_classes = dataset_->num_classes();
+  mo.language_model = dataset_->kind() == TaskKind::kLanguageModel;
+  torch::manual_seed(config_.seed());
+  STARLING_ASSIGN_OR_RETURN(model_, CreateModel(mo));
+
+  const std::string model_flag = absl::StrCat("--model=", config_.model());
+  std::vector<torch::Tensor> params;
+  try {
+    model_->To(device_);
+    params = model_->Parameters();
+    // Probe once on two validation examples: the logits must fit the data.
+    Batch probe =
+        dataset_->ValBatch(0, std::min<int64_t>(2, dataset_->val_examples()));
+    torch::NoGradGuard no_grad;
+    model_->SetTraining(false);
+    torch::Tensor logits = model_->Forward(probe.x.to(device_));
+    model_->SetTraining(true);
+    std::vector<int64_t> want(probe.y.sizes().begin(), probe.y.sizes().end());
+    want.push_back(dataset_->num_classes());
+    if (logits.sizes().vec() != want || !logits.is_floating_point()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          model_flag, ": forward(x) on input ", ShapeString(probe.x), " ",
+          std::string(probe.x.dtype().name()), " returned ",
+          std::string(logits.dtype().name()), " ", ShapeString(logits),
+          "; expected float logits of shape [", absl::StrJoin(want, ","),
+          "] for ", dataset_->Describe()));
+    }
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(model_flag, ": forward(x) failed on ",
+                     dataset_->Describe(), ": ", TorchErrorMessage(e)));
+  }
+  int64_t trainable = 0;
+  for (const auto& p : params) trainable += p.requires_grad() ? 1 : 0;
+  if (trainable == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(model_flag, ": the model has no trainable parameters"));
+  }
+
+  if (config_.optimizer() == "adamw") {
+    optimizer_ = std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(config_.lr())
+                    .betas(std::make_tuple(config_.beta1(), config_.beta2()))
+                    .weight_decay(config_.weight_decay()));
+  } else if (config_.optimizer() == "adam") {
+    optimizer_ = std::make_unique<torch::optim::Adam>(
+        params, torch::optim::AdamOptions(config_.lr())
+                    .betas(std::make_tuple(config_.beta1(), config_.beta2()))
+                    .weight_decay(config_.weight_decay()));
+  } else {
+    optimizer_ = std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(config_.lr())
+                    .momentum(config_.momentum())
+                    .weight_decay(config_.weight_decay()));
+  }
+  schedule_.peak_lr = config_.lr();
+  schedule_.warmup_steps = config_.warmup();
+  schedule_.total_steps = config_.steps();
+
+  ShardSpec shard = data.shard;
+  sampler_ = Sampler(config_.seed() ^ (static_cast<uint64_t>(shard.index) *
+                                       0x9E3779B97F4A7C15ULL));
+  *state_.mutable_config() = config_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Trainer::Step() {
+  auto start = std::chrono::steady_clock::now();
+  StepResult r;
+  r.lr = LearningRateAt(schedule_, state_.step());
+  try {
+    for (auto& group : optimizer_->param_groups()) group.options().set_lr(r.lr);
+    Batch batch = dataset_->NextTrain(config_.batch(), sampler_);
+    torch::Tensor x = batch.x.to(device_), y = batch.y.to(device_);
+    optimizer_->zero_grad();
+    torch::Tensor logits = model_->Forward(x);
+    torch::Tensor loss = torch::nn::functional::cross_entropy(
+        logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+    loss.backward();
+    if (config_.clip() > 0) {
+      torch::nn::utils::clip_grad_norm_(model_->Parameters(), config_.clip());
+    }
+    optimizer_->step();
+    r.loss = loss.item<double>();
+    r.samples = batch.y.size(0);
+    r.tokens = batch.y.numel();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("inner step ", state_.step() + 1,
+                                            " failed: ", TorchErrorMessage(e)));
+  }
+  if (!std::isfinite(r.loss)) {
+    return absl::InternalError(absl::StrCat(
+        "training loss is ", r.loss, " at step ", state_.step() + 1,
+        " (diverged); lower --lr or enable --clip"));
+  }
+  r.seconds = Seconds(start);
+  state_.set_step(state_.step() + 1);
+  state_.set_samples(state_.samples() + r.samples);
+  state_.set_tokens(state_.tokens() + r.tokens);
+  state_.set_compute_seconds(state_.compute_seconds() + r.seconds);
+  state_.set_last_train_loss(r.loss);
+  return r;
+}
+
+absl::StatusOr<EvalResult> Trainer::Evaluate(int batch_size) {
+  EvalResult r;
+  double loss_sum = 0;
+  int64_t correct = 0, targets = 0;
+  const int64_t n = dataset_->val_examples();
+  try {
+    torch::NoGradGuard no_grad;
+    model_->SetTraining(false);
+    for (int64_t begin = 0; begin < n; begin += batch_size) {
+      Batch b =
+          dataset_->ValBatch(begin, std::min<int64_t>(batch_size, n - begin));
+      torch::Tensor logits = model_->Forward(b.x.to(device_));
+      torch::Tensor flat = logits.reshape({-1, logits.size(-1)});
+      torch::Tensor y = b.y.to(device_).reshape({-1});
+      loss_sum +=
+          torch::nn::functional::cross_entropy(
+              flat, y,
+              torch::nn::functional::CrossEntropyFuncOptions().reduction(
+                  torch::kSum))
+              .item<double>();
+      correct += flat.argmax(-1).eq(y).sum().item<int64_t>();
+      targets += y.numel();
+    }
+    model_->SetTraining(true);
+  } catch (const std::exception& e) {
+    model_->SetTraining(true);
+    return absl::InternalError(
+        absl::StrCat("evaluation failed: ", TorchErrorMessage(e)));
+  }
+  r.examples = n;
+  r.loss = targets > 0 ? loss_sum / targets : 0.0;
+  if (dataset_->kind() == TaskKind::kClassification && targets > 0) {
+    r.accuracy = static_cast<double>(correct) / targets;
+  }
+  return r;
+}
+
+absl::Status Trainer::SaveCheckpoint(const std::string& path) {
+  Checkpoint ckpt;
+  TrainerState st = state_;
+  std::ostringstream rng;
+  rng << sampler_.rng;
+  st.set_sampler_rng(rng.str());
+  st.set_epoch(sampler_.epoch);
+  st.set_cursor(sampler_.cursor);
+  ckpt.sections["trainer_state"] = st.SerializeAsString();
+  ckpt.sections["architecture"] = model_->Architecture();
+  try {
+    torch::serialize::OutputArchive model_archive;
+    std::vector<torch::Tensor> params = model_->Parameters();
+    std::vector<torch::Tensor> buffers = model_->Buffers();
+    for (size_t i = 0; i < params.size(); ++i) {
+      model_archive.write(absl::StrCat("param.", i), params[i].detach().cpu());
+    }
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      model_archive.write(absl::StrCat("buffer.", i), buffers[i].cpu());
+    }
+    ckpt.sections["model"] = ArchiveToString(model_archive);
+    torch::serialize::OutputArchive opt_archive;
+    optimizer_->save(opt_archive);
+    ckpt.sections["optimizer"] = ArchiveToString(opt_archive);
+    auto gen = at::detail::getDefaultCPUGenerator();
+    torch::Tensor rng_state;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      rng_state = gen.get_state();
+    }
+    ckpt.sections["torch_rng"] = std::string(
+        static_cast<const char*>(rng_state.data_ptr()), rng_state.nbytes());
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("cannot serialize checkpoint ",
+                                            path, ": ", TorchErrorMessage(e)));
+  }
+  return WriteCheckpoint(path, ckpt);
+}
+
+absl::Status Trainer::RestoreCheckpoint(const std::string& path) {
+  STARLING_ASSIGN_OR_RETURN(Checkpoint ckpt, ReadCheckpoint(path));
+  for (const char* name :
+       {"trainer_state", "architecture", "model", "optimizer", "torch_rng"}) {
+    if (!ckpt.sections.count(name)) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", path, " has no '", name, "' section"));
+    }
+  }
+  TrainerState st;
+  if (!st.ParseFromString(ckpt.sections["trainer_state"])) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", path, ": unreadable trainer state"));
+  }
+  auto mismatch = [&](absl::string_view flag, const std::string& was,
+                      const std::string& now) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--resume: checkpoint ", path, " was written with --",
+                     flag, "=", was, " but this run has --", flag, "=", now));
+  };
+  const TrainConfig& old = st.config();
+  if (ckpt.sections["architecture"] != model_->Architecture()) {
+    return mismatch("model", ckpt.sections["architecture"],
+                    model_->Architecture());
+  }
+  if (old.data() != config_.data())
+    return mismatch("data", old.data(), config_.data());
+  if (old.shard() != config_.shard()) {
+    return mismatch("shard", old.shard(), config_.shard());
+  }
+  if (old.shard_mode() != config_.shard_mode()) {
+    return mismatch("shard_mode", old.shard_mode(), config_.shard_mode());
+  }
+  if (old.optimizer() != config_.optimizer()) {
+    return mismatch("optimizer", old.optimizer(), config_.optimizer());
+  }
+  if (old.seed() != config_.seed()) {
+    return mismatch("seed", absl::StrCat(old.seed()),
+                    absl::StrCat(config_.seed()));
+  }
+  try {
+    torch::serialize::InputArchive model_archive;
+    const std::string& mbytes = ckpt.sections["model"];
+    model_archive.load_from(mbytes.data(), mbytes.size());
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> params = model_->Parameters();
+    std::vector<torch::Tensor> buffers = model_->Buffers();
+    auto load = [&](const std::string& key, torch::Tensor& dst) {
+      torch::Tensor src;
+      model_archive.read(key, src);
+      TORCH_CHECK(src.sizes() == dst.sizes(), "tensor ", key, " has shape ",
+                  ShapeString(src), ", the model expects ", ShapeString(dst));
+      dst.copy_(src);
+    };
+    for (size_t i = 0; i < params.size(); ++i) {
+      load(absl::StrCat("param.", i), params[i]);
+    }
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      load(absl::StrCat("buffer.", i), buffers[i]);
+    }
+    torch::serialize::InputArchive opt_archive;
+    const std::string& obytes = ckpt.sections["optimizer"];
+    opt_archive.load_from(obytes.data(), obytes.size());
+    optimizer_->load(opt_archive);
+    const std::string& rbytes = ckpt.sections["torch_rng"];
+    torch::Tensor rng_state =
+        torch::empty({static_cast<int64_t>(rbytes.size())}, torch::kUInt8);
+    std::memcpy(rng_state.data_ptr(), rbytes.data(), rbytes.size());
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng_state);
+  } catch (const std::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", path,
+                     " does not fit this model: ", TorchErrorMessage(e)));
+  }
+  std::istringstream rng(st.sampler_rng());
+  rng >> sampler_.rng;
+  if (rng.fail()) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", path, ": unreadable sampler state"));
+  }
+  sampler_.epoch = st.epoch();
+  sampler_.cursor = st.cursor();
+  sampler_.order_epoch = -1;
+  *st.mutable_config() = config_;
+  state_ = st;
+  return absl::OkStatus();
+}
+
+}  // namespace starling

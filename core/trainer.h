@@ -1,0 +1,105 @@
+// The inner trainer: one model, its data shard, the inner optimizer (AdamW,
+// Adam or SGD) with warmup+cosine LR and gradient clipping, evaluation, and
+// checkpoints that make a resumed run bit-identical to an uninterrupted one.
+// `starling train` drives it for a whole run; the network modes call Step()
+// for each inner step and exchange Parameters() between rounds.
+// Not thread-safe: one thread owns a Trainer. LibTorch exceptions are caught
+// here and returned as absl::Status.
+#ifndef STARLING_CORE_TRAINER_H_
+#define STARLING_CORE_TRAINER_H_
+
+#include <torch/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/data.h"
+#include "core/lr_schedule.h"
+#include "core/model.h"
+#include "starling/config/v1/config.pb.h"
+
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
+
+namespace starling {
+
+using config::v1::TrainConfig;
+using config::v1::TrainerState;
+
+// The flag defaults of `starling train`, before data-dependent resolution.
+TrainConfig DefaultTrainConfig();
+
+// Fills the fields left at "auto" (empty model, batch/steps/lr of 0, negative
+// warmup) from the data set kind: text uses the KJV gpt recipe, images the
+// Fashion-MNIST cnn recipe. InvalidArgument naming the flag for values out of
+// range.
+absl::Status ResolveTrainConfig(TrainConfig* config);
+
+struct StepResult {
+  double loss = 0.0;
+  double lr = 0.0;
+  int64_t samples = 0;  // examples in this step's batch
+  int64_t tokens = 0;   // predicted positions in this step's batch
+  double seconds = 0.0;
+};
+
+struct EvalResult {
+  double loss = 0.0;
+  double accuracy = -1.0;  // classification only; -1 otherwise
+  int64_t examples = 0;
+};
+
+class Trainer {
+ public:
+  // Loads the data, builds the model and optimizer and probes the model once
+  // on validation data. `config` must be resolved (ResolveTrainConfig).
+  // Errors name the bad flag or input: InvalidArgument / NotFound /
+  // FailedPrecondition for user errors, Internal otherwise.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(
+      const TrainConfig& config);
+  ~Trainer();
+
+  // One inner step at the schedule's LR for the current step.
+  // Internal (with the step number) on a LibTorch failure or a non-finite loss.
+  absl::StatusOr<StepResult> Step();
+
+  // Mean loss (and accuracy) over the whole validation set.
+  absl::StatusOr<EvalResult> Evaluate(int batch_size = 64);
+
+  // Writes model, optimizer, trainer state, sampler and RNG state atomically.
+  absl::Status SaveCheckpoint(const std::string& path);
+  // Restores everything SaveCheckpoint wrote. FailedPrecondition naming the
+  // field when the checkpoint came from an incompatible configuration;
+  // DataLoss when the file is corrupt.
+  absl::Status RestoreCheckpoint(const std::string& path);
+
+  Model& model() { return *model_; }
+  const Dataset& dataset() const { return *dataset_; }
+  const TrainConfig& config() const { return config_; }
+  const TrainerState& state() const { return state_; }
+  // Wall time of the run so far (across resumes), saved in checkpoints.
+  void set_wall_seconds(double seconds) { state_.set_wall_seconds(seconds); }
+  // Trainable parameters in flat-view order.
+  std::vector<torch::Tensor> Parameters() { return model_->Parameters(); }
+  torch::Device device() const { return device_; }
+
+ private:
+  Trainer(const TrainConfig& config, torch::Device device);
+  absl::Status Init();
+
+  TrainConfig config_;
+  torch::Device device_;
+  std::unique_ptr<Dataset> dataset_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  LrSchedule schedule_;
+  Sampler sampler_;
+  TrainerState state_;
+};
+
+}  // namespace starling
+
+#endif  // STARLING_CORE_TRAINER_H_
