@@ -1,0 +1,65 @@
+// The `starling` binary: dispatches to its subcommands.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/logging.h"
+#include "node/flags.h"
+#include "node/train_command.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "Starling: a low-communication decentralized trainer.\n\n"
+    "usage: starling SUBCOMMAND [--flag=value ...]\n\n"
+    "subcommands:\n";
+
+struct Entry {
+  const starling::Subcommand& sub;
+  int (*run)();
+};
+
+std::string TopUsage(const std::vector<Entry>& entries) {
+  std::string out = kUsage;
+  for (const Entry& e : entries) {
+    absl::StrAppend(&out, "  ", e.sub.name, "    ", e.sub.summary, "\n");
+  }
+  absl::StrAppend(&out,
+                  "\n`starling SUBCOMMAND --help` lists a subcommand's flags.\n"
+                  "Exit codes: 0 ok, 2 bad flags/config/input, 1 runtime "
+                  "failure.\n");
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<Entry> entries = {
+      {starling::TrainSubcommand(), &starling::RunTrainCommand},
+  };
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" ||
+      args[0] == "help") {
+    std::fputs(TopUsage(entries).c_str(), stdout);
+    return args.empty() ? 2 : 0;
+  }
+  for (const Entry& e : entries) {
+    if (args[0] != e.sub.name) continue;
+    bool help = false;
+    absl::Status s = starling::ParseSubcommandFlags(
+        e.sub, std::vector<std::string>(args.begin() + 1, args.end()), &help);
+    if (help) {
+      std::fputs(starling::SubcommandUsage(e.sub).c_str(), stdout);
+      return 0;
+    }
+    if (!s.ok()) {
+      starling::WriteStderrLine(
+          absl::StrCat("starling ", e.sub.name, ": error: ", s.message()));
+      return 2;
+    }
+    return e.run();
+  }
+  starling::WriteStderrLine(absl::StrCat("starling: unknown subcommand '",
+                                         args[0], "'\n\n", TopUsage(entries)));
+  return 2;
+}

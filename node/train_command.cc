@@ -1,0 +1,457 @@
+#include "node/train_command.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <signal.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/checkpoint.h"
+#include "core/file_util.h"
+#include "core/flat_params.h"
+#include "core/json.h"
+#include "core/logging.h"
+#include "core/status.h"
+#include "core/trainer.h"
+
+// Defaults come from DefaultTrainConfig() so the library and the CLI agree.
+ABSL_FLAG(std::string, model, starling::DefaultTrainConfig().model(),
+          "mlp | cnn | gpt | torchscript:PATH. Empty = gpt for text data, cnn "
+          "for fmnist. A TorchScript module's forward(x) must return logits.");
+ABSL_FLAG(int, layers, starling::DefaultTrainConfig().layers(),
+          "gpt: number of transformer blocks");
+ABSL_FLAG(int, width, starling::DefaultTrainConfig().width(),
+          "gpt: embedding width; mlp: hidden width");
+ABSL_FLAG(int, heads, starling::DefaultTrainConfig().heads(),
+          "gpt: attention heads (must divide --width)");
+ABSL_FLAG(int, context, starling::DefaultTrainConfig().context(),
+          "text: window length in tokens");
+ABSL_FLAG(std::string, data, starling::DefaultTrainConfig().data(),
+          "kjv (the King James Bible via `bible`, cached on first use) | "
+          "text:PATH (bytes of any file) | tokens:PATH (little-endian uint16) "
+          "| fmnist (Debian's dataset-fashion-mnist) | fmnist:DIR");
+ABSL_FLAG(std::string, shard, starling::DefaultTrainConfig().shard(),
+          "K/N: train on shard K (0-based) of N of the training data");
+ABSL_FLAG(std::string, shard_mode, starling::DefaultTrainConfig().shard_mode(),
+          "iid | contiguous | noniid (fmnist only: split by label)");
+ABSL_FLAG(double, val_fraction, starling::DefaultTrainConfig().val_fraction(),
+          "text/tokens: fraction held out at the end for validation (fmnist "
+          "uses its 10k test set)");
+ABSL_FLAG(std::string, cache_dir, "",
+          "where the kjv corpus is cached; empty = $STARLING_CACHE_DIR, "
+          "$XDG_CACHE_HOME/starling or ~/.cache/starling");
+ABSL_FLAG(int, vocab, 0, "tokens: vocabulary size; 0 = largest token + 1");
+ABSL_FLAG(std::string, optimizer, starling::DefaultTrainConfig().optimizer(),
+          "inner optimizer: adamw | adam | sgd");
+ABSL_FLAG(double, lr, starling::DefaultTrainConfig().lr(),
+          "peak learning rate; 0 = auto (3e-3 text, 1e-3 fmnist)");
+ABSL_FLAG(int, warmup, starling::DefaultTrainConfig().warmup(),
+          "linear warmup steps before the cosine decay to 0; -1 = auto (50)");
+ABSL_FLAG(double, weight_decay, starling::DefaultTrainConfig().weight_decay(),
+          "weight decay (decoupled for adamw, L2 for adam and sgd)");
+ABSL_FLAG(double, beta1, starling::DefaultTrainConfig().beta1(),
+          "adam/adamw beta1");
+ABSL_FLAG(double, beta2, starling::DefaultTrainConfig().beta2(),
+          "adam/adamw beta2");
+ABSL_FLAG(double, momentum, starling::DefaultTrainConfig().momentum(),
+          "sgd momentum (0 = plain SGD)");
+ABSL_FLAG(double, clip, starling::DefaultTrainConfig().clip(),
+          "clip the global gradient norm to this value; 0 = off");
+ABSL_FLAG(int, batch, starling::DefaultTrainConfig().batch(),
+          "examples per inner step; 0 = auto (16 text windows, 64 images)");
+ABSL_FLAG(int, steps, starling::DefaultTrainConfig().steps(),
+          "inner steps in the run; 0 = auto (800 text, 1900 fmnist)");
+ABSL_FLAG(std::string, device, starling::DefaultTrainConfig().device(),
+          "cpu | cuda | cuda:N (cuda needs a CUDA build of LibTorch)");
+ABSL_FLAG(int, threads, starling::DefaultTrainConfig().threads(),
+          "intra-op CPU threads; 0 = LibTorch's default");
+ABSL_FLAG(uint32_t, seed, starling::DefaultTrainConfig().seed(),
+          "seed for initialization, sharding and sampling; the same seed "
+          "gives the same run");
+ABSL_FLAG(std::string, out, "",
+          "run directory (events.jsonl, summary.json, checkpoint.ckpt); "
+          "empty = runs/train-TIMESTAMP");
+ABSL_FLAG(int, eval_every, starling::DefaultTrainConfig().eval_every(),
+          "validation every N steps (and at the end); 0 = only at the end");
+ABSL_FLAG(int, checkpoint_every,
+          starling::DefaultTrainConfig().checkpoint_every(),
+          "checkpoint every N steps (and at the end); 0 = only at the end");
+ABSL_FLAG(int, log_every, starling::DefaultTrainConfig().log_every(),
+          "progress line every N steps");
+ABSL_FLAG(bool, resume, false,
+          "continue the run in --out from its checkpoint.ckpt");
+
+namespace starling {
+namespace {
+
+std::atomic<int> g_signal{0};
+
+void OnSignal(int sig) { g_signal.store(sig); }
+
+TrainConfig ConfigFromFlags() {
+  TrainConfig c;
+  c.set_model(absl::GetFlag(FLAGS_model));
+  c.set_layers(absl::GetFlag(FLAGS_layers));
+  c.set_width(absl::GetFlag(FLAGS_width));
+  c.set_heads(absl::GetFlag(FLAGS_heads));
+  c.set_context(absl::GetFlag(FLAGS_context));
+  c.set_data(absl::GetFlag(FLAGS_data));
+  c.set_shard(absl::GetFlag(FLAGS_shard));
+  c.set_shard_mode(absl::GetFlag(FLAGS_shard_mode));
+  c.set_val_fraction(absl::GetFlag(FLAGS_val_fraction));
+  c.set_cache_dir(absl::GetFlag(FLAGS_cache_dir));
+  c.set_vocab(absl::GetFlag(FLAGS_vocab));
+  c.set_optimizer(absl::GetFlag(FLAGS_optimizer));
+  c.set_lr(absl::GetFlag(FLAGS_lr));
+  c.set_warmup(absl::GetFlag(FLAGS_warmup));
+  c.set_weight_decay(absl::GetFlag(FLAGS_weight_decay));
+  c.set_beta1(absl::GetFlag(FLAGS_beta1));
+  c.set_beta2(absl::GetFlag(FLAGS_beta2));
+  c.set_momentum(absl::GetFlag(FLAGS_momentum));
+  c.set_clip(absl::GetFlag(FLAGS_clip));
+  c.set_batch(absl::GetFlag(FLAGS_batch));
+  c.set_steps(absl::GetFlag(FLAGS_steps));
+  c.set_device(absl::GetFlag(FLAGS_device));
+  c.set_threads(absl::GetFlag(FLAGS_threads));
+  c.set_seed(absl::GetFlag(FLAGS_seed));
+  c.set_out(absl::GetFlag(FLAGS_out));
+  c.set_eval_every(absl::GetFlag(FLAGS_eval_every));
+  c.set_checkpoint_every(absl::GetFlag(FLAGS_checkpoint_every));
+  c.set_log_every(absl::GetFlag(FLAGS_log_every));
+  c.set_resume(absl::GetFlag(FLAGS_resume));
+  return c;
+}
+
+bool IsUserError(const absl::Status& s) {
+  return absl::IsInvalidArgument(s) || absl::IsNotFound(s) ||
+         absl::IsFailedPrecondition(s) || absl::IsOutOfRange(s);
+}
+
+std::string FormatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  int s = static_cast<int>(seconds + 0.5);
+  if (s >= 3600) return absl::StrFormat("%dh%02dm", s / 3600, s / 60 % 60);
+  if (s >= 60) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%ds", s);
+}
+
+// Writes events.jsonl lines for one node.
+class EventLog {
+ public:
+  EventLog(std::string path, std::chrono::steady_clock::time_point start,
+           double wall_offset)
+      : path_(std::move(path)), start_(start), wall_offset_(wall_offset) {}
+
+  void Write(absl::string_view event, JsonObject fields) {
+    JsonObject line;
+    line.Add("event", event)
+        .Add("node", "n0")
+        .Add("time", absl::FormatTime(absl::RFC3339_full, absl::Now(),
+                                      absl::UTCTimeZone()))
+        .Add("wall_seconds", WallSeconds());
+    std::string body = fields.Dump();
+    std::string text = line.Dump();
+    if (body.size() > 2) {
+      text = absl::StrCat(text.substr(0, text.size() - 1), ",", body.substr(1));
+    }
+    absl::Status st = AppendLine(path_, text);
+    if (!st.ok() && !warned_) {
+      STARLING_LOG(WARNING) << "cannot write events: " << st.message();
+      warned_ = true;
+    }
+  }
+
+  double WallSeconds() const {
+    return wall_offset_ + std::chrono::duration<double>(
+                              std::chrono::steady_clock::now() - start_)
+                              .count();
+  }
+
+ private:
+  std::string path_;
+  std::chrono::steady_clock::time_point start_;
+  double wall_offset_;
+  bool warned_ = false;
+};
+
+std::string ConfigJson(const TrainConfig& config) {
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.preserve_proto_field_names = true;
+  opts.always_print_primitive_fields = true;
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(config, &json, opts).ok()) {
+    return "{}";
+  }
+  return json;
+}
+
+absl::Status WriteSummary(const std::string& out_dir, Trainer& trainer,
+                          const EvalResult& eval, double wall_seconds,
+                          bool interrupted) {
+  const TrainerState& st = trainer.state();
+  std::vector<torch::Tensor> params = trainer.Parameters();
+  const std::string hash = ModelHash(params);
+  const double compute = st.compute_seconds();
+  JsonObject node;
+  node.Add("id", "n0")
+      .Add("device", trainer.device().str())
+      .Add("inner_steps", static_cast<int64_t>(st.step()))
+      .Add("samples", st.samples())
+      .Add("tokens", st.tokens())
+      .Add("bytes_sent", int64_t{0})
+      .Add("bytes_received", int64_t{0})
+      .Add("compute_seconds", compute)
+      .Add("wall_seconds", wall_seconds)
+      .Add("tokens_per_second", compute > 0 ? st.tokens() / compute : 0.0)
+      .Add("model_hash", hash);
+  JsonObject final_obj;
+  final_obj.Add("val_loss", eval.loss);
+  if (eval.accuracy >= 0) final_obj.Add("val_accuracy", eval.accuracy);
+  final_obj.Add("train_loss", st.last_train_loss())
+      .Add("inner_steps", static_cast<int64_t>(st.step()))
+      .Add("total_bytes", int64_t{0})
+      // A single node exchanges nothing: per-step ring all-reduce over one
+      // rank also sends nothing, so the reduction ratio is undefined (null).
+      .Add("allreduce_equivalent_bytes", int64_t{0})
+      .AddNull("comm_reduction")
+      .Add("utilization", wall_seconds > 0 ? compute / wall_seconds : 0.0)
+      .Add("model_hash", hash)
+      .Add("interrupted", interrupted);
+  JsonObject model;
+  model.Add("architecture", trainer.model().Architecture())
+      .Add("parameters", NumElements(params));
+  JsonObject summary;
+  summary.Add("command", "train")
+      .AddRaw("config", ConfigJson(trainer.config()))
+      .Add("model", model)
+      .Add("data", trainer.dataset().Describe())
+      .Add("nodes", JsonArray().Push(node))
+      .Add("rounds", JsonArray())
+      .Add("final", final_obj);
+  return WriteFileAtomic(absl::StrCat(out_dir, "/summary.json"),
+                         summary.Dump() + "\n");
+}
+
+int Fail(const absl::Status& s, int code) {
+  WriteStderrLine(absl::StrCat("starling train: error: ", s.message()));
+  return code;
+}
+
+}  // namespace
+
+const Subcommand& TrainSubcommand() {
+  static const Subcommand* sub = new Subcommand{
+      "train",
+      "train one model on one node, no peers",
+      "Trains one model on this machine: --steps inner steps of --optimizer "
+      "with linear warmup and cosine decay, validation every --eval_every "
+      "steps, and atomic checkpoints every --checkpoint_every steps. Writes "
+      "--out/events.jsonl, --out/summary.json and --out/checkpoint.ckpt. "
+      "--resume continues an interrupted run exactly.\n\n"
+      "The KJV parity recipe:\n"
+      "  starling train --model=gpt --layers=2 --width=64 --heads=4 "
+      "--context=64 --data=kjv --batch=16 --steps=800 --lr=3e-3 --warmup=50 "
+      "--threads=1 --seed=0 --out=runs/kjv\n"
+      "Fashion-MNIST:\n"
+      "  starling train --data=fmnist --out=runs/fmnist",
+      {"model",     "layers",     "width",
+       "heads",     "context",    "data",
+       "shard",     "shard_mode", "val_fraction",
+       "cache_dir", "vocab",      "optimizer",
+       "lr",        "warmup",     "weight_decay",
+       "beta1",     "beta2",      "momentum",
+       "clip",      "batch",      "steps",
+       "device",    "threads",    "seed",
+       "out",       "eval_every", "checkpoint_every",
+       "log_every", "resume"}};
+  return *sub;
+}
+
+int RunTrainCommand() {
+  const auto start = std::chrono::steady_clock::now();
+  TrainConfig config = ConfigFromFlags();
+  if (absl::Status s = ResolveTrainConfig(&config); !s.ok()) return Fail(s, 2);
+  if (config.out().empty()) {
+    if (config.resume()) {
+      return Fail(absl::InvalidArgumentError(
+                      "--resume needs --out=DIR naming the run to continue"),
+                  2);
+    }
+    config.set_out(absl::StrCat(
+        "runs/train-",
+        absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone())));
+  }
+  const std::string out = config.out();
+  const std::string ckpt_path = CheckpointPathInRunDir(out);
+  if (config.resume() && !FileExists(ckpt_path)) {
+    return Fail(absl::InvalidArgumentError(
+                    absl::StrCat("--resume: no checkpoint at ", ckpt_path)),
+                2);
+  }
+  if (!config.resume() && FileExists(ckpt_path)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--out=", out, " already holds a run (", ckpt_path,
+                    "); pass --resume to continue it, or choose another "
+                    "--out")),
+                2);
+  }
+  if (absl::Status s = MakeDirs(out); !s.ok()) {
+    return Fail(absl::InvalidArgumentError(
+                    absl::StrCat("--out=", out, ": ", s.message())),
+                2);
+  }
+  if (config.threads() > 0) torch::set_num_threads(config.threads());
+
+  absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(config);
+  if (!created.ok()) {
+    return Fail(created.status(), IsUserError(created.status()) ? 2 : 1);
+  }
+  Trainer& trainer = **created;
+  if (config.resume()) {
+    absl::Status s = trainer.RestoreCheckpoint(ckpt_path);
+    if (!s.ok()) return Fail(s, IsUserError(s) ? 2 : 1);
+  }
+  const int64_t params = NumElements(trainer.Parameters());
+  STARLING_LOG(INFO) << "model " << trainer.model().Architecture() << ", "
+                     << params << " parameters, on " << trainer.device().str()
+                     << ", " << torch::get_num_threads() << " threads";
+  STARLING_LOG(INFO) << "data " << trainer.dataset().Describe();
+  STARLING_LOG(INFO) << "run directory " << out;
+
+  EventLog events(absl::StrCat(out, "/events.jsonl"), start,
+                  trainer.state().wall_seconds());
+  events.Write(config.resume() ? "resume" : "start",
+               JsonObject()
+                   .Add("step", static_cast<int64_t>(trainer.state().step()))
+                   .Add("architecture", trainer.model().Architecture())
+                   .Add("parameters", params)
+                   .Add("data", trainer.dataset().Describe()));
+
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  auto checkpoint = [&]() -> absl::Status {
+    trainer.set_wall_seconds(events.WallSeconds());
+    const TrainerState& st = trainer.state();
+    absl::Status s = trainer.SaveCheckpoint(ckpt_path);
+    if (s.ok()) {
+      events.Write("checkpoint",
+                   JsonObject()
+                       .Add("step", static_cast<int64_t>(st.step()))
+                       .Add("path", ckpt_path));
+    }
+    return s;
+  };
+
+  EvalResult eval;
+  eval.loss = std::nan("");
+  bool evaluated_at_step = false;
+  auto evaluate = [&]() -> absl::Status {
+    STARLING_ASSIGN_OR_RETURN(eval, trainer.Evaluate());
+    JsonObject fields;
+    fields.Add("step", static_cast<int64_t>(trainer.state().step()))
+        .Add("val_loss", eval.loss);
+    if (eval.accuracy >= 0) fields.Add("val_accuracy", eval.accuracy);
+    events.Write("eval", std::move(fields));
+    WriteStderrLine(absl::StrFormat(
+        "eval  step %d/%d | val_loss %.4f%s", trainer.state().step(),
+        config.steps(), eval.loss,
+        eval.accuracy >= 0
+            ? absl::StrFormat(" | val_acc %.2f%%", 100 * eval.accuracy)
+            : ""));
+    evaluated_at_step = true;
+    return absl::OkStatus();
+  };
+
+  // Throughput over the last log window, for the progress line and ETA.
+  double window_seconds = 0;
+  int64_t window_tokens = 0;
+  int window_steps = 0;
+  double window_loss = 0;
+  bool interrupted = false;
+  while (trainer.state().step() < config.steps()) {
+    if (g_signal.load() != 0) {
+      interrupted = true;
+      break;
+    }
+    absl::StatusOr<StepResult> r = trainer.Step();
+    if (!r.ok()) {
+      events.Write("error", JsonObject().Add("message", r.status().message()));
+      return Fail(r.status(), 1);
+    }
+    evaluated_at_step = false;
+    const int step = trainer.state().step();
+    window_seconds += r->seconds;
+    window_tokens += r->tokens;
+    window_loss += r->loss;
+    ++window_steps;
+    events.Write("step", JsonObject()
+                             .Add("step", static_cast<int64_t>(step))
+                             .Add("loss", r->loss)
+                             .Add("lr", r->lr)
+                             .Add("seconds", r->seconds));
+    if (config.log_every() > 0 &&
+        (step % config.log_every() == 0 || step == config.steps())) {
+      double tps = window_seconds > 0 ? window_tokens / window_seconds : 0;
+      double eta = window_steps > 0
+                       ? (config.steps() - step) * window_seconds / window_steps
+                       : 0;
+      WriteStderrLine(absl::StrFormat(
+          "step %d/%d | loss %.4f | lr %.2e | %.0f tok/s | eta %s", step,
+          config.steps(), window_loss / window_steps, r->lr, tps,
+          FormatDuration(eta)));
+      window_seconds = 0;
+      window_tokens = 0;
+      window_steps = 0;
+      window_loss = 0;
+    }
+    if (config.eval_every() > 0 && step % config.eval_every() == 0) {
+      if (absl::Status s = evaluate(); !s.ok()) return Fail(s, 1);
+    }
+    if (config.checkpoint_every() > 0 &&
+        step % config.checkpoint_every() == 0 && step < config.steps()) {
+      if (absl::Status s = checkpoint(); !s.ok()) return Fail(s, 1);
+    }
+  }
+  if (!evaluated_at_step && !interrupted) {
+    if (absl::Status s = evaluate(); !s.ok()) return Fail(s, 1);
+  }
+  if (absl::Status s = checkpoint(); !s.ok()) return Fail(s, 1);
+  const double wall = events.WallSeconds();
+  events.Write(interrupted ? "interrupted" : "end",
+               JsonObject()
+                   .Add("step", static_cast<int64_t>(trainer.state().step()))
+                   .Add("val_loss", eval.loss));
+  if (absl::Status s = WriteSummary(out, trainer, eval, wall, interrupted);
+      !s.ok()) {
+    return Fail(s, 1);
+  }
+  if (interrupted) {
+    WriteStderrLine(absl::StrCat(
+        "starling train: interrupted by signal ", g_signal.load(), " at step ",
+        trainer.state().step(), "; checkpoint saved to ", ckpt_path,
+        ". Continue with the same flags plus --resume."));
+    return 1;
+  }
+  WriteStderrLine(absl::StrFormat(
+      "done: %d steps, val_loss %.4f%s, %s wall, summary in %s/summary.json",
+      trainer.state().step(), eval.loss,
+      eval.accuracy >= 0
+          ? absl::StrFormat(", val_acc %.2f%%", 100 * eval.accuracy)
+          : "",
+      FormatDuration(wall), out));
+  return 0;
+}
+
+}  // namespace starling
