@@ -1,0 +1,59 @@
+// Helpers for tests that run the `starling` binary as a real process.
+#ifndef STARLING_TESTS_CORE_RUN_UTIL_H_
+#define STARLING_TESTS_CORE_RUN_UTIL_H_
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "core/file_util.h"
+#include "gtest/gtest.h"
+#include "tests/core/test_util.h"
+
+namespace starling::testing {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// Runs `starling ARGS` through the shell and captures its output.
+inline RunResult RunStarling(const std::string& args) {
+  std::string dir = TempDir();
+  std::string cmd = absl::StrCat(STARLING_BINARY, " ", args, " >", dir,
+                                 "/out 2>", dir, "/err </dev/null");
+  int status = std::system(cmd.c_str());
+  RunResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = ReadFile(dir + "/out").value_or("");
+  r.err = ReadFile(dir + "/err").value_or("");
+  return r;
+}
+
+// Parses a JSON file (e.g. summary.json) into a Struct.
+inline google::protobuf::Struct ReadJson(const std::string& path) {
+  google::protobuf::Struct s;
+  absl::StatusOr<std::string> text = ReadFile(path);
+  EXPECT_TRUE(text.ok()) << text.status();
+  if (!text.ok()) return s;
+  auto st = google::protobuf::util::JsonStringToMessage(*text, &s);
+  EXPECT_TRUE(st.ok()) << path << ": " << st.ToString();
+  return s;
+}
+
+inline const google::protobuf::Value& Field(const google::protobuf::Struct& s,
+                                            const std::string& key) {
+  static const google::protobuf::Value* missing = new google::protobuf::Value;
+  auto it = s.fields().find(key);
+  EXPECT_NE(it, s.fields().end()) << "missing JSON field " << key;
+  return it == s.fields().end() ? *missing : it->second;
+}
+
+}  // namespace starling::testing
+
+#endif  // STARLING_TESTS_CORE_RUN_UTIL_H_

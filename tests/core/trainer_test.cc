@@ -1,0 +1,294 @@
+#include "core/trainer.h"
+
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "core/checkpoint.h"
+#include "core/file_util.h"
+#include "core/flat_params.h"
+#include "gtest/gtest.h"
+#include "tests/core/test_util.h"
+
+namespace starling {
+namespace {
+
+using ::starling::testing::TempDir;
+
+std::string Fixture(const char* name) {
+  return absl::StrCat(STARLING_FIXTURE_DIR, "/", name);
+}
+
+TrainConfig TinyText() {
+  static const std::string* path = [] {
+    auto* p = new std::string(TempDir() + "/corpus.txt");
+    EXPECT_TRUE(WriteFileAtomic(*p, testing::SampleText(200000)).ok());
+    return p;
+  }();
+  TrainConfig c = DefaultTrainConfig();
+  c.set_data("text:" + *path);
+  c.set_model("gpt");
+  c.set_layers(1);
+  c.set_width(32);
+  c.set_heads(2);
+  c.set_context(32);
+  c.set_batch(8);
+  c.set_steps(40);
+  c.set_lr(3e-3);
+  c.set_warmup(5);
+  c.set_seed(5);
+  EXPECT_TRUE(ResolveTrainConfig(&c).ok());
+  return c;
+}
+
+TrainConfig TinyImages(const std::string& model) {
+  static const std::string* dir = [] {
+    auto* d = new std::string(TempDir());
+    testing::WriteTinyFmnist(*d, 300, 60);
+    return d;
+  }();
+  TrainConfig c = DefaultTrainConfig();
+  c.set_data("fmnist:" + *dir);
+  c.set_model(model);
+  c.set_width(32);
+  c.set_batch(32);  // 300 examples: epochs wrap inside the run
+  c.set_steps(30);
+  c.set_optimizer("sgd");
+  c.set_lr(0.05);
+  c.set_seed(9);
+  EXPECT_TRUE(ResolveTrainConfig(&c).ok());
+  return c;
+}
+
+std::unique_ptr<Trainer> MustCreate(const TrainConfig& c) {
+  auto t = Trainer::Create(c);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? std::move(t).value() : nullptr;
+}
+
+std::vector<double> RunSteps(Trainer& t, int n) {
+  std::vector<double> losses;
+  for (int i = 0; i < n; ++i) {
+    auto r = t.Step();
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) break;
+    losses.push_back(r->loss);
+  }
+  return losses;
+}
+
+TEST(ResolveTest, AutoDefaultsFollowTheData) {
+  TrainConfig text = DefaultTrainConfig();
+  ASSERT_TRUE(ResolveTrainConfig(&text).ok());
+  EXPECT_EQ(text.model(), "gpt");
+  EXPECT_EQ(text.batch(), 16);
+  EXPECT_EQ(text.steps(), 800);
+  EXPECT_DOUBLE_EQ(text.lr(), 3e-3);
+  EXPECT_EQ(text.warmup(), 50);
+  TrainConfig img = DefaultTrainConfig();
+  img.set_data("fmnist");
+  ASSERT_TRUE(ResolveTrainConfig(&img).ok());
+  EXPECT_EQ(img.model(), "cnn");
+  EXPECT_EQ(img.batch(), 64);
+}
+
+TEST(ResolveTest, BadValuesNameTheFlag) {
+  struct Case {
+    std::function<void(TrainConfig*)> set;
+    const char* flag;
+  };
+  std::vector<Case> cases = {
+      {[](TrainConfig* c) { c->set_batch(-1); }, "--batch"},
+      {[](TrainConfig* c) { c->set_steps(-5); }, "--steps"},
+      {[](TrainConfig* c) { c->set_lr(-1); }, "--lr"},
+      {[](TrainConfig* c) { c->set_optimizer("lion"); }, "--optimizer"},
+      {[](TrainConfig* c) { c->set_device("tpu"); }, "--device"},
+      {[](TrainConfig* c) { c->set_beta2(1.5); }, "--beta2"},
+      {[](TrainConfig* c) { c->set_clip(-1); }, "--clip"},
+  };
+  for (const Case& k : cases) {
+    TrainConfig c = DefaultTrainConfig();
+    k.set(&c);
+    absl::Status s = ResolveTrainConfig(&c);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << k.flag;
+    EXPECT_NE(s.message().find(k.flag), std::string::npos) << s.message();
+  }
+}
+
+TEST(TrainerTest, GptLearnsText) {
+  auto t = MustCreate(TinyText());
+  ASSERT_NE(t, nullptr);
+  auto before = t->Evaluate();
+  ASSERT_TRUE(before.ok());
+  RunSteps(*t, 40);
+  auto after = t->Evaluate();
+  ASSERT_TRUE(after.ok());
+  EXPECT_NEAR(before->loss, std::log(256.0), 0.6);
+  EXPECT_LT(after->loss, before->loss - 1.0);
+  EXPECT_EQ(t->state().step(), 40);
+  EXPECT_EQ(t->state().samples(), 40 * 8);
+  EXPECT_EQ(t->state().tokens(), 40 * 8 * 32);
+}
+
+TEST(TrainerTest, SameSeedSameRun) {
+  auto a = MustCreate(TinyText()), b = MustCreate(TinyText());
+  EXPECT_EQ(RunSteps(*a, 5), RunSteps(*b, 5));
+  EXPECT_EQ(ModelHash(a->Parameters()), ModelHash(b->Parameters()));
+}
+
+// Resuming from a checkpoint gives exactly the losses and weights of an
+// uninterrupted run.
+void ExpectExactResume(const TrainConfig& config, int total, int cut) {
+  auto straight = MustCreate(config);
+  std::vector<double> expected = RunSteps(*straight, total);
+
+  std::string path = TempDir() + "/resume.ckpt";
+  auto first = MustCreate(config);
+  std::vector<double> got = RunSteps(*first, cut);
+  ASSERT_TRUE(first->SaveCheckpoint(path).ok());
+  RunSteps(*first, 3);  // work after the checkpoint is lost on a crash
+  first.reset();
+
+  auto second = MustCreate(config);
+  absl::Status s = second->RestoreCheckpoint(path);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(second->state().step(), cut);
+  for (double l : RunSteps(*second, total - cut)) got.push_back(l);
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(ModelHash(second->Parameters()), ModelHash(straight->Parameters()));
+}
+
+TEST(TrainerTest, ExactResumeGptAdamW) { ExpectExactResume(TinyText(), 20, 9); }
+
+TEST(TrainerTest, ExactResumeImagesSgdAcrossEpochs) {
+  ExpectExactResume(TinyImages("mlp"), 30, 13);
+}
+
+TEST(TrainerTest, ExactResumeAdam) {
+  TrainConfig c = TinyText();
+  c.set_optimizer("adam");
+  c.set_weight_decay(0);
+  ExpectExactResume(c, 12, 5);
+}
+
+TEST(TrainerTest, ResumeRefusesADifferentRun) {
+  std::string path = TempDir() + "/a.ckpt";
+  auto t = MustCreate(TinyText());
+  RunSteps(*t, 2);
+  ASSERT_TRUE(t->SaveCheckpoint(path).ok());
+
+  TrainConfig other_seed = TinyText();
+  other_seed.set_seed(6);
+  absl::Status s = MustCreate(other_seed)->RestoreCheckpoint(path);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find("--seed"), std::string::npos);
+
+  TrainConfig wider = TinyText();
+  wider.set_width(64);
+  s = MustCreate(wider)->RestoreCheckpoint(path);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find("--model"), std::string::npos);
+}
+
+TEST(TrainerTest, CorruptCheckpointIsDataLossAndChangesNothing) {
+  std::string path = TempDir() + "/c.ckpt";
+  auto t = MustCreate(TinyText());
+  ASSERT_TRUE(t->SaveCheckpoint(path).ok());
+  std::string bytes = *ReadFile(path);
+  bytes[bytes.size() - 20] ^= 0x10;
+  ASSERT_TRUE(WriteFileAtomic(path, bytes).ok());
+  std::string before = ModelHash(t->Parameters());
+  EXPECT_TRUE(absl::IsDataLoss(t->RestoreCheckpoint(path)));
+  EXPECT_EQ(ModelHash(t->Parameters()), before);
+}
+
+TEST(TrainerTest, ImageModelsLearnTheTinySet) {
+  for (const char* model : {"mlp", "cnn"}) {
+    TrainConfig c = TinyImages(model);
+    c.set_optimizer("adamw");
+    c.set_lr(2e-3);
+    auto t = MustCreate(c);
+    ASSERT_NE(t, nullptr);
+    RunSteps(*t, 30);
+    auto e = t->Evaluate();
+    ASSERT_TRUE(e.ok());
+    EXPECT_GT(e->accuracy, 0.9) << model;
+  }
+}
+
+TEST(TorchScriptTest, ByteLmTrainsOnText) {
+  TrainConfig c = TinyText();
+  c.set_model("torchscript:" + Fixture("byte_lm.pt"));
+  c.set_lr(1e-2);
+  auto t = MustCreate(c);
+  ASSERT_NE(t, nullptr);
+  std::vector<double> losses = RunSteps(*t, 40);
+  ASSERT_EQ(losses.size(), 40u);
+  EXPECT_LT(losses.back(), losses.front() - 1.0);
+  // TorchScript models checkpoint and resume like built-in ones.
+  ExpectExactResume(c, 10, 4);
+}
+
+TEST(TorchScriptTest, ImageMlpTrains) {
+  TrainConfig c = TinyImages("torchscript:" + Fixture("fmnist_mlp.pt"));
+  auto t = MustCreate(c);
+  ASSERT_NE(t, nullptr);
+  RunSteps(*t, 30);
+  EXPECT_GT(t->Evaluate()->accuracy, 0.9);
+}
+
+TEST(TorchScriptTest, WrongOutputShapeIsRejected) {
+  TrainConfig c = TinyImages("torchscript:" + Fixture("bad_output.pt"));
+  auto t = Trainer::Create(c);
+  EXPECT_TRUE(absl::IsInvalidArgument(t.status())) << t.status();
+  EXPECT_NE(t.status().message().find("[2,7]"), std::string::npos)
+      << t.status();
+  EXPECT_NE(t.status().message().find("[2,10]"), std::string::npos);
+  // An image model on text data fails its probe with a clear message too.
+  TrainConfig text = TinyText();
+  text.set_model("torchscript:" + Fixture("fmnist_mlp.pt"));
+  t = Trainer::Create(text);
+  EXPECT_TRUE(absl::IsInvalidArgument(t.status())) << t.status();
+}
+
+TEST(TorchScriptTest, MissingOrGarbageFilesAreRejected) {
+  TrainConfig c = TinyText();
+  c.set_model("torchscript:/nonexistent/model.pt");
+  auto t = Trainer::Create(c);
+  EXPECT_TRUE(absl::IsNotFound(t.status())) << t.status();
+  std::string garbage = TempDir() + "/garbage.pt";
+  ASSERT_TRUE(WriteFileAtomic(garbage, "this is not a zip archive").ok());
+  c.set_model("torchscript:" + garbage);
+  t = Trainer::Create(c);
+  EXPECT_TRUE(absl::IsInvalidArgument(t.status())) << t.status();
+  EXPECT_NE(t.status().message().find(garbage), std::string::npos);
+}
+
+TEST(ModelTest, MismatchedModelAndDataAreRejected) {
+  TrainConfig c = TinyImages("gpt");
+  EXPECT_TRUE(absl::IsInvalidArgument(Trainer::Create(c).status()));
+  c = TinyText();
+  c.set_model("cnn");
+  EXPECT_TRUE(absl::IsInvalidArgument(Trainer::Create(c).status()));
+  c = TinyText();
+  c.set_heads(3);
+  auto t = Trainer::Create(c);
+  EXPECT_TRUE(absl::IsInvalidArgument(t.status()));
+  EXPECT_NE(t.status().message().find("--heads"), std::string::npos);
+  c = TinyText();
+  c.set_model("resnet");
+  t = Trainer::Create(c);
+  EXPECT_NE(t.status().message().find("unknown model"), std::string::npos);
+}
+
+TEST(DeviceTest, CudaWithoutCudaIsAClearError) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "CUDA is available here";
+  TrainConfig c = TinyText();
+  c.set_device("cuda");
+  auto t = Trainer::Create(c);
+  EXPECT_TRUE(absl::IsFailedPrecondition(t.status())) << t.status();
+  EXPECT_NE(t.status().message().find("--device=cuda"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace starling
