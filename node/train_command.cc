@@ -374,6 +374,8 @@ int RunTrainCommand() {
     return absl::OkStatus();
   };
 
+  const char* rate_unit =
+      trainer.dataset().kind() == TaskKind::kLanguageModel ? "tok/s" : "img/s";
   // Throughput over the last log window, for the progress line and ETA.
   double window_seconds = 0;
   int64_t window_tokens = 0;
@@ -408,8 +410,8 @@ int RunTrainCommand() {
                        ? (config.steps() - step) * window_seconds / window_steps
                        : 0;
       WriteStderrLine(absl::StrFormat(
-          "step %d/%d | loss %.4f | lr %.2e | %.0f tok/s | eta %s", step,
-          config.steps(), window_loss / window_steps, r->lr, tps,
+          "step %d/%d | loss %.4f | lr %.2e | %.0f %s | eta %s", step,
+          config.steps(), window_loss / window_steps, r->lr, tps, rate_unit,
           FormatDuration(eta)));
       window_seconds = 0;
       window_tokens = 0;
