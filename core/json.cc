@@ -106,6 +106,13 @@ JsonObject& JsonObject::AddRaw(absl::string_view key, absl::string_view json) {
   return *this;
 }
 
+JsonObject& JsonObject::Merge(const JsonObject& other) {
+  if (other.body_.empty()) return *this;
+  if (!body_.empty()) body_ += ",";
+  body_ += other.body_;
+  return *this;
+}
+
 void JsonArray::Sep() {
   if (!body_.empty()) body_ += ",";
 }

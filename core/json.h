@@ -29,6 +29,8 @@ class JsonObject {
   JsonObject& AddNull(absl::string_view key);
   // `json` must already be valid JSON text (e.g. a protobuf JSON dump).
   JsonObject& AddRaw(absl::string_view key, absl::string_view json);
+  // Appends every field of `other` (keys are not deduplicated).
+  JsonObject& Merge(const JsonObject& other);
 
   std::string Dump() const { return "{" + body_ + "}"; }
 

@@ -227,7 +227,7 @@ absl::Status Trainer::Init() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepResult> Trainer::Step() {
+absl::StatusOr<StepResult> Trainer::Step(const GradientHook& hook) {
   auto start = std::chrono::steady_clock::now();
   StepResult r;
   r.lr = LearningRateAt(schedule_, state_.step());
@@ -240,6 +240,13 @@ absl::StatusOr<StepResult> Trainer::Step() {
     torch::Tensor loss = torch::nn::functional::cross_entropy(
         logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
     loss.backward();
+    if (hook) {
+      absl::Status s = hook(model_->Parameters());
+      if (!s.ok()) {
+        optimizer_->zero_grad();
+        return s;
+      }
+    }
     if (config_.clip() > 0) {
       torch::nn::utils::clip_grad_norm_(model_->Parameters(), config_.clip());
     }
@@ -302,8 +309,10 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(int batch_size) {
   return r;
 }
 
-absl::Status Trainer::SaveCheckpoint(const std::string& path) {
+absl::Status Trainer::SaveCheckpoint(
+    const std::string& path, const std::map<std::string, std::string>& extra) {
   Checkpoint ckpt;
+  ckpt.sections = extra;
   TrainerState st = state_;
   std::ostringstream rng;
   rng << sampler_.rng;
@@ -341,7 +350,8 @@ absl::Status Trainer::SaveCheckpoint(const std::string& path) {
   return WriteCheckpoint(path, ckpt);
 }
 
-absl::Status Trainer::RestoreCheckpoint(const std::string& path) {
+absl::Status Trainer::RestoreCheckpoint(
+    const std::string& path, std::map<std::string, std::string>* sections) {
   STARLING_ASSIGN_OR_RETURN(Checkpoint ckpt, ReadCheckpoint(path));
   for (const char* name :
        {"trainer_state", "architecture", "model", "optimizer", "torch_rng"}) {
@@ -428,6 +438,7 @@ absl::Status Trainer::RestoreCheckpoint(const std::string& path) {
   sampler_.order_epoch = -1;
   *st.mutable_config() = config_;
   state_ = st;
+  if (sections != nullptr) *sections = std::move(ckpt.sections);
   return absl::OkStatus();
 }
 

@@ -10,6 +10,8 @@
 
 #include <torch/types.h>
 
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,19 +64,31 @@ class Trainer {
       const TrainConfig& config);
   ~Trainer();
 
+  // Called after backward() and before clipping with the parameters, whose
+  // .grad() it may replace in place (ddp averages them across nodes here).
+  using GradientHook =
+      std::function<absl::Status(const std::vector<torch::Tensor>& params)>;
+
   // One inner step at the schedule's LR for the current step.
-  // Internal (with the step number) on a LibTorch failure or a non-finite loss.
-  absl::StatusOr<StepResult> Step();
+  // Internal (with the step number) on a LibTorch failure or a non-finite
+  // loss; the hook's error as it is. On error the parameters are unchanged.
+  absl::StatusOr<StepResult> Step(const GradientHook& hook = nullptr);
 
   // Mean loss (and accuracy) over the whole validation set.
   absl::StatusOr<EvalResult> Evaluate(int batch_size = 64);
 
-  // Writes model, optimizer, trainer state, sampler and RNG state atomically.
-  absl::Status SaveCheckpoint(const std::string& path);
-  // Restores everything SaveCheckpoint wrote. FailedPrecondition naming the
-  // field when the checkpoint came from an incompatible configuration;
-  // DataLoss when the file is corrupt.
-  absl::Status RestoreCheckpoint(const std::string& path);
+  // Writes model, optimizer, trainer state, sampler and RNG state atomically,
+  // plus the caller's `extra` sections (e.g. outer-optimizer state).
+  absl::Status SaveCheckpoint(
+      const std::string& path,
+      const std::map<std::string, std::string>& extra = {});
+  // Restores everything SaveCheckpoint wrote and returns all sections in
+  // `sections` when non-null. FailedPrecondition naming the field when the
+  // checkpoint came from an incompatible configuration; DataLoss when the
+  // file is corrupt.
+  absl::Status RestoreCheckpoint(
+      const std::string& path,
+      std::map<std::string, std::string>* sections = nullptr);
 
   Model& model() { return *model_; }
   const Dataset& dataset() const { return *dataset_; }

@@ -5,6 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "node/flags.h"
+#include "node/node_command.h"
+#include "node/sim_command.h"
 #include "node/train_command.h"
 
 namespace {
@@ -35,6 +37,8 @@ std::string TopUsage(const std::vector<Entry>& entries) {
 
 int main(int argc, char** argv) {
   const std::vector<Entry> entries = {
+      {starling::SimSubcommand(), &starling::RunSimCommand},
+      {starling::NodeSubcommand(), &starling::RunNodeCommand},
       {starling::TrainSubcommand(), &starling::RunTrainCommand},
   };
   std::vector<std::string> args(argv + 1, argv + argc);

@@ -22,6 +22,7 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/trainer.h"
+#include "node/run_output.h"
 
 // Defaults come from DefaultTrainConfig() so the library and the CLI agree.
 ABSL_FLAG(std::string, model, starling::DefaultTrainConfig().model(),
@@ -91,11 +92,6 @@ ABSL_FLAG(bool, resume, false,
           "continue the run in --out from its checkpoint.ckpt");
 
 namespace starling {
-namespace {
-
-std::atomic<int> g_signal{0};
-
-void OnSignal(int sig) { g_signal.store(sig); }
 
 TrainConfig ConfigFromFlags() {
   TrainConfig c;
@@ -131,115 +127,17 @@ TrainConfig ConfigFromFlags() {
   return c;
 }
 
-bool IsUserError(const absl::Status& s) {
-  return absl::IsInvalidArgument(s) || absl::IsNotFound(s) ||
-         absl::IsFailedPrecondition(s) || absl::IsOutOfRange(s);
+const std::vector<std::string>& TrainFlagNames() {
+  static const auto* names = new std::vector<std::string>{
+      "model", "layers", "width", "heads", "context", "data", "shard",
+      "shard_mode", "val_fraction", "cache_dir", "vocab", "optimizer", "lr",
+      "warmup", "weight_decay", "beta1", "beta2", "momentum", "clip",
+      "batch", "steps", "device", "threads", "seed", "out", "eval_every",
+      "checkpoint_every", "log_every", "resume"};
+  return *names;
 }
 
-std::string FormatDuration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "?";
-  int s = static_cast<int>(seconds + 0.5);
-  if (s >= 3600) return absl::StrFormat("%dh%02dm", s / 3600, s / 60 % 60);
-  if (s >= 60) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
-  return absl::StrFormat("%ds", s);
-}
-
-// Writes events.jsonl lines for one node.
-class EventLog {
- public:
-  EventLog(std::string path, std::chrono::steady_clock::time_point start,
-           double wall_offset)
-      : path_(std::move(path)), start_(start), wall_offset_(wall_offset) {}
-
-  void Write(absl::string_view event, JsonObject fields) {
-    JsonObject line;
-    line.Add("event", event)
-        .Add("node", "n0")
-        .Add("time", absl::FormatTime(absl::RFC3339_full, absl::Now(),
-                                      absl::UTCTimeZone()))
-        .Add("wall_seconds", WallSeconds());
-    std::string body = fields.Dump();
-    std::string text = line.Dump();
-    if (body.size() > 2) {
-      text = absl::StrCat(text.substr(0, text.size() - 1), ",", body.substr(1));
-    }
-    absl::Status st = AppendLine(path_, text);
-    if (!st.ok() && !warned_) {
-      STARLING_LOG(WARNING) << "cannot write events: " << st.message();
-      warned_ = true;
-    }
-  }
-
-  double WallSeconds() const {
-    return wall_offset_ + std::chrono::duration<double>(
-                              std::chrono::steady_clock::now() - start_)
-                              .count();
-  }
-
- private:
-  std::string path_;
-  std::chrono::steady_clock::time_point start_;
-  double wall_offset_;
-  bool warned_ = false;
-};
-
-std::string ConfigJson(const TrainConfig& config) {
-  google::protobuf::util::JsonPrintOptions opts;
-  opts.preserve_proto_field_names = true;
-  opts.always_print_primitive_fields = true;
-  std::string json;
-  if (!google::protobuf::util::MessageToJsonString(config, &json, opts).ok()) {
-    return "{}";
-  }
-  return json;
-}
-
-absl::Status WriteSummary(const std::string& out_dir, Trainer& trainer,
-                          const EvalResult& eval, double wall_seconds,
-                          bool interrupted) {
-  const TrainerState& st = trainer.state();
-  std::vector<torch::Tensor> params = trainer.Parameters();
-  const std::string hash = ModelHash(params);
-  const double compute = st.compute_seconds();
-  JsonObject node;
-  node.Add("id", "n0")
-      .Add("device", trainer.device().str())
-      .Add("inner_steps", static_cast<int64_t>(st.step()))
-      .Add("samples", st.samples())
-      .Add("tokens", st.tokens())
-      .Add("bytes_sent", int64_t{0})
-      .Add("bytes_received", int64_t{0})
-      .Add("compute_seconds", compute)
-      .Add("wall_seconds", wall_seconds)
-      .Add("tokens_per_second", compute > 0 ? st.tokens() / compute : 0.0)
-      .Add("model_hash", hash);
-  JsonObject final_obj;
-  final_obj.Add("val_loss", eval.loss);
-  if (eval.accuracy >= 0) final_obj.Add("val_accuracy", eval.accuracy);
-  final_obj.Add("train_loss", st.last_train_loss())
-      .Add("inner_steps", static_cast<int64_t>(st.step()))
-      .Add("total_bytes", int64_t{0})
-      // A single node exchanges nothing: per-step ring all-reduce over one
-      // rank also sends nothing, so the reduction ratio is undefined (null).
-      .Add("allreduce_equivalent_bytes", int64_t{0})
-      .AddNull("comm_reduction")
-      .Add("utilization", wall_seconds > 0 ? compute / wall_seconds : 0.0)
-      .Add("model_hash", hash)
-      .Add("interrupted", interrupted);
-  JsonObject model;
-  model.Add("architecture", trainer.model().Architecture())
-      .Add("parameters", NumElements(params));
-  JsonObject summary;
-  summary.Add("command", "train")
-      .AddRaw("config", ConfigJson(trainer.config()))
-      .Add("model", model)
-      .Add("data", trainer.dataset().Describe())
-      .Add("nodes", JsonArray().Push(node))
-      .Add("rounds", JsonArray())
-      .Add("final", final_obj);
-  return WriteFileAtomic(absl::StrCat(out_dir, "/summary.json"),
-                         summary.Dump() + "\n");
-}
+namespace {
 
 int Fail(const absl::Status& s, int code) {
   WriteStderrLine(absl::StrCat("starling train: error: ", s.message()));
@@ -263,62 +161,26 @@ const Subcommand& TrainSubcommand() {
       "--threads=1 --seed=0 --out=runs/kjv\n"
       "Fashion-MNIST:\n"
       "  starling train --data=fmnist --out=runs/fmnist",
-      {"model",     "layers",     "width",
-       "heads",     "context",    "data",
-       "shard",     "shard_mode", "val_fraction",
-       "cache_dir", "vocab",      "optimizer",
-       "lr",        "warmup",     "weight_decay",
-       "beta1",     "beta2",      "momentum",
-       "clip",      "batch",      "steps",
-       "device",    "threads",    "seed",
-       "out",       "eval_every", "checkpoint_every",
-       "log_every", "resume"}};
+      TrainFlagNames()};
   return *sub;
 }
 
 int RunTrainCommand() {
-  const auto start = std::chrono::steady_clock::now();
   TrainConfig config = ConfigFromFlags();
   if (absl::Status s = ResolveTrainConfig(&config); !s.ok()) return Fail(s, 2);
-  if (config.out().empty()) {
-    if (config.resume()) {
-      return Fail(absl::InvalidArgumentError(
-                      "--resume needs --out=DIR naming the run to continue"),
-                  2);
-    }
-    config.set_out(absl::StrCat(
-        "runs/train-",
-        absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone())));
+  if (absl::Status s = PrepareRunDir(&config, "train"); !s.ok()) {
+    return Fail(s, 2);
   }
   const std::string out = config.out();
   const std::string ckpt_path = CheckpointPathInRunDir(out);
-  if (config.resume() && !FileExists(ckpt_path)) {
-    return Fail(absl::InvalidArgumentError(
-                    absl::StrCat("--resume: no checkpoint at ", ckpt_path)),
-                2);
-  }
-  if (!config.resume() && FileExists(ckpt_path)) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--out=", out, " already holds a run (", ckpt_path,
-                    "); pass --resume to continue it, or choose another "
-                    "--out")),
-                2);
-  }
-  if (absl::Status s = MakeDirs(out); !s.ok()) {
-    return Fail(absl::InvalidArgumentError(
-                    absl::StrCat("--out=", out, ": ", s.message())),
-                2);
-  }
   if (config.threads() > 0) torch::set_num_threads(config.threads());
 
   absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(config);
-  if (!created.ok()) {
-    return Fail(created.status(), IsUserError(created.status()) ? 2 : 1);
-  }
+  if (!created.ok()) return Fail(created.status(), ExitCodeFor(created.status()));
   Trainer& trainer = **created;
   if (config.resume()) {
     absl::Status s = trainer.RestoreCheckpoint(ckpt_path);
-    if (!s.ok()) return Fail(s, IsUserError(s) ? 2 : 1);
+    if (!s.ok()) return Fail(s, ExitCodeFor(s));
   }
   const int64_t params = NumElements(trainer.Parameters());
   STARLING_LOG(INFO) << "model " << trainer.model().Architecture() << ", "
@@ -327,7 +189,7 @@ int RunTrainCommand() {
   STARLING_LOG(INFO) << "data " << trainer.dataset().Describe();
   STARLING_LOG(INFO) << "run directory " << out;
 
-  EventLog events(absl::StrCat(out, "/events.jsonl"), start,
+  EventLog events(absl::StrCat(out, "/events.jsonl"), "n0",
                   trainer.state().wall_seconds());
   events.Write(config.resume() ? "resume" : "start",
                JsonObject()
@@ -335,27 +197,21 @@ int RunTrainCommand() {
                    .Add("architecture", trainer.model().Architecture())
                    .Add("parameters", params)
                    .Add("data", trainer.dataset().Describe()));
-
-  struct sigaction sa = {};
-  sa.sa_handler = OnSignal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  InstallStopSignals();
 
   auto checkpoint = [&]() -> absl::Status {
     trainer.set_wall_seconds(events.WallSeconds());
-    const TrainerState& st = trainer.state();
     absl::Status s = trainer.SaveCheckpoint(ckpt_path);
     if (s.ok()) {
       events.Write("checkpoint",
                    JsonObject()
-                       .Add("step", static_cast<int64_t>(st.step()))
+                       .Add("step", static_cast<int64_t>(trainer.state().step()))
                        .Add("path", ckpt_path));
     }
     return s;
   };
 
   EvalResult eval;
-  eval.loss = std::nan("");
   bool evaluated_at_step = false;
   auto evaluate = [&]() -> absl::Status {
     STARLING_ASSIGN_OR_RETURN(eval, trainer.Evaluate());
@@ -363,13 +219,13 @@ int RunTrainCommand() {
     fields.Add("step", static_cast<int64_t>(trainer.state().step()))
         .Add("val_loss", eval.loss);
     if (eval.accuracy >= 0) fields.Add("val_accuracy", eval.accuracy);
-    events.Write("eval", std::move(fields));
+    events.Write("eval", fields);
     WriteStderrLine(absl::StrFormat(
         "eval  step %d/%d | val_loss %.4f%s", trainer.state().step(),
         config.steps(), eval.loss,
-        eval.accuracy >= 0
-            ? absl::StrFormat(" | val_acc %.2f%%", 100 * eval.accuracy)
-            : ""));
+        eval.accuracy >= 0 ? absl::StrFormat(" | val_acc %.2f%%",
+                                             100 * eval.accuracy)
+                           : ""));
     evaluated_at_step = true;
     return absl::OkStatus();
   };
@@ -383,7 +239,7 @@ int RunTrainCommand() {
   double window_loss = 0;
   bool interrupted = false;
   while (trainer.state().step() < config.steps()) {
-    if (g_signal.load() != 0) {
+    if (StopSignal() != 0) {
       interrupted = true;
       break;
     }
@@ -430,18 +286,20 @@ int RunTrainCommand() {
     if (absl::Status s = evaluate(); !s.ok()) return Fail(s, 1);
   }
   if (absl::Status s = checkpoint(); !s.ok()) return Fail(s, 1);
-  const double wall = events.WallSeconds();
+  NodeTotals totals;
+  totals.wall_seconds = events.WallSeconds();
   events.Write(interrupted ? "interrupted" : "end",
                JsonObject()
                    .Add("step", static_cast<int64_t>(trainer.state().step()))
                    .Add("val_loss", eval.loss));
-  if (absl::Status s = WriteSummary(out, trainer, eval, wall, interrupted);
+  if (absl::Status s = WriteNodeSummary(out, "train", trainer, eval, totals, {},
+                                        interrupted, JsonObject());
       !s.ok()) {
     return Fail(s, 1);
   }
   if (interrupted) {
     WriteStderrLine(absl::StrCat(
-        "starling train: interrupted by signal ", g_signal.load(), " at step ",
+        "starling train: interrupted by signal ", StopSignal(), " at step ",
         trainer.state().step(), "; checkpoint saved to ", ckpt_path,
         ". Continue with the same flags plus --resume."));
     return 1;
@@ -452,7 +310,7 @@ int RunTrainCommand() {
       eval.accuracy >= 0
           ? absl::StrFormat(", val_acc %.2f%%", 100 * eval.accuracy)
           : "",
-      FormatDuration(wall), out));
+      FormatDuration(totals.wall_seconds), out));
   return 0;
 }
 

@@ -8,11 +8,17 @@
 #include <string>
 #include <vector>
 
+#include "core/trainer.h"
 #include "node/flags.h"
 
 namespace starling {
 
 const Subcommand& TrainSubcommand();
+
+// The training flags (shared by train, node and sim) and the TrainConfig
+// they hold now.
+const std::vector<std::string>& TrainFlagNames();
+TrainConfig ConfigFromFlags();
 
 // Runs `starling train` with the already-parsed flags. Returns the process
 // exit code: 0 ok, 2 bad flags/config/input, 1 runtime failure.

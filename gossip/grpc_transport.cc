@@ -1,0 +1,388 @@
+#include "gossip/grpc_transport.h"
+
+#include <algorithm>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/logging.h"
+#include "starling/peer/v1/peer.grpc.pb.h"
+
+namespace starling {
+namespace {
+
+using peer::v1::HandshakeRequest;
+using peer::v1::HandshakeResponse;
+using peer::v1::SendAck;
+using peer::v1::TensorChunk;
+
+grpc::StatusCode ToGrpc(absl::StatusCode code) {
+  return static_cast<grpc::StatusCode>(static_cast<int>(code));
+}
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      s.error_message());
+}
+
+std::chrono::system_clock::time_point ToChrono(absl::Time t) {
+  return absl::ToChronoTime(t);
+}
+
+}  // namespace
+
+peer::v1::ModelFingerprint MakeFingerprint(const std::string& architecture,
+                                           int64_t parameters,
+                                           const std::string& init_hash) {
+  peer::v1::ModelFingerprint f;
+  f.set_architecture(architecture);
+  f.set_parameters(parameters);
+  f.set_dtype("float32");
+  f.set_init_hash(init_hash);
+  return f;
+}
+
+std::string HandshakeMismatch(const HandshakeRequest& theirs,
+                              const PeerIdentity& mine) {
+  std::vector<std::string> diffs;
+  auto differ = [&](absl::string_view what, const std::string& a,
+                    const std::string& b) {
+    if (a != b) {
+      diffs.push_back(absl::StrCat(what, " differs (peer '", a, "', this node '",
+                                   b, "')"));
+    }
+  };
+  differ("protocol version", absl::StrCat(theirs.protocol_version()),
+         absl::StrCat(kProtocolVersion));
+  differ("run id", theirs.run_id(), mine.run_id);
+  differ("algorithm", theirs.algo(), mine.algo);
+  differ("member count", absl::StrCat(theirs.world()), absl::StrCat(mine.world));
+  differ("model architecture", theirs.model().architecture(),
+         mine.model.architecture());
+  differ("parameter count", absl::StrCat(theirs.model().parameters()),
+         absl::StrCat(mine.model.parameters()));
+  differ("dtype", theirs.model().dtype(), mine.model.dtype());
+  if (diffs.empty()) {
+    differ("initial model hash (use the same --seed)", theirs.model().init_hash(),
+           mine.model.init_hash());
+  }
+  return absl::StrJoin(diffs, "; ");
+}
+
+// Server side: handshakes and chunk streams, on gRPC's callback threads.
+class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
+ public:
+  explicit Service(const PeerIdentity& identity) : identity_(identity) {}
+
+  void SetMailbox(Mailbox* mailbox, int rank, std::string address) {
+    absl::MutexLock lock(&mu_);
+    mailbox_ = mailbox;
+    rank_ = rank;
+    address_ = std::move(address);
+  }
+  int64_t received() const { return received_.load(); }
+
+  grpc::ServerUnaryReactor* Handshake(grpc::CallbackServerContext* ctx,
+                                      const HandshakeRequest* req,
+                                      HandshakeResponse* resp) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    std::string why = HandshakeMismatch(*req, identity_);
+    if (!why.empty()) {
+      STARLING_LOG(WARNING) << "refused peer " << req->address() << ": " << why;
+      reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, why));
+      return reactor;
+    }
+    absl::MutexLock lock(&mu_);
+    resp->set_protocol_version(kProtocolVersion);
+    resp->set_address(address_);
+    resp->set_rank(rank_);
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerReadReactor<TensorChunk>* SendChunks(
+      grpc::CallbackServerContext* ctx, SendAck* ack) override {
+    Mailbox* mailbox;
+    {
+      absl::MutexLock lock(&mu_);
+      mailbox = mailbox_;
+    }
+    return new ChunkReader(this, mailbox, ack);
+  }
+
+ private:
+  // Assembles one stream of chunks into a Message.
+  class ChunkReader : public grpc::ServerReadReactor<TensorChunk> {
+   public:
+    ChunkReader(Service* service, Mailbox* mailbox, SendAck* ack)
+        : service_(service), mailbox_(mailbox), ack_(ack) {
+      if (mailbox_ == nullptr) {
+        Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            "this node has not joined its peers yet"));
+        return;
+      }
+      StartRead(&chunk_);
+    }
+    void OnReadDone(bool ok) override {
+      if (!ok) {
+        Complete();
+        return;
+      }
+      absl::Status s = Absorb();
+      if (!s.ok()) {
+        Reject(s);
+        return;
+      }
+      StartRead(&chunk_);
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    absl::Status Absorb() {
+      service_->received_ += static_cast<int64_t>(chunk_.ByteSizeLong());
+      const MailboxOptions& o = mailbox_->options();
+      if (first_) {
+        first_ = false;
+        if (chunk_.run_id() != o.run_id) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "chunk for run '", chunk_.run_id(), "'; this node is in run '",
+              o.run_id, "'"));
+        }
+        m_.from = chunk_.from_rank();
+        m_.round = chunk_.round();
+        m_.tensor = chunk_.tensor();
+        m_.phase = static_cast<RingPhase>(chunk_.phase());
+        m_.step = chunk_.step();
+        m_.segment = chunk_.segment();
+        m_.total_elements = chunk_.total_elements();
+        expected_bytes_ = chunk_.segment_bytes();
+        auto known = o.tensors.find(m_.tensor);
+        if (known == o.tensors.end()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "message from rank ", m_.from, ": unknown tensor '", m_.tensor,
+              "'"));
+        }
+        // Refuse impossible sizes before buffering anything.
+        int64_t max_bytes = (known->second / std::max(1, o.world) + 1) * 4;
+        if (expected_bytes_ < 0 || expected_bytes_ > max_bytes) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "message from rank ", m_.from, ": announces ", expected_bytes_,
+              " bytes for one segment of '", m_.tensor, "'; at most ",
+              max_bytes, " fit"));
+        }
+        m_.payload.reserve(static_cast<size_t>(expected_bytes_));
+      } else if (chunk_.from_rank() != m_.from || chunk_.round() != m_.round ||
+                 chunk_.tensor() != m_.tensor || chunk_.step() != m_.step ||
+                 chunk_.segment() != m_.segment) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "message from rank ", m_.from,
+            ": a chunk's header changed in the middle of a stream"));
+      }
+      if (chunk_.offset() != static_cast<int64_t>(m_.payload.size()) ||
+          m_.payload.size() + chunk_.data().size() >
+              static_cast<size_t>(expected_bytes_)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "message from rank ", m_.from, ": chunk at offset ",
+            chunk_.offset(), " with ", chunk_.data().size(),
+            " bytes does not continue the ", m_.payload.size(), " of ",
+            expected_bytes_, " bytes received"));
+      }
+      m_.payload += chunk_.data();
+      return absl::OkStatus();
+    }
+
+    void Complete() {
+      if (first_) {
+        Reject(absl::InvalidArgumentError("empty chunk stream"));
+        return;
+      }
+      if (static_cast<int64_t>(m_.payload.size()) != expected_bytes_) {
+        Reject(absl::InvalidArgumentError(absl::StrCat(
+            "message from rank ", m_.from, ": stream ended after ",
+            m_.payload.size(), " of ", expected_bytes_, " bytes")));
+        return;
+      }
+      const int64_t bytes = static_cast<int64_t>(m_.payload.size());
+      absl::Status s = mailbox_->Deliver(std::move(m_));
+      if (!s.ok()) {
+        STARLING_LOG(WARNING) << "rejected: " << s.message();
+        Finish(grpc::Status(ToGrpc(s.code()), std::string(s.message())));
+        return;
+      }
+      ack_->set_bytes_received(bytes);
+      Finish(grpc::Status::OK);
+    }
+
+    void Reject(const absl::Status& s) {
+      STARLING_LOG(WARNING) << "rejected: " << s.message();
+      if (!first_) mailbox_->RecordRejection(m_.from, s);
+      Finish(grpc::Status(ToGrpc(s.code()), std::string(s.message())));
+    }
+
+    Service* service_;
+    Mailbox* mailbox_;
+    SendAck* ack_;
+    TensorChunk chunk_;
+    Message m_;
+    bool first_ = true;
+    int64_t expected_bytes_ = 0;
+  };
+
+  const PeerIdentity identity_;
+  absl::Mutex mu_;
+  Mailbox* mailbox_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int rank_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string address_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> received_{0};
+};
+
+class GrpcTransport::Peer {
+ public:
+  explicit Peer(const std::string& address) : address(address) {
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(64 << 20);
+    args.SetMaxReceiveMessageSize(64 << 20);
+    stub = peer::v1::Peer::NewStub(grpc::CreateCustomChannel(
+        address, grpc::InsecureChannelCredentials(), args));
+  }
+  std::string address;
+  std::unique_ptr<peer::v1::Peer::Stub> stub;
+};
+
+GrpcTransport::GrpcTransport(const GrpcTransportOptions& options,
+                             const PeerIdentity& identity)
+    : options_(options), identity_(identity) {}
+
+GrpcTransport::~GrpcTransport() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(
+    const GrpcTransportOptions& options, const PeerIdentity& identity) {
+  auto t = std::unique_ptr<GrpcTransport>(new GrpcTransport(options, identity));
+  t->service_ = std::make_unique<Service>(identity);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(t->service_.get());
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(std::max<int64_t>(options.chunk_bytes * 2, 16 << 20)));
+  t->server_ = builder.BuildAndStart();
+  if (t->server_ == nullptr || port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen,
+                     " (address in use or not local?)"));
+  }
+  std::string host = options.listen.substr(0, options.listen.rfind(':'));
+  t->address_ = absl::StrCat(host, ":", port);
+  return t;
+}
+
+absl::Status GrpcTransport::Connect(const std::vector<std::string>& members,
+                                    int rank, const MailboxOptions& mailbox,
+                                    absl::Time deadline) {
+  members_ = members;
+  rank_ = rank;
+  MailboxOptions o = mailbox;
+  o.rank = rank;
+  o.world = static_cast<int>(members.size());
+  mailbox_ = std::make_unique<Mailbox>(o);
+  service_->SetMailbox(mailbox_.get(), rank, address_);
+  peers_.clear();
+  for (int r = 0; r < static_cast<int>(members.size()); ++r) {
+    peers_.push_back(r == rank ? nullptr : std::make_unique<Peer>(members[r]));
+  }
+  HandshakeRequest req;
+  req.set_protocol_version(kProtocolVersion);
+  req.set_run_id(identity_.run_id);
+  req.set_algo(identity_.algo);
+  req.set_world(identity_.world);
+  *req.mutable_model() = identity_.model;
+  req.set_address(members[rank]);
+  for (int r = 0; r < static_cast<int>(members.size()); ++r) {
+    if (r == rank) continue;
+    absl::Duration backoff = absl::Milliseconds(100);
+    grpc::Status last;
+    int attempts = 0;
+    while (true) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(ToChrono(
+          std::min(deadline, absl::Now() + absl::Seconds(5))));
+      HandshakeResponse resp;
+      last = peers_[r]->stub->Handshake(&ctx, req, &resp);
+      ++attempts;
+      if (last.ok()) {
+        if (resp.rank() != r) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "peer ", members[r], " thinks it is rank ", resp.rank(),
+              ", this node expects ", r, " (give every node the same members)"));
+        }
+        break;
+      }
+      if (last.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "peer ", members[r], " refused this node: ", last.error_message()));
+      }
+      if (absl::Now() + backoff >= deadline) {
+        return absl::UnavailableError(absl::StrCat(
+            "cannot reach peer ", members[r], " after ", attempts,
+            " attempts (last error: ", last.error_message(), ")"));
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(2));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GrpcTransport::Send(int to, const Message& m,
+                                 absl::Time deadline) {
+  if (to < 0 || to >= world() || to == rank_) {
+    return absl::InvalidArgumentError(absl::StrCat("no peer rank ", to));
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(ToChrono(deadline));
+  SendAck ack;
+  std::unique_ptr<grpc::ClientWriter<TensorChunk>> writer =
+      peers_[to]->stub->SendChunks(&ctx, &ack);
+  TensorChunk chunk;
+  chunk.set_run_id(identity_.run_id);
+  chunk.set_from_rank(m.from);
+  chunk.set_round(m.round);
+  chunk.set_tensor(m.tensor);
+  chunk.set_phase(static_cast<peer::v1::Phase>(m.phase));
+  chunk.set_step(m.step);
+  chunk.set_segment(m.segment);
+  chunk.set_total_elements(m.total_elements);
+  chunk.set_segment_bytes(static_cast<int64_t>(m.payload.size()));
+  const size_t step = static_cast<size_t>(std::max<int64_t>(1, options_.chunk_bytes));
+  size_t offset = 0;
+  do {
+    size_t len = std::min(step, m.payload.size() - offset);
+    chunk.set_offset(static_cast<int64_t>(offset));
+    chunk.set_data(m.payload.data() + offset, len);
+    sent_ += static_cast<int64_t>(chunk.ByteSizeLong());
+    if (!writer->Write(chunk)) break;  // the server ended the stream early
+    offset += len;
+  } while (offset < m.payload.size());
+  writer->WritesDone();
+  grpc::Status s = writer->Finish();
+  if (!s.ok()) {
+    absl::Status st = FromGrpc(s);
+    return absl::Status(st.code(), absl::StrCat("peer ", peers_[to]->address,
+                                                ": ", st.message()));
+  }
+  return absl::OkStatus();
+}
+
+int64_t GrpcTransport::bytes_received() const { return service_->received(); }
+
+void GrpcTransport::Shutdown() {
+  if (server_) {
+    server_->Shutdown(ToChrono(absl::Now() + absl::Seconds(2)));
+    server_.reset();
+  }
+}
+
+}  // namespace starling

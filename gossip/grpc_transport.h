@@ -1,0 +1,100 @@
+// The Transport over gRPC: a Peer service (callback API) that admits peers
+// through a handshake and assembles streamed chunks into mailbox messages,
+// and client stubs that stream each message to a peer in chunks of
+// `chunk_bytes` under a deadline. Insecure channels on loopback or a trusted
+// network; TLS and auth tokens belong to the security issue.
+// Thread-safe. The server's reactors never block: they validate, copy into
+// the mailbox and finish.
+#ifndef STARLING_GOSSIP_GRPC_TRANSPORT_H_
+#define STARLING_GOSSIP_GRPC_TRANSPORT_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "gossip/transport.h"
+#include "starling/peer/v1/peer.pb.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+
+namespace starling {
+
+constexpr uint32_t kProtocolVersion = 1;
+
+// What a node tells its peers about itself; peers must match it exactly.
+struct PeerIdentity {
+  std::string run_id;
+  std::string algo;  // "diloco" or "ddp"
+  int world = 1;
+  peer::v1::ModelFingerprint model;
+};
+
+struct GrpcTransportOptions {
+  std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free one
+  int64_t chunk_bytes = 1 << 20;       // 1 MiB chunks
+  absl::Duration rpc_timeout = absl::Seconds(60);
+};
+
+class GrpcTransport : public Transport {
+ public:
+  // Starts the Peer server. Unavailable naming the address if it cannot bind.
+  static absl::StatusOr<std::unique_ptr<GrpcTransport>> Start(
+      const GrpcTransportOptions& options, const PeerIdentity& identity);
+  ~GrpcTransport() override;
+
+  // The bound "host:port".
+  const std::string& address() const { return address_; }
+
+  // Fixes the members (addresses by rank; members[rank] is this node) and
+  // handshakes with every other member, retrying with backoff until
+  // `deadline`. FailedPrecondition saying what differs when a peer refuses;
+  // Unavailable naming the address when a peer stays unreachable.
+  absl::Status Connect(const std::vector<std::string>& members, int rank,
+                       const MailboxOptions& mailbox, absl::Time deadline);
+
+  int rank() const override { return rank_; }
+  int world() const override { return static_cast<int>(members_.size()); }
+  absl::Status Send(int to, const Message& m, absl::Time deadline) override;
+  Mailbox& mailbox() override { return *mailbox_; }
+  int64_t bytes_sent() const override { return sent_.load(); }
+  int64_t bytes_received() const override;
+
+  // Stops the server (waits for in-flight calls up to a short deadline).
+  void Shutdown();
+
+ private:
+  class Service;
+  class Peer;
+  GrpcTransport(const GrpcTransportOptions& options,
+                const PeerIdentity& identity);
+
+  const GrpcTransportOptions options_;
+  const PeerIdentity identity_;
+  std::string address_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::vector<std::string> members_;
+  std::vector<std::unique_ptr<Peer>> peers_;  // by rank; null for self
+  int rank_ = 0;
+  std::unique_ptr<Mailbox> mailbox_;
+  std::atomic<int64_t> sent_{0};
+};
+
+// Why `theirs` may not join a run with `mine`: empty when compatible,
+// otherwise a message naming every field that differs.
+std::string HandshakeMismatch(const peer::v1::HandshakeRequest& theirs,
+                              const PeerIdentity& mine);
+
+// Fingerprint fields for a flat fp32 model.
+peer::v1::ModelFingerprint MakeFingerprint(const std::string& architecture,
+                                           int64_t parameters,
+                                           const std::string& init_hash);
+
+}  // namespace starling
+
+#endif  // STARLING_GOSSIP_GRPC_TRANSPORT_H_

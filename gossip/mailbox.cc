@@ -1,0 +1,142 @@
+#include "gossip/mailbox.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace starling {
+
+int64_t SegmentLength(int64_t total, int parts, int segment) {
+  return total / parts + (segment < total % parts ? 1 : 0);
+}
+
+int64_t SegmentOffset(int64_t total, int parts, int segment) {
+  int64_t base = total / parts, extra = total % parts;
+  return segment * base + std::min<int64_t>(segment, extra);
+}
+
+Mailbox::Mailbox(MailboxOptions options) : options_(std::move(options)) {}
+
+absl::Status Mailbox::Deliver(Message m) {
+  const int from = m.from;
+  absl::Status s = Validate(m);
+  if (!s.ok()) {
+    RecordRejection(from, s);
+    return s;
+  }
+  absl::MutexLock lock(&mu_);
+  if (m.round < round_) {
+    s = absl::FailedPreconditionError(absl::StrCat(
+        "message from rank ", from, ": stale round ", m.round,
+        "; this node is at round ", round_));
+  } else if (m.round > round_ + 1) {
+    s = absl::FailedPreconditionError(absl::StrCat(
+        "message from rank ", from, ": round ", m.round,
+        " is ahead of this node's ", round_, " by more than one"));
+  } else {
+    Key key{m.round, m.tensor, static_cast<int>(m.phase), m.step, m.from};
+    if (inbox_.count(key)) {
+      s = absl::FailedPreconditionError(
+          absl::StrCat("message from rank ", from, ": duplicate for round ",
+                       m.round, " step ", m.step));
+    } else {
+      inbox_.emplace(std::move(key), std::move(m));
+      return absl::OkStatus();
+    }
+  }
+  rejected_[from] = s;
+  return s;
+}
+
+void Mailbox::RecordRejection(int from, const absl::Status& why) {
+  if (from < 0 || from >= options_.world) return;
+  absl::MutexLock lock(&mu_);
+  rejected_[from] = why;
+}
+
+absl::Status Mailbox::Validate(const Message& m) const {
+  const std::string who = absl::StrCat("message from rank ", m.from);
+  if (m.from < 0 || m.from >= options_.world || m.from == options_.rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": sender rank must be in [0, ", options_.world,
+        ") and not the receiver's own rank ", options_.rank));
+  }
+  auto known = options_.tensors.find(m.tensor);
+  if (known == options_.tensors.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": unknown tensor '", m.tensor, "'"));
+  }
+  if (m.total_elements != known->second) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": tensor '", m.tensor, "' has ", m.total_elements,
+        " elements; this run's has ", known->second));
+  }
+  if (m.segment < 0 || m.segment >= options_.world || m.step < 0 ||
+      m.step >= options_.world - 1 ||
+      (m.phase != RingPhase::kReduceScatter &&
+       m.phase != RingPhase::kAllGather)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": bad ring position (phase ", static_cast<int>(m.phase),
+        ", step ", m.step, ", segment ", m.segment, ") for ", options_.world,
+        " members"));
+  }
+  const int64_t want =
+      SegmentLength(known->second, options_.world, m.segment) * 4;
+  if (static_cast<int64_t>(m.payload.size()) != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": segment ", m.segment, " of '", m.tensor, "' has ",
+        m.payload.size(), " bytes; expected ", want));
+  }
+  const size_t n = m.payload.size() / 4;
+  for (size_t i = 0; i < n; ++i) {
+    float v;
+    std::memcpy(&v, m.payload.data() + 4 * i, 4);
+    if (!std::isfinite(v)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": segment ", m.segment, " of '", m.tensor, "' round ",
+          m.round, " holds a non-finite value (", v, ") at element ", i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Message> Mailbox::Take(int from, int64_t round,
+                                      const std::string& tensor,
+                                      RingPhase phase, int step,
+                                      absl::Time deadline) {
+  Key key{round, tensor, static_cast<int>(phase), step, from};
+  absl::MutexLock lock(&mu_);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return inbox_.count(key) > 0 || rejected_.count(from) > 0;
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "timed out waiting for rank ", from, " (round ", round, ", '", tensor,
+        "', ", phase == RingPhase::kReduceScatter ? "reduce-scatter"
+                                                  : "all-gather",
+        " step ", step, ")"));
+  }
+  auto it = inbox_.find(key);
+  if (it == inbox_.end()) {
+    absl::Status why = rejected_[from];
+    rejected_.erase(from);
+    return absl::Status(why.code(),
+                        absl::StrCat("rejected a bad message from rank ",
+                                     from, ": ", why.message()));
+  }
+  Message m = std::move(it->second);
+  inbox_.erase(it);
+  return m;
+}
+
+void Mailbox::AdvanceRound(int64_t round) {
+  absl::MutexLock lock(&mu_);
+  if (round <= round_) return;
+  round_ = round;
+  for (auto it = inbox_.begin(); it != inbox_.end();) {
+    it = std::get<0>(it->first) < round ? inbox_.erase(it) : std::next(it);
+  }
+}
+
+}  // namespace starling

@@ -1,0 +1,42 @@
+// Ring all-reduce over a round's members: reduce-scatter then all-gather,
+// fp32 accumulation in a fixed order, so that every member ends with
+// bit-identical bytes (each segment is reduced by one owner and then copied
+// unchanged). Each member sends 2·(N−1)/N of the payload.
+// Stateless functions over an injected Transport; call from one thread per
+// rank. Every wait has a deadline.
+#ifndef STARLING_GOSSIP_RING_ALLREDUCE_H_
+#define STARLING_GOSSIP_RING_ALLREDUCE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "gossip/transport.h"
+
+namespace starling {
+
+struct RingOptions {
+  std::string tensor = "pseudo_grad";
+  int64_t round = 0;
+  absl::Duration step_timeout = absl::Seconds(60);  // per ring step
+};
+
+// In place: data ← Σ over ranks of data. data.size() must equal the
+// tensor's element count in the mailbox options. On error `data` holds
+// partial sums and must be discarded.
+absl::Status RingAllReduceSum(Transport& transport, absl::Span<float> data,
+                              const RingOptions& options);
+
+// In place: values ← Σ_i w_i·values_i / Σ_i w_i, with w_i = `weight` of rank
+// i (> 0). The weights travel as one extra element, so the mailbox's tensor
+// size is values.size() + 1. On error `values` is left unchanged.
+absl::Status RingWeightedAverage(Transport& transport,
+                                 std::vector<float>& values, double weight,
+                                 const RingOptions& options);
+
+}  // namespace starling
+
+#endif  // STARLING_GOSSIP_RING_ALLREDUCE_H_

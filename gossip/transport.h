@@ -1,0 +1,54 @@
+// The transport interface collectives are written against, and an
+// in-process implementation for tests that run N ranks as threads.
+// Implementations are thread-safe.
+#ifndef STARLING_GOSSIP_TRANSPORT_H_
+#define STARLING_GOSSIP_TRANSPORT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "gossip/mailbox.h"
+
+namespace starling {
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+
+  // Delivers `m` (with m.from == rank()) into rank `to`'s mailbox before
+  // `deadline`. Returns the receiver's rejection (InvalidArgument /
+  // FailedPrecondition, naming what was wrong) or Unavailable /
+  // DeadlineExceeded naming the peer.
+  virtual absl::Status Send(int to, const Message& m, absl::Time deadline) = 0;
+
+  // This rank's inbox.
+  virtual Mailbox& mailbox() = 0;
+
+  // Bytes put on / taken off the wire so far (payload plus framing).
+  virtual int64_t bytes_sent() const = 0;
+  virtual int64_t bytes_received() const = 0;
+};
+
+// N ranks in one process: Send delivers straight into the peer's mailbox.
+// Byte counts are payload bytes.
+class InProcessNetwork {
+ public:
+  InProcessNetwork(int world, const MailboxOptions& options);
+  Transport& transport(int rank) { return *transports_[rank]; }
+
+ private:
+  class Endpoint;
+  std::vector<std::unique_ptr<Mailbox>> mailboxes_;
+  std::vector<std::unique_ptr<Transport>> transports_;
+};
+
+}  // namespace starling
+
+#endif  // STARLING_GOSSIP_TRANSPORT_H_

@@ -1,0 +1,36 @@
+// `starling node`: one member of a swarm with a static member list. It
+// handshakes with every peer, then runs DiLoCo rounds (H inner steps, ring
+// all-reduce of the sample-weighted pseudo-gradients, outer Nesterov step)
+// or the ddp baseline (ring all-reduce of gradients every step).
+// Call from the main thread only (installs SIGINT/SIGTERM handlers).
+#ifndef STARLING_NODE_NODE_COMMAND_H_
+#define STARLING_NODE_NODE_COMMAND_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "node/flags.h"
+
+// Node flags that `starling sim` reads too.
+ABSL_DECLARE_FLAG(std::string, algo);
+ABSL_DECLARE_FLAG(std::string, run_id);
+ABSL_DECLARE_FLAG(int, inner_steps);
+ABSL_DECLARE_FLAG(std::string, outer);
+ABSL_DECLARE_FLAG(double, outer_lr);
+ABSL_DECLARE_FLAG(double, outer_momentum);
+
+namespace starling {
+
+const Subcommand& NodeSubcommand();
+
+// The node-only flags (sim passes them through to its children).
+const std::vector<std::string>& NodeFlagNames();
+
+// Exit code: 0 ok, 2 bad flags/config/input or a refused handshake,
+// 1 runtime failure (unreachable peer, failed round).
+int RunNodeCommand();
+
+}  // namespace starling
+
+#endif  // STARLING_NODE_NODE_COMMAND_H_

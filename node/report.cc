@@ -1,0 +1,139 @@
+#include "node/report.h"
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/file_util.h"
+#include "core/json.h"
+#include "core/status.h"
+
+namespace starling {
+namespace {
+
+std::string Html(absl::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '&': out += "&amp;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+struct Chart {
+  std::string file;   // PNG name
+  std::string title;
+  std::string script;  // gnuplot commands after the terminal/output lines
+};
+
+}  // namespace
+
+absl::Status WriteReport(const std::string& dir, const ReportData& d) {
+  const std::string rdir = absl::StrCat(dir, "/report");
+  STARLING_RETURN_IF_ERROR(MakeDirs(rdir));
+  std::string val = "wall_seconds,val_loss\n";
+  for (auto [t, v] : d.val_vs_time) absl::StrAppendFormat(&val, "%.3f,%.6f\n", t, v);
+  std::string rounds =
+      "round,cumulative_mb,train_loss,wall_seconds,hashes_agree,members\n";
+  for (const auto& r : d.rounds) {
+    absl::StrAppendFormat(&rounds, "%d,%.6f,%.6f,%.3f,%d,%d\n", r.round,
+                          r.cumulative_bytes / 1e6, r.train_loss,
+                          r.wall_seconds, r.hashes_agree ? 1 : 0, r.members);
+  }
+  std::string nodes = "node,sent_mb,received_mb,utilization\n";
+  for (const auto& n : d.nodes) {
+    absl::StrAppendFormat(&nodes, "%s,%.6f,%.6f,%.4f\n", n.id,
+                          n.bytes_sent / 1e6, n.bytes_received / 1e6,
+                          n.utilization);
+  }
+  STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/val_loss.csv", val));
+  STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/rounds.csv", rounds));
+  STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/nodes.csv", nodes));
+
+  const std::vector<Chart> charts = {
+      {"val_loss_vs_time.png", "Validation loss vs wall time",
+       "set xlabel 'wall seconds'; set ylabel 'loss (nats/token)';"
+       "plot 'rounds.csv' using 4:3 with lines lw 2 title 'train loss (mean "
+       "of nodes)', 'val_loss.csv' using 1:2 with linespoints lw 2 pt 7 "
+       "title 'validation loss'"},
+      {"loss_vs_bytes.png", "Loss vs bytes sent (all nodes)",
+       "set xlabel 'MB sent (all nodes)'; set ylabel 'train loss';"
+       "plot 'rounds.csv' using 2:3 with linespoints lw 2 pt 7 title 'train "
+       "loss after each round'"},
+      {"bytes_per_node.png", "Bytes per node",
+       "set style data histograms; set style fill solid 0.8; set ylabel "
+       "'MB'; set yrange [0:*];"
+       "plot 'nodes.csv' using 2:xtic(1) title 'sent', '' using 3 title "
+       "'received'"},
+      {"hash_agreement.png", "Model hash agreement per round",
+       "set xlabel 'round'; set yrange [-0.1:1.1]; set ytics ('differ' 0, "
+       "'agree' 1);"
+       "plot 'rounds.csv' using 1:5 with points pt 7 ps 1.2 title 'all "
+       "members hold the same model hash'"},
+      {"membership.png", "Members per round",
+       "set xlabel 'round'; set ylabel 'members'; set yrange [0:*];"
+       "plot 'rounds.csv' using 1:6 with steps lw 2 title 'members'"},
+  };
+  std::string script;
+  for (const Chart& c : charts) {
+    // columnhead makes gnuplot read each CSV's first line as the header.
+    absl::StrAppend(&script,
+                    "reset; set datafile separator ','; set key autotitle "
+                    "columnhead; set grid; set key outside bottom center "
+                    "horizontal; set terminal pngcairo size 800,450;\n"
+                    "set output '",
+                    c.file, "';\nset title '", c.title, "';\n", c.script,
+                    "\n");
+  }
+  STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/charts.gp", script));
+  absl::Status charts_status = absl::OkStatus();
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    charts_status = absl::FailedPreconditionError(
+        "gnuplot is not installed (apt-get install gnuplot-nox); report.html "
+        "has no charts");
+  } else {
+    std::string cmd = absl::StrCat("cd '", rdir,
+                                   "' && gnuplot charts.gp >gnuplot.log 2>&1");
+    if (std::system(cmd.c_str()) != 0) {
+      charts_status = absl::InternalError(absl::StrCat(
+          "gnuplot failed; see ", rdir, "/gnuplot.log"));
+    }
+  }
+
+  std::string html = absl::StrCat(
+      "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>",
+      Html(d.title),
+      "</title><style>body{font-family:sans-serif;max-width:900px;margin:2em "
+      "auto}table{border-collapse:collapse}td,th{border:1px solid "
+      "#ccc;padding:4px 10px;text-align:left}img{max-width:100%}</style>"
+      "</head><body>\n<h1>",
+      Html(d.title), "</h1>\n<table>\n");
+  for (const auto& [k, v] : d.facts) {
+    absl::StrAppend(&html, "<tr><th>", Html(k), "</th><td>", Html(v),
+                    "</td></tr>\n");
+  }
+  absl::StrAppend(&html, "</table>\n");
+  for (const Chart& c : charts) {
+    absl::StrAppend(&html, "<h2>", Html(c.title), "</h2>\n");
+    if (charts_status.ok()) {
+      absl::StrAppend(&html, "<img src=\"report/", c.file, "\" alt=\"",
+                      Html(c.title), "\">\n");
+    } else {
+      absl::StrAppend(&html, "<p>(no chart: ", Html(charts_status.message()),
+                      ")</p>\n");
+    }
+  }
+  absl::StrAppend(&html,
+                  "<p>Data: <a href=\"report/rounds.csv\">rounds.csv</a>, <a "
+                  "href=\"report/val_loss.csv\">val_loss.csv</a>, <a "
+                  "href=\"report/nodes.csv\">nodes.csv</a>, <a "
+                  "href=\"summary.json\">summary.json</a>.</p>\n</body></html>\n");
+  STARLING_RETURN_IF_ERROR(WriteFileAtomic(dir + "/report.html", html));
+  return charts_status;
+}
+
+}  // namespace starling

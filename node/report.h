@@ -1,0 +1,46 @@
+// report.html for a `starling sim` run: gnuplot charts (PNG) rendered from
+// CSV files, plus a table of the final figures. Thread-compatible.
+#ifndef STARLING_NODE_REPORT_H_
+#define STARLING_NODE_REPORT_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace starling {
+
+struct ReportData {
+  std::string title;
+  // (wall seconds, validation loss) from rank 0's evaluations.
+  std::vector<std::pair<double, double>> val_vs_time;
+  // Per round: cumulative bytes sent by all nodes, mean train loss, wall
+  // seconds at its end, whether all members' model hashes agreed, members.
+  struct Round {
+    int64_t round;
+    double cumulative_bytes;
+    double train_loss;
+    double wall_seconds;
+    bool hashes_agree;
+    int members;
+  };
+  std::vector<Round> rounds;
+  struct Node {
+    std::string id;
+    double bytes_sent;
+    double bytes_received;
+    double utilization;
+  };
+  std::vector<Node> nodes;
+  // Rows of the summary table: (label, value).
+  std::vector<std::pair<std::string, std::string>> facts;
+};
+
+// Writes DIR/report.html and DIR/report/*.{csv,png}. Without gnuplot the
+// page is written without charts and the returned status says why
+// (FailedPrecondition); the CSV files are always written.
+absl::Status WriteReport(const std::string& dir, const ReportData& data);
+
+}  // namespace starling
+
+#endif  // STARLING_NODE_REPORT_H_

@@ -1,0 +1,206 @@
+#include "node/run_output.h"
+
+#include <signal.h>
+
+#include <atomic>
+#include <cmath>
+
+#include <google/protobuf/util/json_util.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/checkpoint.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/file_util.h"
+#include "core/flat_params.h"
+#include "core/logging.h"
+
+namespace starling {
+
+EventLog::EventLog(std::string path, std::string node_id, double wall_offset)
+    : path_(std::move(path)),
+      node_id_(std::move(node_id)),
+      start_(std::chrono::steady_clock::now()),
+      wall_offset_(wall_offset) {}
+
+double EventLog::WallSeconds() const {
+  return wall_offset_ + std::chrono::duration<double>(
+                            std::chrono::steady_clock::now() - start_)
+                            .count();
+}
+
+void EventLog::Write(absl::string_view event, const JsonObject& fields) {
+  JsonObject line;
+  line.Add("event", event)
+      .Add("node", node_id_)
+      .Add("time", absl::FormatTime(absl::RFC3339_full, absl::Now(),
+                                    absl::UTCTimeZone()))
+      .Add("wall_seconds", WallSeconds());
+  line.Merge(fields);
+  absl::Status st = AppendLine(path_, line.Dump());
+  if (!st.ok() && !warned_) {
+    STARLING_LOG(WARNING) << "cannot write events: " << st.message();
+    warned_ = true;
+  }
+}
+
+std::string ConfigJson(const TrainConfig& config) {
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.preserve_proto_field_names = true;
+  opts.always_print_primitive_fields = true;
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(config, &json, opts).ok()) {
+    return "{}";
+  }
+  return json;
+}
+
+JsonObject RoundJson(const RoundRecord& r) {
+  JsonArray members;
+  for (int m : r.members) members.Push(static_cast<int64_t>(m));
+  JsonObject o;
+  o.Add("round", r.round)
+      .Add("step", static_cast<int64_t>(r.step))
+      .Add("members", members)
+      .Add("model_hash", r.model_hash)
+      .Add("train_loss", r.train_loss);
+  if (r.val_loss >= 0) {
+    o.Add("val_loss", r.val_loss);
+  } else {
+    o.AddNull("val_loss");
+  }
+  o.Add("bytes", r.bytes).Add("seconds", r.seconds);
+  return o;
+}
+
+absl::Status WriteNodeSummary(const std::string& out_dir,
+                              absl::string_view command, Trainer& trainer,
+                              const EvalResult& eval, const NodeTotals& totals,
+                              const std::vector<RoundRecord>& rounds,
+                              bool interrupted, const JsonObject& extra) {
+  const TrainerState& st = trainer.state();
+  std::vector<torch::Tensor> params = trainer.Parameters();
+  const std::string hash = ModelHash(params);
+  const double compute = st.compute_seconds();
+  const double wall = totals.wall_seconds;
+  JsonObject node;
+  node.Add("id", totals.id)
+      .Add("device", trainer.device().str())
+      .Add("inner_steps", static_cast<int64_t>(st.step()))
+      .Add("samples", st.samples())
+      .Add("tokens", st.tokens())
+      .Add("bytes_sent", totals.bytes_sent)
+      .Add("bytes_received", totals.bytes_received)
+      .Add("compute_seconds", compute)
+      .Add("wall_seconds", wall)
+      .Add("tokens_per_second", compute > 0 ? st.tokens() / compute : 0.0)
+      .Add("model_hash", hash);
+  JsonObject final_obj;
+  if (eval.examples > 0) {
+    final_obj.Add("val_loss", eval.loss);
+  } else {
+    final_obj.AddNull("val_loss");
+  }
+  if (eval.accuracy >= 0) final_obj.Add("val_accuracy", eval.accuracy);
+  final_obj.Add("train_loss", st.last_train_loss())
+      .Add("inner_steps", static_cast<int64_t>(st.step()))
+      .Add("total_bytes", totals.bytes_sent)
+      .Add("allreduce_equivalent_bytes", totals.allreduce_equivalent_bytes);
+  if (totals.bytes_sent > 0) {
+    final_obj.Add("comm_reduction",
+                  static_cast<double>(totals.allreduce_equivalent_bytes) /
+                      totals.bytes_sent);
+  } else {
+    // Nothing was sent (a single node): the ratio is undefined.
+    final_obj.AddNull("comm_reduction");
+  }
+  final_obj.Add("utilization", wall > 0 ? compute / wall : 0.0)
+      .Add("model_hash", hash)
+      .Add("interrupted", interrupted);
+  JsonObject model;
+  model.Add("architecture", trainer.model().Architecture())
+      .Add("parameters", NumElements(params));
+  JsonArray round_list;
+  for (const RoundRecord& r : rounds) round_list.Push(RoundJson(r));
+  JsonObject summary;
+  summary.Add("command", command)
+      .AddRaw("config", ConfigJson(trainer.config()))
+      .Add("model", model)
+      .Add("data", trainer.dataset().Describe())
+      .Add("nodes", JsonArray().Push(node))
+      .Add("rounds", round_list)
+      .Add("final", final_obj)
+      .Merge(extra);
+  return WriteFileAtomic(absl::StrCat(out_dir, "/summary.json"),
+                         summary.Dump() + "\n");
+}
+
+namespace {
+std::atomic<int> g_stop_signal{0};
+void OnStopSignal(int sig) { g_stop_signal.store(sig); }
+}  // namespace
+
+void InstallStopSignals() {
+  struct sigaction sa = {};
+  sa.sa_handler = OnStopSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+int StopSignal() { return g_stop_signal.load(); }
+
+int ExitCodeFor(const absl::Status& s) {
+  return absl::IsInvalidArgument(s) || absl::IsNotFound(s) ||
+                 absl::IsFailedPrecondition(s) || absl::IsOutOfRange(s)
+             ? 2
+             : 1;
+}
+
+absl::Status PrepareRunDir(TrainConfig* config, absl::string_view command) {
+  if (config->out().empty()) {
+    if (config->resume()) {
+      return absl::InvalidArgumentError(
+          "--resume needs --out=DIR naming the run to continue");
+    }
+    config->set_out(absl::StrCat(
+        "runs/", command, "-",
+        absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone())));
+  }
+  const std::string ckpt = CheckpointPathInRunDir(config->out());
+  if (config->resume() && !FileExists(ckpt)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--resume: no checkpoint at ", ckpt));
+  }
+  if (!config->resume() && FileExists(ckpt)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--out=", config->out(), " already holds a run (", ckpt,
+        "); pass --resume to continue it, or choose another --out"));
+  }
+  absl::Status s = MakeDirs(config->out());
+  if (!s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--out=", config->out(), ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+std::string FormatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  int s = static_cast<int>(seconds + 0.5);
+  if (s >= 3600) return absl::StrFormat("%dh%02dm", s / 3600, s / 60 % 60);
+  if (s >= 60) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%ds", s);
+}
+
+std::string FormatBytes(double bytes) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+  int u = 0;
+  while (bytes >= 1000 && u < 4) {
+    bytes /= 1000;
+    ++u;
+  }
+  return absl::StrFormat(u == 0 ? "%.0f %s" : "%.1f %s", bytes, units[u]);
+}
+
+}  // namespace starling

@@ -1,0 +1,87 @@
+// The run directory a node writes: events.jsonl (one JSON object per line)
+// and summary.json (DESIGN.md's contract), shared by `starling train` and
+// `starling node`. EventLog is thread-compatible (one writer thread).
+#ifndef STARLING_NODE_RUN_OUTPUT_H_
+#define STARLING_NODE_RUN_OUTPUT_H_
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/json.h"
+#include "core/trainer.h"
+
+namespace starling {
+
+class EventLog {
+ public:
+  // `wall_offset` is the wall time already spent by earlier (resumed) runs.
+  EventLog(std::string path, std::string node_id, double wall_offset);
+
+  // Appends {"event": event, "node": id, "time": ..., "wall_seconds": ...,
+  // fields...}. Write errors are logged once and otherwise ignored.
+  void Write(absl::string_view event, const JsonObject& fields);
+
+  double WallSeconds() const;
+
+ private:
+  std::string path_;
+  std::string node_id_;
+  std::chrono::steady_clock::time_point start_;
+  double wall_offset_;
+  bool warned_ = false;
+};
+
+// The config as JSON with proto field names and every field printed.
+std::string ConfigJson(const TrainConfig& config);
+
+// One round of a DiLoCo (or ddp) run as this node saw it.
+struct RoundRecord {
+  int64_t round = 0;
+  int step = 0;  // inner steps completed by this node after the round
+  std::vector<int> members;
+  std::string model_hash;
+  double train_loss = 0;
+  double val_loss = -1;  // < 0: not evaluated this round
+  int64_t bytes = 0;     // sent by this node during the round
+  double seconds = 0;    // wall time of the round
+};
+
+JsonObject RoundJson(const RoundRecord& r);
+
+struct NodeTotals {
+  std::string id = "n0";
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+  double wall_seconds = 0;
+  // Bytes per-step ring all-reduce of fp32 gradients would have sent.
+  int64_t allreduce_equivalent_bytes = 0;
+};
+
+// summary.json for one node's run directory.
+absl::Status WriteNodeSummary(const std::string& out_dir,
+                              absl::string_view command, Trainer& trainer,
+                              const EvalResult& eval, const NodeTotals& totals,
+                              const std::vector<RoundRecord>& rounds,
+                              bool interrupted, const JsonObject& extra);
+
+// SIGINT/SIGTERM set a flag that the training loops poll between steps.
+void InstallStopSignals();
+// The signal that asked to stop, or 0.
+int StopSignal();
+
+// 2 for user errors (bad flag, config or input), 1 for runtime failures.
+int ExitCodeFor(const absl::Status& s);
+
+// Fills an empty --out with runs/COMMAND-TIMESTAMP, checks --resume against
+// the checkpoint there and creates the directory. InvalidArgument naming the
+// flag.
+absl::Status PrepareRunDir(TrainConfig* config, absl::string_view command);
+
+std::string FormatDuration(double seconds);  // "1m05s"
+std::string FormatBytes(double bytes);       // "12.3 MB"
+
+}  // namespace starling
+
+#endif  // STARLING_NODE_RUN_OUTPUT_H_
