@@ -22,18 +22,23 @@ absl::Status Mailbox::Deliver(Message m) {
   const int from = m.from;
   absl::Status s = Validate(m);
   if (!s.ok()) {
-    RecordRejection(from, s);
+    // A bad message for the current or next round fails the wait for it;
+    // a stale one cannot hurt and is only refused.
+    absl::MutexLock lock(&mu_);
+    if (m.round >= round_ && from >= 0 && from < options_.world) {
+      rejected_[from] = s;
+    }
     return s;
   }
   absl::MutexLock lock(&mu_);
   if (m.round < round_) {
-    s = absl::FailedPreconditionError(absl::StrCat(
-        "message from rank ", from, ": stale round ", m.round,
-        "; this node is at round ", round_));
+    s = absl::FailedPreconditionError(
+        absl::StrCat("message from rank ", from, ": stale round ", m.round,
+                     "; this node is at round ", round_));
   } else if (m.round > round_ + 1) {
-    s = absl::FailedPreconditionError(absl::StrCat(
-        "message from rank ", from, ": round ", m.round,
-        " is ahead of this node's ", round_, " by more than one"));
+    s = absl::FailedPreconditionError(
+        absl::StrCat("message from rank ", from, ": round ", m.round,
+                     " is ahead of this node's ", round_, " by more than one"));
   } else {
     Key key{m.round, m.tensor, static_cast<int>(m.phase), m.step, m.from};
     if (inbox_.count(key)) {
@@ -45,7 +50,6 @@ absl::Status Mailbox::Deliver(Message m) {
       return absl::OkStatus();
     }
   }
-  rejected_[from] = s;
   return s;
 }
 
@@ -58,9 +62,9 @@ void Mailbox::RecordRejection(int from, const absl::Status& why) {
 absl::Status Mailbox::Validate(const Message& m) const {
   const std::string who = absl::StrCat("message from rank ", m.from);
   if (m.from < 0 || m.from >= options_.world || m.from == options_.rank) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, ": sender rank must be in [0, ", options_.world,
-        ") and not the receiver's own rank ", options_.rank));
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": sender rank must be in [0, ", options_.world,
+                     ") and not the receiver's own rank ", options_.rank));
   }
   auto known = options_.tensors.find(m.tensor);
   if (known == options_.tensors.end()) {
@@ -68,25 +72,25 @@ absl::Status Mailbox::Validate(const Message& m) const {
         absl::StrCat(who, ": unknown tensor '", m.tensor, "'"));
   }
   if (m.total_elements != known->second) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, ": tensor '", m.tensor, "' has ", m.total_elements,
-        " elements; this run's has ", known->second));
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": tensor '", m.tensor, "' has ", m.total_elements,
+                     " elements; this run's has ", known->second));
   }
   if (m.segment < 0 || m.segment >= options_.world || m.step < 0 ||
       m.step >= options_.world - 1 ||
       (m.phase != RingPhase::kReduceScatter &&
        m.phase != RingPhase::kAllGather)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, ": bad ring position (phase ", static_cast<int>(m.phase),
-        ", step ", m.step, ", segment ", m.segment, ") for ", options_.world,
-        " members"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": bad ring position (phase ",
+                     static_cast<int>(m.phase), ", step ", m.step, ", segment ",
+                     m.segment, ") for ", options_.world, " members"));
   }
   const int64_t want =
       SegmentLength(known->second, options_.world, m.segment) * 4;
   if (static_cast<int64_t>(m.payload.size()) != want) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, ": segment ", m.segment, " of '", m.tensor, "' has ",
-        m.payload.size(), " bytes; expected ", want));
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": segment ", m.segment, " of '", m.tensor, "' has ",
+                     m.payload.size(), " bytes; expected ", want));
   }
   const size_t n = m.payload.size() / 4;
   for (size_t i = 0; i < n; ++i) {
@@ -94,8 +98,8 @@ absl::Status Mailbox::Validate(const Message& m) const {
     std::memcpy(&v, m.payload.data() + 4 * i, 4);
     if (!std::isfinite(v)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          who, ": segment ", m.segment, " of '", m.tensor, "' round ",
-          m.round, " holds a non-finite value (", v, ") at element ", i));
+          who, ": segment ", m.segment, " of '", m.tensor, "' round ", m.round,
+          " holds a non-finite value (", v, ") at element ", i));
     }
   }
   return absl::OkStatus();
@@ -113,8 +117,8 @@ absl::StatusOr<Message> Mailbox::Take(int from, int64_t round,
   if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
     return absl::DeadlineExceededError(absl::StrCat(
         "timed out waiting for rank ", from, " (round ", round, ", '", tensor,
-        "', ", phase == RingPhase::kReduceScatter ? "reduce-scatter"
-                                                  : "all-gather",
+        "', ",
+        phase == RingPhase::kReduceScatter ? "reduce-scatter" : "all-gather",
         " step ", step, ")"));
   }
   auto it = inbox_.find(key);
@@ -122,8 +126,8 @@ absl::StatusOr<Message> Mailbox::Take(int from, int64_t round,
     absl::Status why = rejected_[from];
     rejected_.erase(from);
     return absl::Status(why.code(),
-                        absl::StrCat("rejected a bad message from rank ",
-                                     from, ": ", why.message()));
+                        absl::StrCat("rejected a bad message from rank ", from,
+                                     ": ", why.message()));
   }
   Message m = std::move(it->second);
   inbox_.erase(it);
@@ -134,6 +138,7 @@ void Mailbox::AdvanceRound(int64_t round) {
   absl::MutexLock lock(&mu_);
   if (round <= round_) return;
   round_ = round;
+  rejected_.clear();
   for (auto it = inbox_.begin(); it != inbox_.end();) {
     it = std::get<0>(it->first) < round ? inbox_.erase(it) : std::next(it);
   }

@@ -1,0 +1,293 @@
+// Real gRPC on loopback (port 0): handshakes, the ring over sockets, and a
+// hostile peer whose bad chunks are refused without corrupting anything.
+#include "gossip/grpc_transport.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstring>
+#include <limits>
+#include <thread>
+
+#include "gossip/ring_allreduce.h"
+#include "gtest/gtest.h"
+#include "starling/peer/v1/peer.grpc.pb.h"
+
+namespace starling {
+namespace {
+
+constexpr int64_t kElems = 3001;  // 3000 values + the weight
+
+PeerIdentity Identity(int world, const std::string& arch = "mlp(x)") {
+  PeerIdentity id;
+  id.run_id = "test-run";
+  id.algo = "diloco";
+  id.world = world;
+  id.model = MakeFingerprint(arch, kElems - 1, "abc");
+  return id;
+}
+
+MailboxOptions Mailboxes() {
+  MailboxOptions o;
+  o.run_id = "test-run";
+  o.tensors = {{"pseudo_grad", kElems}};
+  return o;
+}
+
+struct Swarm {
+  std::vector<std::unique_ptr<GrpcTransport>> nodes;
+  std::vector<std::string> members;
+};
+
+Swarm Start(int world, int64_t chunk_bytes = 1 << 20) {
+  Swarm s;
+  GrpcTransportOptions o;
+  o.chunk_bytes = chunk_bytes;
+  for (int r = 0; r < world; ++r) {
+    auto t = GrpcTransport::Start(o, Identity(world));
+    EXPECT_TRUE(t.ok()) << t.status();
+    s.nodes.push_back(std::move(t).value());
+  }
+  // Ranks follow the sorted addresses.
+  std::sort(s.nodes.begin(), s.nodes.end(), [](const auto& a, const auto& b) {
+    return a->address() < b->address();
+  });
+  for (auto& n : s.nodes) s.members.push_back(n->address());
+  return s;
+}
+
+void ConnectAll(Swarm& s) {
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> st(s.nodes.size());
+  for (size_t r = 0; r < s.nodes.size(); ++r) {
+    threads.emplace_back([&, r] {
+      st[r] = s.nodes[r]->Connect(s.members, static_cast<int>(r), Mailboxes(),
+                                  absl::Now() + absl::Seconds(20));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t r = 0; r < st.size(); ++r) ASSERT_TRUE(st[r].ok()) << st[r];
+}
+
+TEST(GrpcTransportTest, RingOverSocketsIsBitIdenticalAndChunked) {
+  // 4 KiB chunks: each ~4 KB segment takes more than one chunk.
+  Swarm s = Start(3, 4096);
+  ConnectAll(s);
+  std::vector<std::vector<float>> v(3, std::vector<float>(kElems - 1));
+  for (int r = 0; r < 3; ++r) {
+    for (int64_t i = 0; i < kElems - 1; ++i) v[r][i] = 0.001f * i * (r + 1);
+  }
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> st(3);
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      RingOptions o;
+      o.step_timeout = absl::Seconds(20);
+      st[r] = RingWeightedAverage(*s.nodes[r], v[r], 1.0, o);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(st[r].ok()) << st[r];
+    EXPECT_EQ(std::memcmp(v[r].data(), v[0].data(), v[0].size() * 4), 0);
+  }
+  EXPECT_NEAR(v[0][1000], 0.001f * 1000 * 2, 1e-4);
+  // Payload 2·(N−1)/N·P·4 plus a little framing.
+  const double payload = 2.0 * 2 / 3 * kElems * 4;
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_GE(s.nodes[r]->bytes_sent(), payload * 0.99);
+    EXPECT_LE(s.nodes[r]->bytes_sent(), payload * 1.05);
+  }
+}
+
+TEST(GrpcTransportTest, HandshakeRefusesAMismatchedPeerSayingWhatDiffers) {
+  GrpcTransportOptions o;
+  auto a = GrpcTransport::Start(o, Identity(2, "gpt(layers=2)"));
+  auto b = GrpcTransport::Start(o, Identity(2, "gpt(layers=3)"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<std::string> members = {(*a)->address(), (*b)->address()};
+  std::sort(members.begin(), members.end());
+  int ra = members[0] == (*a)->address() ? 0 : 1;
+  std::thread tb([&] {
+    (void)(*b)->Connect(members, 1 - ra, Mailboxes(),
+                        absl::Now() + absl::Seconds(3));
+  });
+  absl::Status s =
+      (*a)->Connect(members, ra, Mailboxes(), absl::Now() + absl::Seconds(10));
+  tb.join();
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find("model architecture differs"), std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("gpt(layers=3)"), std::string::npos) << s;
+}
+
+TEST(GrpcTransportTest, MismatchMessageNamesEveryField) {
+  PeerIdentity mine = Identity(4);
+  peer::v1::HandshakeRequest theirs;
+  theirs.set_protocol_version(kProtocolVersion);
+  theirs.set_run_id("other");
+  theirs.set_algo("ddp");
+  theirs.set_world(3);
+  *theirs.mutable_model() = mine.model;
+  std::string why = HandshakeMismatch(theirs, mine);
+  EXPECT_NE(why.find("run id differs"), std::string::npos) << why;
+  EXPECT_NE(why.find("algorithm differs"), std::string::npos);
+  EXPECT_NE(why.find("member count differs"), std::string::npos);
+  theirs = peer::v1::HandshakeRequest();
+  theirs.set_protocol_version(kProtocolVersion);
+  theirs.set_run_id(mine.run_id);
+  theirs.set_algo(mine.algo);
+  theirs.set_world(mine.world);
+  *theirs.mutable_model() = mine.model;
+  EXPECT_EQ(HandshakeMismatch(theirs, mine), "");
+  theirs.mutable_model()->set_init_hash("zzz");
+  EXPECT_NE(HandshakeMismatch(theirs, mine).find("--seed"), std::string::npos);
+}
+
+TEST(GrpcTransportTest, UnreachablePeerFailsWithItsAddress) {
+  GrpcTransportOptions o;
+  auto a = GrpcTransport::Start(o, Identity(2));
+  ASSERT_TRUE(a.ok());
+  // A port nobody listens on: bind one, note it, close it.
+  auto tmp = GrpcTransport::Start(o, Identity(2));
+  std::string dead = (*tmp)->address();
+  tmp->reset();
+  std::vector<std::string> members = {(*a)->address(), dead};
+  std::sort(members.begin(), members.end());
+  int rank = members[0] == (*a)->address() ? 0 : 1;
+  auto start = absl::Now();
+  absl::Status s =
+      (*a)->Connect(members, rank, Mailboxes(), absl::Now() + absl::Seconds(2));
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_NE(s.message().find(dead), std::string::npos) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+}
+
+// A hostile or buggy peer talks to rank 1 directly through the stub.
+class HostilePeerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    swarm_ = Start(2);
+    ConnectAll(swarm_);
+    stub_ = peer::v1::Peer::NewStub(grpc::CreateChannel(
+        swarm_.members[1], grpc::InsecureChannelCredentials()));
+  }
+
+  // Streams `chunks` as one SendChunks call; returns the server's status.
+  grpc::Status Send(const std::vector<peer::v1::TensorChunk>& chunks) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
+    peer::v1::SendAck ack;
+    auto w = stub_->SendChunks(&ctx, &ack);
+    for (const auto& c : chunks) {
+      if (!w->Write(c)) break;
+    }
+    w->WritesDone();
+    return w->Finish();
+  }
+
+  static peer::v1::TensorChunk Chunk(size_t floats, float value = 1.0f) {
+    peer::v1::TensorChunk c;
+    c.set_run_id("test-run");
+    c.set_from_rank(0);
+    c.set_round(0);
+    c.set_tensor("pseudo_grad");
+    c.set_phase(peer::v1::PHASE_REDUCE_SCATTER);
+    c.set_step(0);
+    c.set_segment(0);
+    c.set_total_elements(kElems);
+    std::vector<float> v(floats, value);
+    c.set_segment_bytes(static_cast<int64_t>(floats * 4));
+    c.set_offset(0);
+    c.set_data(std::string(reinterpret_cast<char*>(v.data()), floats * 4));
+    return c;
+  }
+
+  Swarm swarm_;
+  std::unique_ptr<peer::v1::Peer::Stub> stub_;
+};
+
+TEST_F(HostilePeerTest, BadChunksAreRefusedAndTheRoundFailsCleanly) {
+  const size_t seg = SegmentLength(kElems, 2, 0);
+  struct Case {
+    peer::v1::TensorChunk chunk;
+    grpc::StatusCode code;
+    const char* mention;
+  };
+  std::vector<Case> cases;
+  cases.push_back(
+      {Chunk(seg - 3), grpc::StatusCode::INVALID_ARGUMENT, "expected"});
+  {
+    auto c = Chunk(seg);
+    c.set_tensor("optimizer_state");
+    cases.push_back({c, grpc::StatusCode::INVALID_ARGUMENT,
+                     "unknown tensor 'optimizer_state'"});
+  }
+  {
+    auto c = Chunk(seg, std::numeric_limits<float>::quiet_NaN());
+    cases.push_back({c, grpc::StatusCode::INVALID_ARGUMENT, "non-finite"});
+  }
+  {
+    auto c = Chunk(seg);
+    c.set_segment_bytes(int64_t{1} << 40);
+    cases.push_back({c, grpc::StatusCode::INVALID_ARGUMENT, "announces"});
+  }
+  {
+    auto c = Chunk(seg);
+    c.set_run_id("someone-else");
+    cases.push_back({c, grpc::StatusCode::FAILED_PRECONDITION, "run"});
+  }
+  for (const Case& c : cases) {
+    grpc::Status s = Send({c.chunk});
+    EXPECT_EQ(s.error_code(), c.code) << c.mention << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find(c.mention), std::string::npos)
+        << s.error_message();
+  }
+  // A stale round.
+  swarm_.nodes[0]->mailbox().AdvanceRound(5);
+  swarm_.nodes[1]->mailbox().AdvanceRound(5);
+  grpc::Status stale = Send({Chunk(seg)});
+  EXPECT_EQ(stale.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(stale.error_message().find("stale round 0"), std::string::npos)
+      << stale.error_message();
+
+  // Rank 1 in a round where the bad peer (rank 0) sends garbage: the round
+  // fails at once with the reason, and rank 1's values are untouched.
+  std::vector<float> values(kElems - 1, 2.5f);
+  absl::Status round_status;
+  std::thread t([&] {
+    RingOptions o;
+    o.round = 5;
+    o.step_timeout = absl::Seconds(30);
+    round_status = RingWeightedAverage(*swarm_.nodes[1], values, 1.0, o);
+  });
+  auto bad = Chunk(seg, std::numeric_limits<float>::infinity());
+  bad.set_round(5);
+  (void)Send({bad});
+  t.join();
+  EXPECT_FALSE(round_status.ok());
+  EXPECT_NE(round_status.message().find("non-finite"), std::string::npos)
+      << round_status;
+  EXPECT_EQ(values, std::vector<float>(kElems - 1, 2.5f));
+}
+
+TEST_F(HostilePeerTest, BrokenChunkSequencesAreRefused) {
+  const size_t seg = SegmentLength(kElems, 2, 0);
+  auto first = Chunk(seg);
+  first.set_data(first.data().substr(0, 400));
+  auto gap = Chunk(seg);
+  gap.set_offset(800);  // skips bytes 400..799
+  gap.set_data(gap.data().substr(0, 400));
+  grpc::Status s = Send({first, gap});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("does not continue"), std::string::npos)
+      << s.error_message();
+  // A stream that ends early.
+  s = Send({first});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("ended after 400"), std::string::npos)
+      << s.error_message();
+}
+
+}  // namespace
+}  // namespace starling

@@ -1,0 +1,123 @@
+#include "gossip/ring_allreduce.h"
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace starling {
+namespace {
+
+// Runs RingWeightedAverage on `world` ranks as threads over an in-process
+// network and returns every rank's result.
+std::vector<std::vector<float>> RunRanks(
+    int world, const std::vector<std::vector<float>>& inputs,
+    const std::vector<double>& weights, InProcessNetwork& net,
+    std::vector<absl::Status>* statuses, int64_t round = 0) {
+  std::vector<std::vector<float>> out = inputs;
+  statuses->assign(world, absl::OkStatus());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      RingOptions o;
+      o.round = round;
+      o.step_timeout = absl::Seconds(20);
+      (*statuses)[r] =
+          RingWeightedAverage(net.transport(r), out[r], weights[r], o);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+class RingTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(RingTest, WeightedAverageIsExactAndBitIdenticalOnEveryRank) {
+  const auto [world, size] = GetParam();
+  std::mt19937 rng(world * 1000 + size);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<std::vector<float>> inputs(world, std::vector<float>(size));
+  std::vector<double> weights(world);
+  for (int r = 0; r < world; ++r) {
+    for (float& v : inputs[r]) v = normal(rng);
+    weights[r] = 100 + 37 * r;  // unequal, like samples processed
+  }
+  MailboxOptions mo;
+  mo.tensors = {{"pseudo_grad", size + 1}};
+  InProcessNetwork net(world, mo);
+  std::vector<absl::Status> st;
+  auto out = RunRanks(world, inputs, weights, net, &st);
+  double wsum = 0;
+  for (double w : weights) wsum += w;
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+    ASSERT_EQ(out[r].size(), static_cast<size_t>(size));
+    // Bit-identical on every member.
+    EXPECT_EQ(std::memcmp(out[r].data(), out[0].data(), size * 4), 0) << r;
+  }
+  for (int i = 0; i < size; ++i) {
+    double want = 0;
+    for (int r = 0; r < world; ++r) want += weights[r] * inputs[r][i];
+    want /= wsum;
+    EXPECT_NEAR(out[0][i], want, 1e-5 * (1 + std::abs(want))) << i;
+  }
+  // Bandwidth-optimal: each rank sends 2(N-1) segments of about size/N.
+  if (world > 1) {
+    double per_rank = 2.0 * (world - 1) / world * (size + 1) * 4;
+    for (int r = 0; r < world; ++r) {
+      EXPECT_NEAR(net.transport(r).bytes_sent(), per_rank,
+                  2.0 * (world - 1) * 4 + 1)
+          << r;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, RingTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 7),
+                                            ::testing::Values(1, 2, 13, 1000,
+                                                              4097)));
+
+TEST(RingDeterminismTest, SameInputsSameBytes) {
+  const int world = 5, size = 999;
+  std::vector<std::vector<float>> inputs(world, std::vector<float>(size));
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1e3f, 1e3f);
+  for (auto& v : inputs) {
+    for (float& x : v) x = u(rng);
+  }
+  std::vector<double> weights(world, 16.0);
+  std::vector<absl::Status> st;
+  MailboxOptions mo;
+  mo.tensors = {{"pseudo_grad", size + 1}};
+  InProcessNetwork a(world, mo), b(world, mo);
+  auto x = RunRanks(world, inputs, weights, a, &st);
+  auto y = RunRanks(world, inputs, weights, b, &st);
+  EXPECT_EQ(std::memcmp(x[3].data(), y[3].data(), size * 4), 0);
+}
+
+TEST(RingFailureTest, MissingPeerTimesOutAndLeavesValuesUnchanged) {
+  MailboxOptions mo;
+  mo.tensors = {{"pseudo_grad", 11}};
+  InProcessNetwork net(3, mo);
+  std::vector<float> v(10, 1.5f);
+  RingOptions o;
+  o.step_timeout = absl::Milliseconds(200);
+  // Only rank 0 runs: rank 2 never sends to it.
+  absl::Status s = RingWeightedAverage(net.transport(0), v, 1.0, o);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_NE(s.message().find("rank 2"), std::string::npos) << s;
+  EXPECT_EQ(v, std::vector<float>(10, 1.5f));
+}
+
+TEST(RingFailureTest, NonPositiveWeightIsRejected) {
+  MailboxOptions mo;
+  mo.tensors = {{"pseudo_grad", 3}};
+  InProcessNetwork net(2, mo);
+  std::vector<float> v(2, 1.0f);
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      RingWeightedAverage(net.transport(0), v, 0.0, RingOptions())));
+}
+
+}  // namespace
+}  // namespace starling

@@ -1,0 +1,151 @@
+// Integration tests of `starling sim` and `starling node` as real processes
+// on loopback: model agreement every round, byte accounting, failures.
+#include "absl/strings/str_cat.h"
+#include "core/file_util.h"
+#include "gtest/gtest.h"
+#include "tests/core/run_util.h"
+#include "tests/core/test_util.h"
+
+namespace starling {
+namespace {
+
+using ::starling::testing::Field;
+using ::starling::testing::ReadJson;
+using ::starling::testing::RunStarling;
+using ::starling::testing::TempDir;
+
+std::string TinyFlags() {
+  static const std::string* flags = [] {
+    std::string path = TempDir() + "/corpus.txt";
+    EXPECT_TRUE(WriteFileAtomic(path, testing::SampleText(300000)).ok());
+    return new std::string(
+        absl::StrCat("--data=text:", path,
+                     " --layers=1 --width=32 --heads=2 --context=32 --batch=8 "
+                     "--lr=3e-3 --warmup=5 --eval_every=20"));
+  }();
+  return *flags;
+}
+
+// gpt(layers=1, width=32, heads=2, context=32, vocab=256) parameters.
+constexpr double kParams =
+    256 * 32 + 32 * 32 +
+    (64 + 32 * 96 + 96 + 32 * 32 + 32 + 64 + 32 * 128 + 128 + 128 * 32 + 32) +
+    64 + 32 * 256 + 256;
+
+TEST(SimTest, FourNodeDilocoAgreesEveryRoundAndCountsBytes) {
+  const std::string out = TempDir() + "/sim";
+  auto r =
+      RunStarling(absl::StrCat("sim --nodes=4 --steps=40 --inner_steps=10 ",
+                               TinyFlags(), " --out=", out));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("hashes agree: yes"), std::string::npos) << r.err;
+  auto summary = ReadJson(out + "/summary.json");
+  const auto& rounds = Field(summary, "rounds").list_value();
+  ASSERT_EQ(rounds.values_size(), 4);
+  for (const auto& v : rounds.values()) {
+    const auto& round = v.struct_value();
+    EXPECT_TRUE(Field(round, "hashes_agree").bool_value());
+    const auto& hashes = Field(round, "node_hashes").list_value();
+    ASSERT_EQ(hashes.values_size(), 4);
+    for (const auto& h : hashes.values()) {
+      EXPECT_EQ(h.string_value(), Field(round, "model_hash").string_value());
+    }
+    EXPECT_EQ(Field(round, "members").list_value().values_size(), 4);
+  }
+  const auto& fin = Field(summary, "final").struct_value();
+  EXPECT_TRUE(Field(fin, "all_hashes_agree").bool_value());
+  EXPECT_GT(Field(fin, "val_loss").number_value(), 0.5);
+  // Per node per round: 2·(N−1)/N · (P + 1 weight) · 4 bytes, plus framing.
+  const double want = 4 * 4 * 2.0 * 3 / 4 * (kParams + 1) * 4;
+  const double total = Field(fin, "total_bytes").number_value();
+  EXPECT_GT(total, want);
+  EXPECT_LT(total, want * 1.05);
+  // vs per-step all-reduce of gradients: about H = 10x less.
+  const double reduction = Field(fin, "comm_reduction").number_value();
+  EXPECT_GT(reduction, 9.5);
+  EXPECT_LE(reduction, 10.0);
+  const auto& nodes = Field(summary, "nodes").list_value();
+  ASSERT_EQ(nodes.values_size(), 4);
+  for (int i = 0; i < 4; ++i) {
+    const auto& node = nodes.values(i).struct_value();
+    EXPECT_EQ(Field(node, "id").string_value(), absl::StrCat("n", i));
+    EXPECT_EQ(Field(node, "inner_steps").number_value(), 40);
+    EXPECT_TRUE(FileExists(absl::StrCat(out, "/n", i, "/events.jsonl")));
+  }
+  std::string html = *ReadFile(out + "/report.html");
+  for (const char* chart : {"val_loss_vs_time.png", "loss_vs_bytes.png",
+                            "bytes_per_node.png", "hash_agreement.png"}) {
+    EXPECT_NE(html.find(chart), std::string::npos) << chart;
+    EXPECT_TRUE(FileExists(absl::StrCat(out, "/report/", chart))) << chart;
+  }
+}
+
+TEST(SimTest, DdpSendsEveryStepAndAgrees) {
+  const std::string out = TempDir() + "/ddp";
+  auto r = RunStarling(absl::StrCat("sim --nodes=3 --steps=12 --algo=ddp ",
+                                    TinyFlags(), " --out=", out));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto summary = ReadJson(out + "/summary.json");
+  const auto& fin = Field(summary, "final").struct_value();
+  EXPECT_TRUE(Field(fin, "all_hashes_agree").bool_value());
+  EXPECT_EQ(Field(summary, "rounds").list_value().values_size(), 12);
+  // The baseline itself: about as many bytes as per-step all-reduce.
+  EXPECT_NEAR(Field(fin, "comm_reduction").number_value(), 1.0, 0.05);
+}
+
+TEST(SimTest, AFailingNodeStopsTheSimAndIsNamed) {
+  const std::string out = TempDir() + "/fail";
+  auto r = RunStarling(absl::StrCat(
+      "sim --nodes=2 --steps=10 --data=text:/no/such/corpus.txt --out=", out));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("failed (exit 2)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("/no/such/corpus.txt"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("node.log"), std::string::npos) << r.err;
+}
+
+TEST(NodeTest, UnreachablePeerIsRetriedThenNamed) {
+  const std::string out = TempDir() + "/node";
+  auto r = RunStarling(absl::StrCat(
+      "node --listen=127.0.0.1:47613 --peers=127.0.0.1:9 --connect_timeout=2 "
+      "--steps=5 ",
+      TinyFlags(), " --out=", out));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("cannot reach peer 127.0.0.1:9"), std::string::npos)
+      << r.err;
+}
+
+TEST(NodeTest, MismatchedModelsRefuseEachOther) {
+  std::string dir = TempDir();
+  // Two nodes whose --width differs: the handshake names the difference.
+  std::string a = "127.0.0.1:47611", b = "127.0.0.1:47612";
+  std::string cmd_a =
+      absl::StrCat(STARLING_BINARY, " node --listen=", a, " --peers=", b,
+                   " --connect_timeout=20 ", TinyFlags(),
+                   " --steps=5 --out=", dir, "/a >", dir, "/a.log 2>&1 &");
+  ASSERT_EQ(std::system(cmd_a.c_str()), 0);
+  auto r = RunStarling(absl::StrCat("node --listen=", b, " --peers=", a,
+                                    " --connect_timeout=20 ", TinyFlags(),
+                                    " --width=64 --steps=5 --out=", dir, "/b"));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("model architecture differs"), std::string::npos)
+      << r.err;
+  std::system("sleep 1");
+}
+
+TEST(NodeTest, BadNodeFlagsExitTwo) {
+  for (const auto& [args, mention] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"node --algo=allreduce", "--algo=allreduce"},
+           {"node --inner_steps=0", "--inner_steps=0"},
+           {"node --peers=nonsense", "nonsense"},
+           {"node --listen=127.0.0.1:0 --peers=127.0.0.1:5000", "fixed port"},
+           {"sim --nodes=0", "--nodes=0"},
+           {"node --outer=adam", "--outer=adam"}}) {
+    auto r = RunStarling(args + " --out=" + TempDir() + "/x");
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(mention), std::string::npos) << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace starling

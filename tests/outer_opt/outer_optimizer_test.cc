@@ -1,0 +1,79 @@
+#include "outer_opt/outer_optimizer.h"
+
+#include <torch/torch.h>
+
+#include "gtest/gtest.h"
+
+namespace starling {
+namespace {
+
+TEST(OuterOptimizerTest, NesterovMatchesTorchSgd) {
+  const int n = 50;
+  torch::manual_seed(0);
+  torch::Tensor theta_t = torch::randn({n});
+  std::vector<float> theta(theta_t.data_ptr<float>(),
+                           theta_t.data_ptr<float>() + n);
+  torch::Tensor param = theta_t.clone().set_requires_grad(true);
+  torch::optim::SGD sgd(
+      {param}, torch::optim::SGDOptions(0.7).momentum(0.9).nesterov(true));
+  auto outer = OuterOptimizer::Create({"nesterov", 0.7, 0.9}, n);
+  ASSERT_TRUE(outer.ok());
+  for (int step = 0; step < 5; ++step) {
+    torch::Tensor delta = torch::randn({n});
+    param.mutable_grad() = delta.clone();
+    sgd.step();
+    ASSERT_TRUE((*outer)
+                    ->Step(absl::MakeSpan(theta),
+                           absl::MakeConstSpan(delta.data_ptr<float>(), n))
+                    .ok());
+    for (int i = 0; i < n; ++i) {
+      EXPECT_NEAR(theta[i], param[i].item<float>(), 1e-5) << step << "," << i;
+    }
+  }
+}
+
+TEST(OuterOptimizerTest, AveragingReplacesThetaWithTheAverage) {
+  auto outer = OuterOptimizer::Create({"average", 0.3, 0.5}, 3);
+  ASSERT_TRUE(outer.ok());
+  EXPECT_EQ((*outer)->options().lr, 1.0);
+  EXPECT_EQ((*outer)->options().momentum, 0.0);
+  std::vector<float> theta = {1, 2, 3};
+  // Δ = θ_global − mean(θ_i): mean is {0.5, 2, 4}.
+  std::vector<float> delta = {0.5f, 0.0f, -1.0f};
+  ASSERT_TRUE((*outer)->Step(absl::MakeSpan(theta), delta).ok());
+  EXPECT_EQ(theta, (std::vector<float>{0.5f, 2.0f, 4.0f}));
+}
+
+TEST(OuterOptimizerTest, StateRoundTripsAndRejectsForeignState) {
+  auto a = OuterOptimizer::Create({}, 4);
+  auto b = OuterOptimizer::Create({}, 4);
+  std::vector<float> t1 = {1, 1, 1, 1}, t2 = t1;
+  std::vector<float> d = {0.1f, -0.2f, 0.3f, 0.0f};
+  ASSERT_TRUE((*a)->Step(absl::MakeSpan(t1), d).ok());
+  ASSERT_TRUE((*b)->LoadState((*a)->SaveState()).ok());
+  t2 = t1;
+  ASSERT_TRUE((*a)->Step(absl::MakeSpan(t1), d).ok());
+  ASSERT_TRUE((*b)->Step(absl::MakeSpan(t2), d).ok());
+  EXPECT_EQ(t1, t2);
+  auto c = OuterOptimizer::Create({}, 5);
+  EXPECT_TRUE(absl::IsDataLoss((*c)->LoadState((*a)->SaveState())));
+  EXPECT_TRUE(absl::IsDataLoss((*c)->LoadState("xy")));
+}
+
+TEST(OuterOptimizerTest, BadOptionsNameTheFlag) {
+  auto s = OuterOptimizer::Create({"adam", 0.7, 0.9}, 1).status();
+  EXPECT_NE(s.message().find("--outer=adam"), std::string::npos);
+  s = OuterOptimizer::Create({"nesterov", -1, 0.9}, 1).status();
+  EXPECT_NE(s.message().find("--outer_lr"), std::string::npos);
+  s = OuterOptimizer::Create({"nesterov", 0.7, 1.0}, 1).status();
+  EXPECT_NE(s.message().find("--outer_momentum"), std::string::npos);
+}
+
+TEST(OuterOptimizerTest, SizeMismatchIsAnError) {
+  auto o = OuterOptimizer::Create({}, 3);
+  std::vector<float> t(3), d(2);
+  EXPECT_TRUE(absl::IsInvalidArgument((*o)->Step(absl::MakeSpan(t), d)));
+}
+
+}  // namespace
+}  // namespace starling
