@@ -1,6 +1,8 @@
 #include "node/sim_command.h"
 
 #include <fcntl.h>
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -10,9 +12,6 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-
-#include <google/protobuf/struct.pb.h>
-#include <google/protobuf/util/json_util.h>
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
@@ -95,8 +94,12 @@ std::string ToJson(const Value& v) {
 class Progress {
  public:
   Progress(const std::string& dir, int nodes, int total_steps)
-      : dir_(dir), offsets_(nodes, 0), step_(nodes, 0), loss_(nodes, 0),
-        sent_(nodes, 0), total_steps_(total_steps) {}
+      : dir_(dir),
+        offsets_(nodes, 0),
+        step_(nodes, 0),
+        loss_(nodes, 0),
+        sent_(nodes, 0),
+        total_steps_(total_steps) {}
 
   void Poll() {
     for (size_t i = 0; i < offsets_.size(); ++i) {
@@ -115,7 +118,8 @@ class Progress {
         }
         const std::string kind = Get(ev, "event").string_value();
         if (kind == "round") {
-          round_ = std::max<int64_t>(round_, Get(ev, "round").number_value() + 1);
+          round_ =
+              std::max<int64_t>(round_, Get(ev, "round").number_value() + 1);
           step_[i] = static_cast<int>(Get(ev, "step").number_value());
           loss_[i] = Get(ev, "train_loss").number_value();
           sent_[i] += Get(ev, "bytes").number_value();
@@ -135,10 +139,11 @@ class Progress {
       sent += sent_[i];
     }
     loss /= step_.size();
-    double eta = min_step > 0 ? elapsed * (total_steps_ - min_step) / min_step
-                              : NAN;
+    double eta =
+        min_step > 0 ? elapsed * (total_steps_ - min_step) / min_step : NAN;
     return absl::StrFormat(
-        "sim | round %d | step %d/%d | loss %s | val %s | sent %s | %s | eta %s",
+        "sim | round %d | step %d/%d | loss %s | val %s | sent %s | %s | eta "
+        "%s",
         round_, min_step, total_steps_,
         min_step > 0 ? absl::StrFormat("%.4f", loss) : "-",
         std::isnan(val_) ? "-" : absl::StrFormat("%.4f", val_),
@@ -173,20 +178,20 @@ absl::Status MergeOutputs(const std::string& dir, int n,
   double total_bytes = 0, equivalent = 0, compute = 0, node_wall = 0;
   ReportData report;
   for (int i = 0; i < n; ++i) {
-    const Struct& node = Get(sums[i], "nodes").list_value().values(0).struct_value();
+    const Struct& node =
+        Get(sums[i], "nodes").list_value().values(0).struct_value();
     nodes.PushRaw(ToJson(Get(sums[i], "nodes").list_value().values(0)));
     total_bytes += Get(node, "bytes_sent").number_value();
     compute += Get(node, "compute_seconds").number_value();
     node_wall += Get(node, "wall_seconds").number_value();
-    equivalent += Get(Get(sums[i], "final").struct_value(),
-                      "allreduce_equivalent_bytes")
-                      .number_value();
+    equivalent +=
+        Get(Get(sums[i], "final").struct_value(), "allreduce_equivalent_bytes")
+            .number_value();
     double w = Get(node, "wall_seconds").number_value();
-    report.nodes.push_back({Get(node, "id").string_value(),
-                            Get(node, "bytes_sent").number_value(),
-                            Get(node, "bytes_received").number_value(),
-                            w > 0 ? Get(node, "compute_seconds").number_value() / w
-                                  : 0});
+    report.nodes.push_back(
+        {Get(node, "id").string_value(), Get(node, "bytes_sent").number_value(),
+         Get(node, "bytes_received").number_value(),
+         w > 0 ? Get(node, "compute_seconds").number_value() / w : 0});
   }
   // Rounds: every node logged the same rounds; they must agree on the hash.
   const auto& r0 = Get(sums[0], "rounds").list_value();
@@ -231,12 +236,15 @@ absl::Status MergeOutputs(const std::string& dir, int n,
          0.0, agree, Get(a, "members").list_value().values_size()});
   }
   // Wall time at each round end, from n0's events.
-  absl::StatusOr<std::string> ev0 = ReadFile(absl::StrCat(dir, "/n0/events.jsonl"));
+  absl::StatusOr<std::string> ev0 =
+      ReadFile(absl::StrCat(dir, "/n0/events.jsonl"));
   if (ev0.ok()) {
     size_t k = 0;
-    for (absl::string_view line : absl::StrSplit(*ev0, '\n', absl::SkipEmpty())) {
+    for (absl::string_view line :
+         absl::StrSplit(*ev0, '\n', absl::SkipEmpty())) {
       Struct ev;
-      if (!google::protobuf::util::JsonStringToMessage(std::string(line), &ev).ok()) {
+      if (!google::protobuf::util::JsonStringToMessage(std::string(line), &ev)
+               .ok()) {
         continue;
       }
       const std::string kind = Get(ev, "event").string_value();
@@ -251,9 +259,9 @@ absl::Status MergeOutputs(const std::string& dir, int n,
   const Struct& f0 = Get(sums[0], "final").struct_value();
   std::string final_hash = Get(f0, "model_hash").string_value();
   for (int i = 1; i < n; ++i) {
-    all_agree = all_agree &&
-                Get(Get(sums[i], "final").struct_value(), "model_hash")
-                        .string_value() == final_hash;
+    all_agree =
+        all_agree && Get(Get(sums[i], "final").struct_value(), "model_hash")
+                             .string_value() == final_hash;
   }
   JsonObject fin;
   fin.AddRaw("val_loss", ToJson(Get(f0, "val_loss")));
@@ -283,8 +291,8 @@ absl::Status MergeOutputs(const std::string& dir, int n,
   STARLING_RETURN_IF_ERROR(
       WriteFileAtomic(dir + "/summary.json", summary.Dump() + "\n"));
 
-  report.title = absl::StrCat("Starling sim: ", n, " nodes, ",
-                              absl::GetFlag(FLAGS_algo));
+  report.title =
+      absl::StrCat("Starling sim: ", n, " nodes, ", absl::GetFlag(FLAGS_algo));
   auto num = [](const Value& v, const char* fmt) {
     return v.kind_case() == Value::kNumberValue
                ? absl::StrFormat(fmt, v.number_value())
@@ -303,7 +311,8 @@ absl::Status MergeOutputs(const std::string& dir, int n,
        total_bytes > 0 ? absl::StrFormat("%.1fx", equivalent / total_bytes)
                        : "-"},
       {"utilization (compute / wall)",
-       absl::StrFormat("%.1f%%", node_wall > 0 ? 100 * compute / node_wall : 0)},
+       absl::StrFormat("%.1f%%",
+                       node_wall > 0 ? 100 * compute / node_wall : 0)},
       {"model hashes agree every round", all_agree ? "yes" : "NO"},
       {"wall time", FormatDuration(wall)},
   };
@@ -358,10 +367,12 @@ int RunSimCommand() {
         absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone())));
   }
   const std::string dir = config.out();
-  if (!config.resume() && (FileExists(dir + "/n0") || FileExists(dir + "/summary.json"))) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--out=", dir, " already holds a sim run; pass --resume "
-                    "to continue it, or choose another --out")),
+  if (!config.resume() &&
+      (FileExists(dir + "/n0") || FileExists(dir + "/summary.json"))) {
+    return Fail(absl::InvalidArgumentError(
+                    absl::StrCat("--out=", dir,
+                                 " already holds a sim run; pass --resume "
+                                 "to continue it, or choose another --out")),
                 2);
   }
   if (absl::Status s = MakeDirs(dir); !s.ok()) return Fail(s, 2);
@@ -383,7 +394,8 @@ int RunSimCommand() {
       continue;
     }
     absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
-    if (f != nullptr) common.push_back(absl::StrCat("--", name, "=", f->CurrentValue()));
+    if (f != nullptr)
+      common.push_back(absl::StrCat("--", name, "=", f->CurrentValue()));
   }
   common.push_back(absl::StrCat("--run_id=", run_id));
   common.push_back(absl::StrCat("--threads=", std::max(1, config.threads())));
@@ -438,6 +450,7 @@ int RunSimCommand() {
   std::string last_line;
   int running = n;
   int failed = -1, failed_code = 0;
+  absl::Time stop_requested = absl::InfiniteFuture();
   auto stop_all = [&](int sig) {
     for (pid_t p : pids) {
       if (p > 0) ::kill(p, sig);
@@ -455,28 +468,31 @@ int RunSimCommand() {
         bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         if (!ok && failed < 0 && g_sim_signal.load() == 0) {
           failed = idx;
-          failed_code = WIFEXITED(status) ? WEXITSTATUS(status)
-                                          : 128 + WTERMSIG(status);
+          failed_code =
+              WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
           stop_all(SIGTERM);
         }
       }
       continue;
     }
-    if (g_sim_signal.load() != 0) {
-      static bool sent = false;
-      if (!sent) {
-        WriteStderrLine("\nstarling sim: stopping all nodes");
-        stop_all(SIGTERM);
-        sent = true;
-      }
+    if (g_sim_signal.load() != 0 && stop_requested == absl::InfiniteFuture()) {
+      WriteStderrLine("\nstarling sim: stopping all nodes");
+      stop_all(SIGTERM);
+      stop_requested = absl::Now();
     }
+    if (failed >= 0 && stop_requested == absl::InfiniteFuture()) {
+      stop_requested = absl::Now();
+    }
+    // Nodes stop between steps; one blocked on a dead peer is killed.
+    if (absl::Now() - stop_requested > absl::Seconds(10)) stop_all(SIGKILL);
     progress.Poll();
     const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
     std::string line = progress.Line(elapsed);
     if (tty) {
       std::fprintf(stderr, "\r%-110s", line.c_str());
       std::fflush(stderr);
-    } else if (line != last_line && absl::Now() - last_print > absl::Seconds(5)) {
+    } else if (line != last_line &&
+               absl::Now() - last_print > absl::Seconds(5)) {
       WriteStderrLine(line);
       last_print = absl::Now();
       last_line = line;
@@ -486,15 +502,18 @@ int RunSimCommand() {
   if (tty) std::fprintf(stderr, "\n");
   const double wall = absl::ToDoubleSeconds(absl::Now() - start);
   if (g_sim_signal.load() != 0) {
-    WriteStderrLine(absl::StrCat("starling sim: interrupted; node logs and "
-                                 "checkpoints are in ", dir, "/n*/"));
+    WriteStderrLine(
+        absl::StrCat("starling sim: interrupted; node logs and "
+                     "checkpoints are in ",
+                     dir, "/n*/"));
     return 1;
   }
   if (failed >= 0) {
     const std::string log = absl::StrCat(dir, "/n", failed, "/node.log");
     std::string last;
     if (absl::StatusOr<std::string> text = ReadFile(log); text.ok()) {
-      for (absl::string_view l : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
+      for (absl::string_view l :
+           absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
         last = std::string(l);
       }
     }
@@ -506,7 +525,8 @@ int RunSimCommand() {
   JsonObject sim_cfg;
   sim_cfg.Add("nodes", static_cast<int64_t>(n))
       .Add("algo", absl::GetFlag(FLAGS_algo))
-      .Add("inner_steps", static_cast<int64_t>(absl::GetFlag(FLAGS_inner_steps)))
+      .Add("inner_steps",
+           static_cast<int64_t>(absl::GetFlag(FLAGS_inner_steps)))
       .Add("outer", absl::GetFlag(FLAGS_outer))
       .Add("outer_lr", absl::GetFlag(FLAGS_outer_lr))
       .Add("outer_momentum", absl::GetFlag(FLAGS_outer_momentum))

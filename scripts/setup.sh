@@ -16,6 +16,8 @@ PACKAGES=(
   dataset-fashion-mnist bible-kjv
   # TorchScript test fixtures and the PyTorch reference benchmark
   python3 python3-torch
+  # report.html charts; pgrep for the tests
+  gnuplot-nox procps
 )
 
 missing=()

@@ -1,6 +1,11 @@
 // Integration tests of `starling sim` and `starling node` as real processes
 // on loopback: model agreement every round, byte accounting, failures.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "core/file_util.h"
 #include "gtest/gtest.h"
 #include "tests/core/run_util.h"
@@ -101,6 +106,35 @@ TEST(SimTest, AFailingNodeStopsTheSimAndIsNamed) {
   EXPECT_NE(r.err.find("failed (exit 2)"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("/no/such/corpus.txt"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("node.log"), std::string::npos) << r.err;
+}
+
+TEST(SimTest, CtrlCStopsEveryNode) {
+  const std::string out = TempDir() + "/interrupted";
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::string cmd =
+        absl::StrCat("exec ", STARLING_BINARY, " sim --nodes=3 --steps=100000 ",
+                     TinyFlags(), " --out=", out, " 2>", out, ".err");
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
+    _exit(127);
+  }
+  for (int i = 0; i < 600; ++i) {
+    auto ev = ReadFile(out + "/n2/events.jsonl");
+    if (ev.ok() && ev->find("\"event\":\"round\"") != std::string::npos) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_NE(ReadFile(out + ".err")->find("interrupted"), std::string::npos);
+  // No node process of this sim is left.
+  // "[-]" keeps the pattern from matching the shell that runs pgrep.
+  std::string check =
+      absl::StrCat("pgrep -f -- '[-]-out=", out, "/n' >/dev/null");
+  EXPECT_NE(std::system(check.c_str()), 0) << "a node outlived the sim";
 }
 
 TEST(NodeTest, UnreachablePeerIsRetriedThenNamed) {

@@ -13,7 +13,8 @@ using ::starling::testing::ReadJson;
 using ::starling::testing::RunStarling;
 
 // The PyTorch-parity recipe on KJV: the reference script reaches 2.05-2.09
-// (bench/pytorch_kjv.py); Starling must reach <= 2.12.
+// (bench/pytorch_kjv.py; 2.062 in the DiLoCo issue's table); Starling must
+// reach <= 2.12, and stays within 3% of 2.062.
 TEST(QualityTest, KjvGptRecipeReachesPyTorchParity) {
   std::string out = testing::TempDir() + "/kjv";
   auto r = RunStarling(absl::StrCat(
@@ -26,7 +27,7 @@ TEST(QualityTest, KjvGptRecipeReachesPyTorchParity) {
   double val = Field(fin, "val_loss").number_value();
   RecordProperty("val_loss", std::to_string(val));
   EXPECT_LE(val, 2.12);
-  EXPECT_GT(val, 1.0);
+  EXPECT_GE(val, 2.062 * 0.97);
 }
 
 // The Fashion-MNIST cnn default reaches >= 88% test accuracy.
