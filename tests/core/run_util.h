@@ -54,6 +54,17 @@ inline const google::protobuf::Value& Field(const google::protobuf::Struct& s,
   return it == s.fields().end() ? *missing : it->second;
 }
 
+// Flags for a tiny gpt on a generated corpus of `bytes` bytes (written once
+// per process): fast enough for integration tests of real processes.
+inline std::string TinyTextFlags(size_t bytes) {
+  std::string path = absl::StrCat(TempDir(), "/corpus.txt");
+  EXPECT_TRUE(WriteFileAtomic(path, SampleText(bytes)).ok());
+  return absl::StrCat(
+      "--data=text:", path,
+      " --model=gpt --layers=1 --width=32 --heads=2 --context=32 --batch=8 "
+      "--lr=3e-3 --warmup=5");
+}
+
 }  // namespace starling::testing
 
 #endif  // STARLING_TESTS_CORE_RUN_UTIL_H_

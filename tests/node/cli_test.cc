@@ -23,15 +23,8 @@ using ::starling::testing::RunStarling;
 using ::starling::testing::TempDir;
 
 std::string TinyTextFlags() {
-  static const std::string* flags = [] {
-    std::string path = TempDir() + "/corpus.txt";
-    EXPECT_TRUE(WriteFileAtomic(path, testing::SampleText(200000)).ok());
-    return new std::string(absl::StrCat(
-        "--data=text:", path,
-        " --model=gpt --layers=1 --width=32 --heads=2 --context=32 "
-        "--batch=8 --lr=3e-3 --warmup=5 --threads=1 --seed=3 "
-        "--log_every=10"));
-  }();
+  static const std::string* flags = new std::string(absl::StrCat(
+      testing::TinyTextFlags(200000), " --threads=1 --seed=3 --log_every=10"));
   return *flags;
 }
 

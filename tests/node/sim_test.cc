@@ -20,14 +20,8 @@ using ::starling::testing::RunStarling;
 using ::starling::testing::TempDir;
 
 std::string TinyFlags() {
-  static const std::string* flags = [] {
-    std::string path = TempDir() + "/corpus.txt";
-    EXPECT_TRUE(WriteFileAtomic(path, testing::SampleText(300000)).ok());
-    return new std::string(
-        absl::StrCat("--data=text:", path,
-                     " --layers=1 --width=32 --heads=2 --context=32 --batch=8 "
-                     "--lr=3e-3 --warmup=5 --eval_every=20"));
-  }();
+  static const std::string* flags = new std::string(
+      absl::StrCat(testing::TinyTextFlags(300000), " --eval_every=20"));
   return *flags;
 }
 
