@@ -1,9 +1,9 @@
 #include "gossip/grpc_transport.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <algorithm>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -50,23 +50,25 @@ std::string HandshakeMismatch(const HandshakeRequest& theirs,
   auto differ = [&](absl::string_view what, const std::string& a,
                     const std::string& b) {
     if (a != b) {
-      diffs.push_back(absl::StrCat(what, " differs (peer '", a, "', this node '",
-                                   b, "')"));
+      diffs.push_back(
+          absl::StrCat(what, " differs (peer '", a, "', this node '", b, "')"));
     }
   };
   differ("protocol version", absl::StrCat(theirs.protocol_version()),
          absl::StrCat(kProtocolVersion));
   differ("run id", theirs.run_id(), mine.run_id);
   differ("algorithm", theirs.algo(), mine.algo);
-  differ("member count", absl::StrCat(theirs.world()), absl::StrCat(mine.world));
+  differ("member count", absl::StrCat(theirs.world()),
+         absl::StrCat(mine.world));
+  differ("compression", theirs.compression(), mine.compression);
   differ("model architecture", theirs.model().architecture(),
          mine.model.architecture());
   differ("parameter count", absl::StrCat(theirs.model().parameters()),
          absl::StrCat(mine.model.parameters()));
   differ("dtype", theirs.model().dtype(), mine.model.dtype());
   if (diffs.empty()) {
-    differ("initial model hash (use the same --seed)", theirs.model().init_hash(),
-           mine.model.init_hash());
+    differ("initial model hash (use the same --seed)",
+           theirs.model().init_hash(), mine.model.init_hash());
   }
   return absl::StrJoin(diffs, "; ");
 }
@@ -146,9 +148,9 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
       if (first_) {
         first_ = false;
         if (chunk_.run_id() != o.run_id) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "chunk for run '", chunk_.run_id(), "'; this node is in run '",
-              o.run_id, "'"));
+          return absl::FailedPreconditionError(
+              absl::StrCat("chunk for run '", chunk_.run_id(),
+                           "'; this node is in run '", o.run_id, "'"));
         }
         m_.from = chunk_.from_rank();
         m_.round = chunk_.round();
@@ -160,17 +162,23 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
         expected_bytes_ = chunk_.segment_bytes();
         auto known = o.tensors.find(m_.tensor);
         if (known == o.tensors.end()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "message from rank ", m_.from, ": unknown tensor '", m_.tensor,
-              "'"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("message from rank ", m_.from, ": unknown tensor '",
+                           m_.tensor, "'"));
         }
         // Refuse impossible sizes before buffering anything.
-        int64_t max_bytes = (known->second / std::max(1, o.world) + 1) * 4;
+        int64_t per_element = 4;
+        if (auto c = o.compressed_bytes_per_element.find(m_.tensor);
+            c != o.compressed_bytes_per_element.end()) {
+          per_element = c->second;
+        }
+        int64_t max_bytes =
+            (known->second / std::max(1, o.world) + 1) * per_element + 4096;
         if (expected_bytes_ < 0 || expected_bytes_ > max_bytes) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "message from rank ", m_.from, ": announces ", expected_bytes_,
-              " bytes for one segment of '", m_.tensor, "'; at most ",
-              max_bytes, " fit"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("message from rank ", m_.from, ": announces ",
+                           expected_bytes_, " bytes for one segment of '",
+                           m_.tensor, "'; at most ", max_bytes, " fit"));
         }
         m_.payload.reserve(static_cast<size_t>(expected_bytes_));
       } else if (chunk_.from_rank() != m_.from || chunk_.round() != m_.round ||
@@ -183,11 +191,11 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
       if (chunk_.offset() != static_cast<int64_t>(m_.payload.size()) ||
           m_.payload.size() + chunk_.data().size() >
               static_cast<size_t>(expected_bytes_)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "message from rank ", m_.from, ": chunk at offset ",
-            chunk_.offset(), " with ", chunk_.data().size(),
-            " bytes does not continue the ", m_.payload.size(), " of ",
-            expected_bytes_, " bytes received"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("message from rank ", m_.from, ": chunk at offset ",
+                         chunk_.offset(), " with ", chunk_.data().size(),
+                         " bytes does not continue the ", m_.payload.size(),
+                         " of ", expected_bytes_, " bytes received"));
       }
       m_.payload += chunk_.data();
       return absl::OkStatus();
@@ -298,6 +306,7 @@ absl::Status GrpcTransport::Connect(const std::vector<std::string>& members,
   req.set_run_id(identity_.run_id);
   req.set_algo(identity_.algo);
   req.set_world(identity_.world);
+  req.set_compression(identity_.compression);
   *req.mutable_model() = identity_.model;
   req.set_address(members[rank]);
   for (int r = 0; r < static_cast<int>(members.size()); ++r) {
@@ -307,16 +316,17 @@ absl::Status GrpcTransport::Connect(const std::vector<std::string>& members,
     int attempts = 0;
     while (true) {
       grpc::ClientContext ctx;
-      ctx.set_deadline(ToChrono(
-          std::min(deadline, absl::Now() + absl::Seconds(5))));
+      ctx.set_deadline(
+          ToChrono(std::min(deadline, absl::Now() + absl::Seconds(5))));
       HandshakeResponse resp;
       last = peers_[r]->stub->Handshake(&ctx, req, &resp);
       ++attempts;
       if (last.ok()) {
         if (resp.rank() != r) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "peer ", members[r], " thinks it is rank ", resp.rank(),
-              ", this node expects ", r, " (give every node the same members)"));
+          return absl::FailedPreconditionError(
+              absl::StrCat("peer ", members[r], " thinks it is rank ",
+                           resp.rank(), ", this node expects ", r,
+                           " (give every node the same members)"));
         }
         break;
       }
@@ -325,9 +335,9 @@ absl::Status GrpcTransport::Connect(const std::vector<std::string>& members,
             "peer ", members[r], " refused this node: ", last.error_message()));
       }
       if (absl::Now() + backoff >= deadline) {
-        return absl::UnavailableError(absl::StrCat(
-            "cannot reach peer ", members[r], " after ", attempts,
-            " attempts (last error: ", last.error_message(), ")"));
+        return absl::UnavailableError(
+            absl::StrCat("cannot reach peer ", members[r], " after ", attempts,
+                         " attempts (last error: ", last.error_message(), ")"));
       }
       absl::SleepFor(backoff);
       backoff = std::min(backoff * 2, absl::Seconds(2));
@@ -356,7 +366,8 @@ absl::Status GrpcTransport::Send(int to, const Message& m,
   chunk.set_segment(m.segment);
   chunk.set_total_elements(m.total_elements);
   chunk.set_segment_bytes(static_cast<int64_t>(m.payload.size()));
-  const size_t step = static_cast<size_t>(std::max<int64_t>(1, options_.chunk_bytes));
+  const size_t step =
+      static_cast<size_t>(std::max<int64_t>(1, options_.chunk_bytes));
   size_t offset = 0;
   do {
     size_t len = std::min(step, m.payload.size() - offset);

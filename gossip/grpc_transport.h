@@ -31,6 +31,7 @@ struct PeerIdentity {
   std::string run_id;
   std::string algo;  // "diloco" or "ddp"
   int world = 1;
+  std::string compression = "fp32";  // members must use the same codec
   peer::v1::ModelFingerprint model;
 };
 

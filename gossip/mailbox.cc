@@ -85,8 +85,18 @@ absl::Status Mailbox::Validate(const Message& m) const {
                      static_cast<int>(m.phase), ", step ", m.step, ", segment ",
                      m.segment, ") for ", options_.world, " members"));
   }
-  const int64_t want =
-      SegmentLength(known->second, options_.world, m.segment) * 4;
+  const int64_t elems = SegmentLength(known->second, options_.world, m.segment);
+  if (auto c = options_.compressed_bytes_per_element.find(m.tensor);
+      c != options_.compressed_bytes_per_element.end()) {
+    const int64_t limit = elems * c->second + 4096;
+    if (static_cast<int64_t>(m.payload.size()) > limit) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": compressed segment ", m.segment, " of '", m.tensor, "' has ",
+          m.payload.size(), " bytes; at most ", limit, " fit"));
+    }
+    return absl::OkStatus();
+  }
+  const int64_t want = elems * 4;
   if (static_cast<int64_t>(m.payload.size()) != want) {
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": segment ", m.segment, " of '", m.tensor, "' has ",

@@ -46,6 +46,10 @@ struct MailboxOptions {
   std::string run_id;
   // Elements of each known tensor's flat view, e.g. {"pseudo_grad", P + 1}.
   std::map<std::string, int64_t> tensors;
+  // Tensors whose segments travel compressed: their payload size is only
+  // bounded (by max_compressed_bytes_per_element per element plus 4 KiB) and
+  // their values are checked after decoding, by the collective.
+  std::map<std::string, int64_t> compressed_bytes_per_element;
 };
 
 class Mailbox {

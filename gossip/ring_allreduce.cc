@@ -1,5 +1,6 @@
 #include "gossip/ring_allreduce.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +23,13 @@ absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
   auto segment = [&](int s) {
     return data.subspan(SegmentOffset(total, n, s), SegmentLength(total, n, s));
   };
+  auto fail = [&](const absl::Status& s, absl::string_view what) {
+    return absl::Status(
+        s.code(), absl::StrCat("round ", o.round, ": ", what, s.message()));
+  };
+  // The bytes the all-gather forwards: the owner's encoded segment first,
+  // then what arrived in the previous step, unchanged.
+  std::string forward;
   for (RingPhase phase : {RingPhase::kReduceScatter, RingPhase::kAllGather}) {
     for (int k = 0; k < n - 1; ++k) {
       // Reduce-scatter: after step k, rank r holds the partial sum of
@@ -38,32 +46,71 @@ absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
       m.step = k;
       m.segment = send_seg;
       m.total_elements = total;
-      m.payload = Bytes(segment(send_seg));
+      absl::Span<float> out_seg = segment(send_seg);
+      if (phase == RingPhase::kAllGather && k == 0 && o.codec != nullptr) {
+        // The owner quantizes its reduced segment once and keeps exactly
+        // what the others will decode.
+        absl::StatusOr<std::string> enc =
+            o.codec->EncodeSlice(SegmentOffset(total, n, send_seg), out_seg);
+        if (!enc.ok()) return fail(enc.status(), "encoding: ");
+        absl::Status s = o.codec->DecodeSlice(SegmentOffset(total, n, send_seg),
+                                              *enc, out_seg);
+        if (!s.ok()) return fail(s, "decoding own segment: ");
+        forward = std::move(enc).value();
+      }
+      if (phase == RingPhase::kAllGather && o.codec != nullptr) {
+        m.payload = forward;
+      } else if (o.codec != nullptr) {
+        absl::StatusOr<std::string> enc =
+            o.codec->EncodeSlice(SegmentOffset(total, n, send_seg), out_seg);
+        if (!enc.ok()) return fail(enc.status(), "encoding: ");
+        m.payload = std::move(enc).value();
+      } else {
+        m.payload = Bytes(out_seg);
+      }
+      if (o.stats != nullptr) {
+        o.stats->raw_bytes += static_cast<int64_t>(out_seg.size()) * 4;
+        o.stats->wire_bytes += static_cast<int64_t>(m.payload.size());
+      }
       const absl::Time deadline = absl::Now() + o.step_timeout;
       absl::Status s = t.Send(next, m, deadline);
       if (!s.ok()) {
-        return absl::Status(s.code(),
-                            absl::StrCat("round ", o.round, ": sending to rank ",
-                                         next, " failed: ", s.message()));
+        return fail(s, absl::StrCat("sending to rank ", next, " failed: "));
       }
       absl::StatusOr<Message> in =
           t.mailbox().Take(prev, o.round, o.tensor, phase, k, deadline);
-      if (!in.ok()) {
-        return absl::Status(in.status().code(),
-                            absl::StrCat("round ", o.round, ": ",
-                                         in.status().message()));
-      }
+      if (!in.ok()) return fail(in.status(), "");
       if (in->segment != recv_seg) {
         return absl::InvalidArgumentError(absl::StrCat(
             "round ", o.round, ": rank ", prev, " sent segment ", in->segment,
             " at step ", k, "; the ring expects segment ", recv_seg));
       }
       absl::Span<float> dst = segment(recv_seg);
-      const float* src = reinterpret_cast<const float*>(in->payload.data());
-      if (phase == RingPhase::kReduceScatter) {
-        for (size_t i = 0; i < dst.size(); ++i) dst[i] += src[i];
+      const int64_t dst_offset = SegmentOffset(total, n, recv_seg);
+      if (o.codec != nullptr) {
+        absl::Status d =
+            phase == RingPhase::kReduceScatter
+                ? o.codec->DecodeSliceAccumulate(dst_offset, in->payload, dst)
+                : o.codec->DecodeSlice(dst_offset, in->payload, dst);
+        if (!d.ok()) {
+          return fail(
+              d, absl::StrCat("bad compressed segment from rank ", prev, ": "));
+        }
+        for (size_t i = 0; i < dst.size(); ++i) {
+          if (!std::isfinite(dst[i])) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "round ", o.round, ": rank ", prev,
+                " sent a segment that decodes to non-finite values"));
+          }
+        }
+        forward = std::move(in->payload);
       } else {
-        std::memcpy(dst.data(), src, dst.size() * 4);
+        const float* src = reinterpret_cast<const float*>(in->payload.data());
+        if (phase == RingPhase::kReduceScatter) {
+          for (size_t i = 0; i < dst.size(); ++i) dst[i] += src[i];
+        } else {
+          std::memcpy(dst.data(), src, dst.size() * 4);
+        }
       }
     }
   }

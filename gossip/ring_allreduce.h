@@ -14,14 +14,27 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "compression/tensor_policy.h"
 #include "gossip/transport.h"
 
 namespace starling {
+
+// Bytes this rank put into ring messages: as fp32 and as sent.
+struct RingStats {
+  int64_t raw_bytes = 0;
+  int64_t wire_bytes = 0;
+};
 
 struct RingOptions {
   std::string tensor = "pseudo_grad";
   int64_t round = 0;
   absl::Duration step_timeout = absl::Seconds(60);  // per ring step
+  // Null: raw fp32. Otherwise every reduce-scatter hop re-encodes its fp32
+  // partial sum (accumulation stays fp32), and each owner encodes its
+  // reduced segment once, replaces its own copy with the decoded values and
+  // all-gathers those bytes unchanged, so every member stays bit-identical.
+  const PolicyCodec* codec = nullptr;
+  RingStats* stats = nullptr;  // accumulated when non-null
 };
 
 // In place: data ← Σ over ranks of data. data.size() must equal the

@@ -1,15 +1,17 @@
 #include "node/node_command.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <cmath>
-
-#include <torch/torch.h>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "compression/codec.h"
+#include "compression/tensor_policy.h"
 #include "core/checkpoint.h"
 #include "core/flat_params.h"
 #include "core/logging.h"
@@ -42,6 +44,18 @@ ABSL_FLAG(int, round_timeout, 300,
           "seconds one ring step of a round may wait for a peer");
 ABSL_FLAG(int, chunk_bytes, 1 << 20,
           "tensor stream chunk size in bytes (1 MiB; at most 4 MiB)");
+ABSL_FLAG(std::string, compression, "fp32",
+          "diloco pseudo-gradient codec: fp32 | fp16 | bf16 | int8[:BLOCK] | "
+          "int4[:BLOCK] | topk:FRACTION[+int8|+fp16], each optionally "
+          "+zstd, e.g. int8, int8+zstd, topk:0.01+int8");
+ABSL_FLAG(std::string, error_feedback, "auto",
+          "auto (on for int4 and topk, off otherwise) | on | off: keep what "
+          "the codec dropped and add it to the next round's pseudo-gradient");
+ABSL_FLAG(int, small_tensor_elems, 4096,
+          "with a lossy --compression, tensors with fewer elements (norms, "
+          "biases) use --small_tensor_codec instead");
+ABSL_FLAG(std::string, small_tensor_codec, "bf16",
+          "codec for small tensors: bf16 | fp16 | fp32");
 
 namespace starling {
 namespace {
@@ -91,9 +105,9 @@ absl::StatusOr<Membership> ParseMembership(const std::string& listen,
     return absl::InvalidArgumentError(
         "--listen needs a fixed port when --peers is set (peers must know it)");
   }
-  m.rank = static_cast<int>(
-      std::find(m.members.begin(), m.members.end(), listen) -
-      m.members.begin());
+  m.rank =
+      static_cast<int>(std::find(m.members.begin(), m.members.end(), listen) -
+                       m.members.begin());
   return m;
 }
 
@@ -119,10 +133,21 @@ absl::Status UnflattenGrads(const std::vector<float>& flat,
 }  // namespace
 
 const std::vector<std::string>& NodeFlagNames() {
-  static const auto* names = new std::vector<std::string>{
-      "listen", "peers", "run_id", "algo", "inner_steps", "outer",
-      "outer_lr", "outer_momentum", "connect_timeout", "round_timeout",
-      "chunk_bytes"};
+  static const auto* names = new std::vector<std::string>{"listen",
+                                                          "peers",
+                                                          "run_id",
+                                                          "algo",
+                                                          "inner_steps",
+                                                          "outer",
+                                                          "outer_lr",
+                                                          "outer_momentum",
+                                                          "connect_timeout",
+                                                          "round_timeout",
+                                                          "chunk_bytes",
+                                                          "compression",
+                                                          "error_feedback",
+                                                          "small_tensor_elems",
+                                                          "small_tensor_codec"};
   return *names;
 }
 
@@ -138,7 +163,8 @@ const Subcommand& NodeSubcommand() {
         "--run_id, --seed and model flags, and its own --shard=K/N. Members "
         "handshake (protocol version, run id, model fingerprint), then run "
         "--steps inner steps in rounds of --inner_steps (H); after each round "
-        "a ring all-reduce averages the pseudo-gradients Δ = θ_global − θ_local "
+        "a ring all-reduce averages the pseudo-gradients Δ = θ_global − "
+        "θ_local "
         "(weighted by samples) and the outer optimizer steps θ_global, so "
         "every member holds bit-identical weights. --algo=ddp all-reduces "
         "gradients every step instead. Rank 0 evaluates.\n\n"
@@ -157,14 +183,14 @@ int RunNodeCommand() {
   if (absl::Status s = ResolveTrainConfig(&config); !s.ok()) return Fail(s, 2);
   const std::string algo = absl::GetFlag(FLAGS_algo);
   if (algo != "diloco" && algo != "ddp") {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--algo=", algo, ": expected diloco or ddp")),
+    return Fail(absl::InvalidArgumentError(
+                    absl::StrCat("--algo=", algo, ": expected diloco or ddp")),
                 2);
   }
   const int h = absl::GetFlag(FLAGS_inner_steps);
   if (h < 1) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--inner_steps=", h, ": must be >= 1")),
+    return Fail(absl::InvalidArgumentError(
+                    absl::StrCat("--inner_steps=", h, ": must be >= 1")),
                 2);
   }
   const int chunk = absl::GetFlag(FLAGS_chunk_bytes);
@@ -186,7 +212,8 @@ int RunNodeCommand() {
   if (config.threads() > 0) torch::set_num_threads(config.threads());
 
   absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(config);
-  if (!created.ok()) return Fail(created.status(), ExitCodeFor(created.status()));
+  if (!created.ok())
+    return Fail(created.status(), ExitCodeFor(created.status()));
   Trainer& trainer = **created;
   std::vector<torch::Tensor> params = trainer.Parameters();
   const int64_t n_params = NumElements(params);
@@ -199,11 +226,44 @@ int RunNodeCommand() {
       OuterOptimizer::Create(oo, n_params);
   if (!outer.ok()) return Fail(outer.status(), 2);
 
+  // Pseudo-gradient compression: a per-tensor policy over the flat view
+  // (params) and the same plus the fp32 averaging weight (the ring's tensor).
+  const std::string compression = absl::GetFlag(FLAGS_compression);
+  std::vector<int64_t> tensor_sizes;
+  for (const auto& p : params) tensor_sizes.push_back(p.numel());
+  PolicyOptions po;
+  po.main = compression;
+  po.small = absl::GetFlag(FLAGS_small_tensor_codec);
+  po.small_elements = absl::GetFlag(FLAGS_small_tensor_elems);
+  absl::StatusOr<std::unique_ptr<PolicyCodec>> param_policy =
+      PolicyCodec::Create(tensor_sizes, po);
+  if (!param_policy.ok()) return Fail(param_policy.status(), 2);
+  po.trailing_fp32 = 1;
+  absl::StatusOr<std::unique_ptr<PolicyCodec>> ring_policy =
+      PolicyCodec::Create(tensor_sizes, po);
+  if (!ring_policy.ok()) return Fail(ring_policy.status(), 2);
+  const PolicyCodec* ring_codec =
+      compression == "fp32" ? nullptr : ring_policy->get();
+  const std::string ef_flag = absl::GetFlag(FLAGS_error_feedback);
+  if (ef_flag != "auto" && ef_flag != "on" && ef_flag != "off") {
+    return Fail(
+        absl::InvalidArgumentError(absl::StrCat("--error_feedback=", ef_flag,
+                                                ": expected auto, on or off")),
+        2);
+  }
+  const bool use_ef =
+      !(*param_policy)->lossless() &&
+      (ef_flag == "on" ||
+       (ef_flag == "auto" && ErrorFeedbackByDefault(compression)));
+  std::unique_ptr<ErrorFeedback> feedback =
+      use_ef ? std::make_unique<ErrorFeedback>(n_params) : nullptr;
+
   int64_t round = 0;
   if (config.resume()) {
     std::map<std::string, std::string> sections;
     absl::Status s = trainer.RestoreCheckpoint(ckpt_path, &sections);
     if (s.ok() && algo == "diloco") s = (*outer)->LoadState(sections["outer"]);
+    if (s.ok() && feedback) s = feedback->LoadState(sections["error_feedback"]);
     if (!s.ok()) return Fail(s, ExitCodeFor(s));
     absl::SimpleAtoi(sections["round"], &round);
   }
@@ -229,8 +289,9 @@ int RunNodeCommand() {
     id.run_id = absl::GetFlag(FLAGS_run_id);
     id.algo = algo;
     id.world = world;
-    id.model = MakeFingerprint(trainer.model().Architecture(), n_params,
-                               init_hash);
+    id.compression = algo == "diloco" ? (*ring_policy)->Name() : "fp32";
+    id.model =
+        MakeFingerprint(trainer.model().Architecture(), n_params, init_hash);
     absl::StatusOr<std::unique_ptr<GrpcTransport>> t =
         GrpcTransport::Start(to, id);
     if (!t.ok()) return Fail(t.status(), 1);
@@ -238,6 +299,9 @@ int RunNodeCommand() {
     MailboxOptions mo;
     mo.run_id = id.run_id;
     mo.tensors = {{kPseudoGrad, n_params + 1}, {kGrad, n_params + 1}};
+    if (ring_codec != nullptr) {
+      mo.compressed_bytes_per_element = {{kPseudoGrad, 8}};
+    }
     STARLING_LOG(INFO) << "listening on " << transport->address()
                        << "; connecting to " << world - 1 << " peers";
     absl::Status s = transport->Connect(
@@ -284,10 +348,12 @@ int RunNodeCommand() {
   };
   auto checkpoint = [&](int64_t next_round) -> absl::Status {
     trainer.set_wall_seconds(events.WallSeconds());
-    return trainer.SaveCheckpoint(
-        ckpt_path, {{"outer", (*outer)->SaveState()},
-                    {"round", absl::StrCat(next_round)}});
+    std::map<std::string, std::string> extra = {
+        {"outer", (*outer)->SaveState()}, {"round", absl::StrCat(next_round)}};
+    if (feedback) extra["error_feedback"] = feedback->SaveState();
+    return trainer.SaveCheckpoint(ckpt_path, extra);
   };
+  RingStats ring_stats;
 
   std::vector<RoundRecord> rounds;
   bool interrupted = false;
@@ -322,7 +388,8 @@ int RunNodeCommand() {
     for (int i = 0; i < steps; ++i) {
       absl::StatusOr<StepResult> r = trainer.Step(hook);
       if (!r.ok()) {
-        events.Write("error", JsonObject().Add("message", r.status().message()));
+        events.Write("error",
+                     JsonObject().Add("message", r.status().message()));
         return Fail(r.status(), 1);
       }
       loss_sum += r->loss;
@@ -335,10 +402,20 @@ int RunNodeCommand() {
       for (size_t i = 0; i < delta.size(); ++i) {
         delta[i] = theta_global[i] - delta[i];
       }
+      if (feedback) {
+        // Error feedback: send C(Δ + e), keep e ← (Δ + e) − C(Δ + e).
+        std::vector<float> sent(delta.size());
+        absl::StatusOr<std::string> enc =
+            feedback->Compress(**param_policy, delta, absl::MakeSpan(sent));
+        if (!enc.ok()) return Fail(enc.status(), 1);
+        delta = std::move(sent);
+      }
       if (transport) {
         RingOptions o = ring;
         o.tensor = kPseudoGrad;
         o.round = round;
+        o.codec = ring_codec;
+        o.stats = &ring_stats;
         absl::Status s = RingWeightedAverage(*transport, delta,
                                              static_cast<double>(samples), o);
         if (!s.ok()) {
@@ -378,13 +455,15 @@ int RunNodeCommand() {
       double elapsed = events.WallSeconds();
       double eta = rec.step > 0 ? elapsed * (total - rec.step) / rec.step : 0;
       WriteStderrLine(absl::StrFormat(
-          "%s round %d/%d | step %d/%d | loss %.4f | sent %s | hash %s | eta %s",
+          "%s round %d/%d | step %d/%d | loss %.4f | sent %s | hash %s | eta "
+          "%s",
           node_id, round, n_rounds, rec.step, total, rec.train_loss,
           FormatBytes(static_cast<double>(bytes_sent())),
           rec.model_hash.substr(0, 8), FormatDuration(eta)));
     }
     if (config.checkpoint_every() > 0 &&
-        rec.step / config.checkpoint_every() > prev_step / config.checkpoint_every() &&
+        rec.step / config.checkpoint_every() >
+            prev_step / config.checkpoint_every() &&
         rec.step < total) {
       if (absl::Status s = checkpoint(round); !s.ok()) return Fail(s, 1);
     }
@@ -396,6 +475,12 @@ int RunNodeCommand() {
   totals.bytes_sent = bytes_sent();
   totals.bytes_received = transport ? transport->bytes_received() : 0;
   totals.wall_seconds = events.WallSeconds();
+  if (algo == "diloco") {
+    totals.compression = (*ring_policy)->Name();
+    if (use_ef) totals.compression += " + error feedback";
+    totals.bytes_before_compression = ring_stats.raw_bytes;
+    totals.bytes_after_compression = ring_stats.wire_bytes;
+  }
   // Per-step ring all-reduce of fp32 gradients: 2·(N−1)/N · P · 4 bytes.
   totals.allreduce_equivalent_bytes = static_cast<int64_t>(
       static_cast<double>(trainer.state().step()) * 2.0 * (world - 1) / world *
@@ -417,10 +502,9 @@ int RunNodeCommand() {
   }
   if (transport) transport->Shutdown();
   if (interrupted) {
-    WriteStderrLine(absl::StrCat("starling node: interrupted by signal ",
-                                 StopSignal(), " at step ",
-                                 trainer.state().step(), "; checkpoint in ",
-                                 ckpt_path));
+    WriteStderrLine(absl::StrCat(
+        "starling node: interrupted by signal ", StopSignal(), " at step ",
+        trainer.state().step(), "; checkpoint in ", ckpt_path));
     return 1;
   }
   WriteStderrLine(absl::StrFormat("%s done: %d steps in %d rounds, sent %s",

@@ -1,17 +1,16 @@
 #include "node/run_output.h"
 
+#include <google/protobuf/util/json_util.h>
 #include <signal.h>
 
 #include <atomic>
 #include <cmath>
 
-#include <google/protobuf/util/json_util.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/checkpoint.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/checkpoint.h"
 #include "core/file_util.h"
 #include "core/flat_params.h"
 #include "core/logging.h"
@@ -96,6 +95,11 @@ absl::Status WriteNodeSummary(const std::string& out_dir,
       .Add("wall_seconds", wall)
       .Add("tokens_per_second", compute > 0 ? st.tokens() / compute : 0.0)
       .Add("model_hash", hash);
+  if (!totals.compression.empty()) {
+    node.Add("compression", totals.compression)
+        .Add("bytes_before_compression", totals.bytes_before_compression)
+        .Add("bytes_after_compression", totals.bytes_after_compression);
+  }
   JsonObject final_obj;
   if (eval.examples > 0) {
     final_obj.Add("val_loss", eval.loss);

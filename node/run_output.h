@@ -57,6 +57,10 @@ struct NodeTotals {
   double wall_seconds = 0;
   // Bytes per-step ring all-reduce of fp32 gradients would have sent.
   int64_t allreduce_equivalent_bytes = 0;
+  // Pseudo-gradient payload as fp32 and as sent (empty codec: not recorded).
+  std::string compression;
+  int64_t bytes_before_compression = 0;
+  int64_t bytes_after_compression = 0;
 };
 
 // summary.json for one node's run directory.

@@ -176,12 +176,17 @@ absl::Status MergeOutputs(const std::string& dir, int n,
   }
   JsonArray nodes;
   double total_bytes = 0, equivalent = 0, compute = 0, node_wall = 0;
+  double before = 0, after = 0;
+  std::string compression;
   ReportData report;
   for (int i = 0; i < n; ++i) {
     const Struct& node =
         Get(sums[i], "nodes").list_value().values(0).struct_value();
     nodes.PushRaw(ToJson(Get(sums[i], "nodes").list_value().values(0)));
     total_bytes += Get(node, "bytes_sent").number_value();
+    before += Get(node, "bytes_before_compression").number_value();
+    after += Get(node, "bytes_after_compression").number_value();
+    compression = Get(node, "compression").string_value();
     compute += Get(node, "compute_seconds").number_value();
     node_wall += Get(node, "wall_seconds").number_value();
     equivalent +=
@@ -270,6 +275,11 @@ absl::Status MergeOutputs(const std::string& dir, int n,
   }
   fin.Add("total_bytes", total_bytes)
       .Add("allreduce_equivalent_bytes", equivalent);
+  if (!compression.empty()) {
+    fin.Add("compression", compression)
+        .Add("bytes_before_compression", before)
+        .Add("bytes_after_compression", after);
+  }
   if (total_bytes > 0) {
     fin.Add("comm_reduction", equivalent / total_bytes);
   } else {
@@ -305,6 +315,12 @@ absl::Status MergeOutputs(const std::string& dir, int n,
       {"algorithm", absl::GetFlag(FLAGS_algo)},
       {"final validation loss", num(Get(f0, "val_loss"), "%.4f")},
       {"rounds", absl::StrCat(r0.values_size())},
+      {"pseudo-gradient compression",
+       compression.empty()
+           ? std::string("-")
+           : absl::StrFormat("%s: %s before, %s after (%.1fx)", compression,
+                             FormatBytes(before), FormatBytes(after),
+                             after > 0 ? before / after : 0.0)},
       {"bytes sent (all nodes)", FormatBytes(total_bytes)},
       {"per-step all-reduce would send", FormatBytes(equivalent)},
       {"communication reduction",

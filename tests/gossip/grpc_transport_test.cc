@@ -127,6 +127,7 @@ TEST(GrpcTransportTest, MismatchMessageNamesEveryField) {
   theirs.set_run_id("other");
   theirs.set_algo("ddp");
   theirs.set_world(3);
+  theirs.set_compression(mine.compression);
   *theirs.mutable_model() = mine.model;
   std::string why = HandshakeMismatch(theirs, mine);
   EXPECT_NE(why.find("run id differs"), std::string::npos) << why;
@@ -137,8 +138,13 @@ TEST(GrpcTransportTest, MismatchMessageNamesEveryField) {
   theirs.set_run_id(mine.run_id);
   theirs.set_algo(mine.algo);
   theirs.set_world(mine.world);
+  theirs.set_compression(mine.compression);
   *theirs.mutable_model() = mine.model;
   EXPECT_EQ(HandshakeMismatch(theirs, mine), "");
+  theirs.set_compression("int8");
+  EXPECT_NE(HandshakeMismatch(theirs, mine).find("compression differs"),
+            std::string::npos);
+  theirs.set_compression(mine.compression);
   theirs.mutable_model()->set_init_hash("zzz");
   EXPECT_NE(HandshakeMismatch(theirs, mine).find("--seed"), std::string::npos);
 }

@@ -1,0 +1,61 @@
+// Scenario test (label `scenario`): compressed pseudo-gradients on the DiLoCo
+// short recipe (4 nodes, batch 16, H=50, 800 inner steps, KJV) against fp32.
+// About five minutes on 2 cores.
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/core/run_util.h"
+
+namespace starling {
+namespace {
+
+using ::starling::testing::Field;
+using ::starling::testing::ReadJson;
+using ::starling::testing::RunStarling;
+
+struct Result {
+  double val_loss = 0;
+  double bytes = 0;  // all nodes, on the wire
+  bool agree = false;
+};
+
+Result Sim(const std::string& flags) {
+  std::string out = testing::TempDir() + "/sim";
+  auto r = RunStarling(absl::StrCat(
+      "sim --nodes=4 --batch=16 --steps=800 --inner_steps=50 --seed=0 ", flags,
+      " --out=", out));
+  EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.err;
+  auto fin = Field(ReadJson(out + "/summary.json"), "final").struct_value();
+  return {Field(fin, "val_loss").number_value(),
+          Field(fin, "total_bytes").number_value(),
+          Field(fin, "all_hashes_agree").bool_value()};
+}
+
+TEST(CompressionQualityTest, CodecsKeepLearningQuality) {
+  std::map<std::string, Result> r;
+  for (const char* spec :
+       {"fp32", "int8", "int8+zstd", "int4", "topk:0.01+int8",
+        "topk:0.01+int8 --error_feedback=off"}) {
+    r[spec] = Sim(absl::StrCat("--compression=", spec));
+    EXPECT_TRUE(r[spec].agree) << spec;
+    RecordProperty(spec, absl::StrCat(r[spec].val_loss, " ", r[spec].bytes));
+  }
+  const double base = r["fp32"].val_loss;
+  EXPECT_LE(r["int8"].val_loss, base * 1.01);
+  EXPECT_EQ(r["int8+zstd"].val_loss, r["int8"].val_loss);  // zstd is lossless
+  EXPECT_LE(r["int4"].val_loss, base * 1.02);
+  // Top-k at 1% over only 16 rounds misses the 3% bar (about 2.51 against
+  // 2.07; see the README): guard against it getting worse, and check that
+  // error feedback helps measurably.
+  EXPECT_LT(r["topk:0.01+int8"].val_loss, 2.65);
+  EXPECT_GT(r["topk:0.01+int8 --error_feedback=off"].val_loss,
+            r["topk:0.01+int8"].val_loss + 0.02);
+  // int8+zstd sends at least 4x fewer bytes than fp32; int4 and top-k more.
+  EXPECT_LT(r["int8+zstd"].bytes * 4, r["fp32"].bytes);
+  EXPECT_LT(r["int4"].bytes * 6, r["fp32"].bytes);
+  EXPECT_LT(r["topk:0.01+int8"].bytes * 20, r["fp32"].bytes);
+}
+
+}  // namespace
+}  // namespace starling
