@@ -15,17 +15,24 @@ std::string Html(absl::string_view s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      default: out += c;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
 }
 
 struct Chart {
-  std::string file;   // PNG name
+  std::string file;  // PNG name
   std::string title;
   std::string script;  // gnuplot commands after the terminal/output lines
 };
@@ -36,7 +43,8 @@ absl::Status WriteReport(const std::string& dir, const ReportData& d) {
   const std::string rdir = absl::StrCat(dir, "/report");
   STARLING_RETURN_IF_ERROR(MakeDirs(rdir));
   std::string val = "wall_seconds,val_loss\n";
-  for (auto [t, v] : d.val_vs_time) absl::StrAppendFormat(&val, "%.3f,%.6f\n", t, v);
+  for (auto [t, v] : d.val_vs_time)
+    absl::StrAppendFormat(&val, "%.3f,%.6f\n", t, v);
   std::string rounds =
       "round,cumulative_mb,train_loss,wall_seconds,hashes_agree,members\n";
   for (const auto& r : d.rounds) {
@@ -86,8 +94,7 @@ absl::Status WriteReport(const std::string& dir, const ReportData& d) {
                     "columnhead; set grid; set key outside bottom center "
                     "horizontal; set terminal pngcairo size 800,450;\n"
                     "set output '",
-                    c.file, "';\nset title '", c.title, "';\n", c.script,
-                    "\n");
+                    c.file, "';\nset title '", c.title, "';\n", c.script, "\n");
   }
   STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/charts.gp", script));
   absl::Status charts_status = absl::OkStatus();
@@ -96,11 +103,11 @@ absl::Status WriteReport(const std::string& dir, const ReportData& d) {
         "gnuplot is not installed (apt-get install gnuplot-nox); report.html "
         "has no charts");
   } else {
-    std::string cmd = absl::StrCat("cd '", rdir,
-                                   "' && gnuplot charts.gp >gnuplot.log 2>&1");
+    std::string cmd =
+        absl::StrCat("cd '", rdir, "' && gnuplot charts.gp >gnuplot.log 2>&1");
     if (std::system(cmd.c_str()) != 0) {
-      charts_status = absl::InternalError(absl::StrCat(
-          "gnuplot failed; see ", rdir, "/gnuplot.log"));
+      charts_status = absl::InternalError(
+          absl::StrCat("gnuplot failed; see ", rdir, "/gnuplot.log"));
     }
   }
 
@@ -127,11 +134,12 @@ absl::Status WriteReport(const std::string& dir, const ReportData& d) {
                       ")</p>\n");
     }
   }
-  absl::StrAppend(&html,
-                  "<p>Data: <a href=\"report/rounds.csv\">rounds.csv</a>, <a "
-                  "href=\"report/val_loss.csv\">val_loss.csv</a>, <a "
-                  "href=\"report/nodes.csv\">nodes.csv</a>, <a "
-                  "href=\"summary.json\">summary.json</a>.</p>\n</body></html>\n");
+  absl::StrAppend(
+      &html,
+      "<p>Data: <a href=\"report/rounds.csv\">rounds.csv</a>, <a "
+      "href=\"report/val_loss.csv\">val_loss.csv</a>, <a "
+      "href=\"report/nodes.csv\">nodes.csv</a>, <a "
+      "href=\"summary.json\">summary.json</a>.</p>\n</body></html>\n");
   STARLING_RETURN_IF_ERROR(WriteFileAtomic(dir + "/report.html", html));
   return charts_status;
 }

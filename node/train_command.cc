@@ -129,11 +129,16 @@ TrainConfig ConfigFromFlags() {
 
 const std::vector<std::string>& TrainFlagNames() {
   static const auto* names = new std::vector<std::string>{
-      "model", "layers", "width", "heads", "context", "data", "shard",
-      "shard_mode", "val_fraction", "cache_dir", "vocab", "optimizer", "lr",
-      "warmup", "weight_decay", "beta1", "beta2", "momentum", "clip",
-      "batch", "steps", "device", "threads", "seed", "out", "eval_every",
-      "checkpoint_every", "log_every", "resume"};
+      "model",     "layers",     "width",
+      "heads",     "context",    "data",
+      "shard",     "shard_mode", "val_fraction",
+      "cache_dir", "vocab",      "optimizer",
+      "lr",        "warmup",     "weight_decay",
+      "beta1",     "beta2",      "momentum",
+      "clip",      "batch",      "steps",
+      "device",    "threads",    "seed",
+      "out",       "eval_every", "checkpoint_every",
+      "log_every", "resume"};
   return *names;
 }
 
@@ -148,8 +153,7 @@ int Fail(const absl::Status& s, int code) {
 
 const Subcommand& TrainSubcommand() {
   static const Subcommand* sub = new Subcommand{
-      "train",
-      "train one model on one node, no peers",
+      "train", "train one model on one node, no peers",
       "Trains one model on this machine: --steps inner steps of --optimizer "
       "with linear warmup and cosine decay, validation every --eval_every "
       "steps, and atomic checkpoints every --checkpoint_every steps. Writes "
@@ -176,7 +180,8 @@ int RunTrainCommand() {
   if (config.threads() > 0) torch::set_num_threads(config.threads());
 
   absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(config);
-  if (!created.ok()) return Fail(created.status(), ExitCodeFor(created.status()));
+  if (!created.ok())
+    return Fail(created.status(), ExitCodeFor(created.status()));
   Trainer& trainer = **created;
   if (config.resume()) {
     absl::Status s = trainer.RestoreCheckpoint(ckpt_path);
@@ -203,10 +208,11 @@ int RunTrainCommand() {
     trainer.set_wall_seconds(events.WallSeconds());
     absl::Status s = trainer.SaveCheckpoint(ckpt_path);
     if (s.ok()) {
-      events.Write("checkpoint",
-                   JsonObject()
-                       .Add("step", static_cast<int64_t>(trainer.state().step()))
-                       .Add("path", ckpt_path));
+      events.Write(
+          "checkpoint",
+          JsonObject()
+              .Add("step", static_cast<int64_t>(trainer.state().step()))
+              .Add("path", ckpt_path));
     }
     return s;
   };
@@ -223,9 +229,9 @@ int RunTrainCommand() {
     WriteStderrLine(absl::StrFormat(
         "eval  step %d/%d | val_loss %.4f%s", trainer.state().step(),
         config.steps(), eval.loss,
-        eval.accuracy >= 0 ? absl::StrFormat(" | val_acc %.2f%%",
-                                             100 * eval.accuracy)
-                           : ""));
+        eval.accuracy >= 0
+            ? absl::StrFormat(" | val_acc %.2f%%", 100 * eval.accuracy)
+            : ""));
     evaluated_at_step = true;
     return absl::OkStatus();
   };
@@ -265,10 +271,10 @@ int RunTrainCommand() {
       double eta = window_steps > 0
                        ? (config.steps() - step) * window_seconds / window_steps
                        : 0;
-      WriteStderrLine(absl::StrFormat(
-          "step %d/%d | loss %.4f | lr %.2e | %.0f %s | eta %s", step,
-          config.steps(), window_loss / window_steps, r->lr, tps, rate_unit,
-          FormatDuration(eta)));
+      WriteStderrLine(
+          absl::StrFormat("step %d/%d | loss %.4f | lr %.2e | %.0f %s | eta %s",
+                          step, config.steps(), window_loss / window_steps,
+                          r->lr, tps, rate_unit, FormatDuration(eta)));
       window_seconds = 0;
       window_tokens = 0;
       window_steps = 0;

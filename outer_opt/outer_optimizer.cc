@@ -14,8 +14,8 @@ absl::StatusOr<std::unique_ptr<OuterOptimizer>> OuterOptimizer::Create(
     o.lr = 1.0;
     o.momentum = 0.0;
   } else if (o.kind != "nesterov") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--outer=", o.kind, ": expected nesterov or average"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--outer=", o.kind, ": expected nesterov or average"));
   }
   if (!(o.lr > 0) || !std::isfinite(o.lr)) {
     return absl::InvalidArgumentError(
@@ -59,7 +59,8 @@ std::string OuterOptimizer::SaveState() const {
   int64_t n = static_cast<int64_t>(momentum_.size());
   std::memcpy(&out[0], &steps_, sizeof(int64_t));
   std::memcpy(&out[8], &n, sizeof(int64_t));
-  out.append(reinterpret_cast<const char*>(momentum_.data()), momentum_.size() * 4);
+  out.append(reinterpret_cast<const char*>(momentum_.data()),
+             momentum_.size() * 4);
   return out;
 }
 
@@ -72,9 +73,9 @@ absl::Status OuterOptimizer::LoadState(const std::string& bytes) {
   std::memcpy(&n, bytes.data() + 8, 8);
   if (n != static_cast<int64_t>(momentum_.size()) ||
       bytes.size() != 16 + static_cast<size_t>(n) * 4 || steps < 0) {
-    return absl::DataLossError(absl::StrCat(
-        "outer optimizer state holds ", n, " momentum values; this run needs ",
-        momentum_.size()));
+    return absl::DataLossError(absl::StrCat("outer optimizer state holds ", n,
+                                            " momentum values; this run needs ",
+                                            momentum_.size()));
   }
   steps_ = steps;
   std::memcpy(momentum_.data(), bytes.data() + 16, static_cast<size_t>(n) * 4);
