@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "compression/codec.h"
 #include "core/logging.h"
 #include "node/flags.h"
 #include "node/node_command.h"
@@ -26,6 +27,7 @@ std::string TopUsage(const std::vector<Entry>& entries) {
   for (const Entry& e : entries) {
     absl::StrAppend(&out, "  ", e.sub.name, "    ", e.sub.summary, "\n");
   }
+  absl::StrAppend(&out, "\n", starling::CompressionSpecHelp(), "\n");
   absl::StrAppend(&out,
                   "\n`starling SUBCOMMAND --help` lists a subcommand's flags.\n"
                   "Exit codes: 0 ok, 2 bad flags/config/input, 1 runtime "
