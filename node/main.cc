@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "compression/codec.h"
 #include "core/logging.h"
 #include "node/flags.h"
@@ -25,7 +26,8 @@ struct Entry {
 std::string TopUsage(const std::vector<Entry>& entries) {
   std::string out = kUsage;
   for (const Entry& e : entries) {
-    absl::StrAppend(&out, "  ", e.sub.name, "    ", e.sub.summary, "\n");
+    absl::StrAppend(&out,
+                    absl::StrFormat("  %-6s %s\n", e.sub.name, e.sub.summary));
   }
   absl::StrAppend(&out, "\n", starling::CompressionSpecHelp(), "\n");
   absl::StrAppend(&out,
