@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -86,6 +87,13 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
   }
   int64_t received() const { return received_.load(); }
 
+  // Why this node refused the peer that listens on `address`, if it did.
+  std::string Refusal(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    auto it = refused_.find(address);
+    return it == refused_.end() ? "" : it->second;
+  }
+
   grpc::ServerUnaryReactor* Handshake(grpc::CallbackServerContext* ctx,
                                       const HandshakeRequest* req,
                                       HandshakeResponse* resp) override {
@@ -93,6 +101,10 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
     std::string why = HandshakeMismatch(*req, identity_);
     if (!why.empty()) {
       STARLING_LOG(WARNING) << "refused peer " << req->address() << ": " << why;
+      {
+        absl::MutexLock lock(&mu_);
+        refused_[req->address()] = why;
+      }
       reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, why));
       return reactor;
     }
@@ -243,6 +255,7 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
   Mailbox* mailbox_ ABSL_GUARDED_BY(mu_) = nullptr;
   int rank_ ABSL_GUARDED_BY(mu_) = 0;
   std::string address_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> refused_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> received_{0};
 };
 
@@ -333,6 +346,11 @@ absl::Status GrpcTransport::Connect(const std::vector<std::string>& members,
       if (last.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
         return absl::FailedPreconditionError(absl::StrCat(
             "peer ", members[r], " refused this node: ", last.error_message()));
+      }
+      // The peer may have tried us first, been refused and left.
+      if (std::string why = service_->Refusal(members[r]); !why.empty()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("this node refused peer ", members[r], ": ", why));
       }
       if (absl::Now() + backoff >= deadline) {
         return absl::UnavailableError(

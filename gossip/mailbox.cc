@@ -16,7 +16,8 @@ int64_t SegmentOffset(int64_t total, int parts, int segment) {
   return segment * base + std::min<int64_t>(segment, extra);
 }
 
-Mailbox::Mailbox(MailboxOptions options) : options_(std::move(options)) {}
+Mailbox::Mailbox(MailboxOptions options)
+    : options_(std::move(options)), round_(options_.first_round) {}
 
 absl::Status Mailbox::Deliver(Message m) {
   const int from = m.from;

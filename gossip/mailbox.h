@@ -50,6 +50,9 @@ struct MailboxOptions {
   // bounded (by max_compressed_bytes_per_element per element plus 4 KiB) and
   // their values are checked after decoding, by the collective.
   std::map<std::string, int64_t> compressed_bytes_per_element;
+  // The round this node starts at (a resumed run starts past 0), so that
+  // peers that start sending before this node has caught up are not refused.
+  int64_t first_round = 0;
 };
 
 class Mailbox {

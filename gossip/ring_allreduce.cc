@@ -124,17 +124,21 @@ absl::Status RingWeightedAverage(Transport& t, std::vector<float>& values,
         absl::StrCat("averaging weight must be positive, got ", weight));
   }
   if (t.world() == 1) return absl::OkStatus();  // the average of one
-  std::vector<float> buf(values.size() + 1);
+  const size_t n = values.size();
+  const size_t extras = o.extra_sums != nullptr ? o.extra_sums->size() : 0;
+  std::vector<float> buf(n + 1 + extras);
   const float w = static_cast<float>(weight);
-  for (size_t i = 0; i < values.size(); ++i) buf[i] = values[i] * w;
-  buf.back() = w;
+  for (size_t i = 0; i < n; ++i) buf[i] = values[i] * w;
+  buf[n] = w;
+  for (size_t i = 0; i < extras; ++i) buf[n + 1 + i] = (*o.extra_sums)[i];
   absl::Status s = RingAllReduceSum(t, absl::MakeSpan(buf), o);
   if (!s.ok()) return s;
-  const float total = buf.back();
+  const float total = buf[n];
   if (!(total > 0)) {
     return absl::InternalError("the sum of averaging weights is not positive");
   }
-  for (size_t i = 0; i < values.size(); ++i) values[i] = buf[i] / total;
+  for (size_t i = 0; i < n; ++i) values[i] = buf[i] / total;
+  for (size_t i = 0; i < extras; ++i) (*o.extra_sums)[i] = buf[n + 1 + i];
   return absl::OkStatus();
 }
 

@@ -35,6 +35,10 @@ struct RingOptions {
   // all-gathers those bytes unchanged, so every member stays bit-identical.
   const PolicyCodec* codec = nullptr;
   RingStats* stats = nullptr;  // accumulated when non-null
+  // RingWeightedAverage only: values summed across ranks unweighted, after
+  // the weight (e.g. stop votes, so all members stop after the same round).
+  // Replaced by the sums on success.
+  std::vector<float>* extra_sums = nullptr;
 };
 
 // In place: data ← Σ over ranks of data. data.size() must equal the
@@ -44,8 +48,9 @@ absl::Status RingAllReduceSum(Transport& transport, absl::Span<float> data,
                               const RingOptions& options);
 
 // In place: values ← Σ_i w_i·values_i / Σ_i w_i, with w_i = `weight` of rank
-// i (> 0). The weights travel as one extra element, so the mailbox's tensor
-// size is values.size() + 1. On error `values` is left unchanged.
+// i (> 0). The weights travel as one extra element (then any extra_sums),
+// so the mailbox's tensor size is values.size() + 1 + extra_sums->size().
+// On error `values` is left unchanged.
 absl::Status RingWeightedAverage(Transport& transport,
                                  std::vector<float>& values, double weight,
                                  const RingOptions& options);

@@ -238,7 +238,7 @@ int RunNodeCommand() {
   absl::StatusOr<std::unique_ptr<PolicyCodec>> param_policy =
       PolicyCodec::Create(tensor_sizes, po);
   if (!param_policy.ok()) return Fail(param_policy.status(), 2);
-  po.trailing_fp32 = 1;
+  po.trailing_fp32 = 2;  // the averaging weight and the stop vote
   absl::StatusOr<std::unique_ptr<PolicyCodec>> ring_policy =
       PolicyCodec::Create(tensor_sizes, po);
   if (!ring_policy.ok()) return Fail(ring_policy.status(), 2);
@@ -259,6 +259,10 @@ int RunNodeCommand() {
       use_ef ? std::make_unique<ErrorFeedback>(n_params) : nullptr;
 
   int64_t round = 0;
+  // Traffic of earlier sessions of a resumed run: sent, received, and the
+  // pseudo-gradient bytes before/after compression.
+  int64_t prior[4] = {0, 0, 0, 0};
+  std::vector<RoundRecord> rounds;
   if (config.resume()) {
     std::map<std::string, std::string> sections;
     absl::Status s = trainer.RestoreCheckpoint(ckpt_path, &sections);
@@ -266,6 +270,12 @@ int RunNodeCommand() {
     if (s.ok() && feedback) s = feedback->LoadState(sections["error_feedback"]);
     if (!s.ok()) return Fail(s, ExitCodeFor(s));
     absl::SimpleAtoi(sections["round"], &round);
+    std::vector<std::string> comm = absl::StrSplit(sections["comm"], ',');
+    for (size_t i = 0; i < comm.size() && i < 4; ++i) {
+      (void)absl::SimpleAtoi(comm[i], &prior[i]);
+    }
+    // Rounds before the checkpoint, as this node logged them.
+    rounds = ReadRoundEvents(absl::StrCat(out, "/events.jsonl"), round);
   }
   std::vector<float> theta_global = Flatten(params);
   const std::string init_hash =
@@ -278,9 +288,10 @@ int RunNodeCommand() {
                      << trainer.model().Architecture() << ", " << n_params
                      << " parameters, data " << trainer.dataset().Describe();
 
-  // The network: none for a single member.
+  // The network: none for a single member, nor for a resumed run that has
+  // nothing left to do.
   std::unique_ptr<GrpcTransport> transport;
-  if (world > 1) {
+  if (world > 1 && trainer.state().step() < config.steps()) {
     GrpcTransportOptions to;
     to.listen = membership->members[rank];
     to.chunk_bytes = chunk;
@@ -298,7 +309,8 @@ int RunNodeCommand() {
     transport = std::move(t).value();
     MailboxOptions mo;
     mo.run_id = id.run_id;
-    mo.tensors = {{kPseudoGrad, n_params + 1}, {kGrad, n_params + 1}};
+    mo.tensors = {{kPseudoGrad, n_params + 2}, {kGrad, n_params + 2}};
+    mo.first_round = round;
     if (ring_codec != nullptr) {
       mo.compressed_bytes_per_element = {{kPseudoGrad, 8}};
     }
@@ -323,7 +335,12 @@ int RunNodeCommand() {
 
   RingOptions ring;
   ring.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_round_timeout));
-  auto bytes_sent = [&] { return transport ? transport->bytes_sent() : 0; };
+  auto bytes_sent = [&] {
+    return prior[0] + (transport ? transport->bytes_sent() : 0);
+  };
+  auto bytes_received = [&] {
+    return prior[1] + (transport ? transport->bytes_received() : 0);
+  };
   std::vector<int> all_members(world);
   for (int r = 0; r < world; ++r) all_members[r] = r;
 
@@ -346,23 +363,33 @@ int RunNodeCommand() {
                                     config.steps(), eval.loss));
     return absl::OkStatus();
   };
+  RingStats ring_stats;
   auto checkpoint = [&](int64_t next_round) -> absl::Status {
     trainer.set_wall_seconds(events.WallSeconds());
     std::map<std::string, std::string> extra = {
-        {"outer", (*outer)->SaveState()}, {"round", absl::StrCat(next_round)}};
+        {"outer", (*outer)->SaveState()},
+        {"round", absl::StrCat(next_round)},
+        {"comm", absl::StrCat(bytes_sent(), ",", bytes_received(), ",",
+                              prior[2] + ring_stats.raw_bytes, ",",
+                              prior[3] + ring_stats.wire_bytes)}};
     if (feedback) extra["error_feedback"] = feedback->SaveState();
     return trainer.SaveCheckpoint(ckpt_path, extra);
   };
-  RingStats ring_stats;
 
-  std::vector<RoundRecord> rounds;
   bool interrupted = false;
   const int total = config.steps();
   const int per_round = algo == "ddp" ? 1 : h;
   const int64_t n_rounds = (total + per_round - 1) / per_round;
   double compute_window = 0;
+  // SIGINT/SIGTERM: a single node stops before its next step; members vote
+  // in every all-reduce, so they all stop after the same round and resume
+  // together from matching checkpoints.
+  bool stop_voted = false;
+  auto vote = [&] {
+    return std::vector<float>{StopSignal() != 0 ? 1.0f : 0.0f};
+  };
   while (trainer.state().step() < total) {
-    if (StopSignal() != 0) {
+    if (!transport && StopSignal() != 0) {
       interrupted = true;
       break;
     }
@@ -380,8 +407,11 @@ int RunNodeCommand() {
         RingOptions o = ring;
         o.tensor = kGrad;
         o.round = round;
+        std::vector<float> votes = vote();
+        o.extra_sums = &votes;
         STARLING_RETURN_IF_ERROR(RingWeightedAverage(
             *transport, g, static_cast<double>(config.batch()), o));
+        stop_voted = stop_voted || votes[0] > 0;
         return UnflattenGrads(g, ps);
       };
     }
@@ -416,8 +446,11 @@ int RunNodeCommand() {
         o.round = round;
         o.codec = ring_codec;
         o.stats = &ring_stats;
+        std::vector<float> votes = vote();
+        o.extra_sums = &votes;
         absl::Status s = RingWeightedAverage(*transport, delta,
                                              static_cast<double>(samples), o);
+        stop_voted = stop_voted || (s.ok() && votes[0] > 0);
         if (!s.ok()) {
           events.Write("error", JsonObject().Add("message", s.message()));
           return Fail(s, 1);  // θ_global is untouched: no partial update
@@ -467,19 +500,23 @@ int RunNodeCommand() {
         rec.step < total) {
       if (absl::Status s = checkpoint(round); !s.ok()) return Fail(s, 1);
     }
+    if (stop_voted && rec.step < total) {
+      interrupted = true;
+      break;
+    }
   }
   if (absl::Status s = checkpoint(round); !s.ok()) return Fail(s, 1);
 
   NodeTotals totals;
   totals.id = node_id;
   totals.bytes_sent = bytes_sent();
-  totals.bytes_received = transport ? transport->bytes_received() : 0;
+  totals.bytes_received = bytes_received();
   totals.wall_seconds = events.WallSeconds();
   if (algo == "diloco") {
     totals.compression = (*ring_policy)->Name();
     if (use_ef) totals.compression += " + error feedback";
-    totals.bytes_before_compression = ring_stats.raw_bytes;
-    totals.bytes_after_compression = ring_stats.wire_bytes;
+    totals.bytes_before_compression = prior[2] + ring_stats.raw_bytes;
+    totals.bytes_after_compression = prior[3] + ring_stats.wire_bytes;
   }
   // Per-step ring all-reduce of fp32 gradients: 2·(N−1)/N · P · 4 bytes.
   totals.allreduce_equivalent_bytes = static_cast<int64_t>(

@@ -1,5 +1,6 @@
 #include "node/run_output.h"
 
+#include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <signal.h>
 
@@ -8,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/checkpoint.h"
@@ -71,6 +73,47 @@ JsonObject RoundJson(const RoundRecord& r) {
   }
   o.Add("bytes", r.bytes).Add("seconds", r.seconds);
   return o;
+}
+
+std::vector<RoundRecord> ReadRoundEvents(const std::string& path,
+                                         int64_t before_round) {
+  std::vector<RoundRecord> out;
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return out;
+  for (absl::string_view line :
+       absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
+    google::protobuf::Struct ev;
+    if (!google::protobuf::util::JsonStringToMessage(std::string(line), &ev)
+             .ok()) {
+      continue;
+    }
+    auto get = [&](const char* key) -> const google::protobuf::Value& {
+      static const google::protobuf::Value* null = new google::protobuf::Value;
+      auto it = ev.fields().find(key);
+      return it == ev.fields().end() ? *null : it->second;
+    };
+    if (get("event").string_value() != "round") continue;
+    RoundRecord r;
+    r.round = static_cast<int64_t>(get("round").number_value());
+    if (r.round >= before_round) continue;
+    r.step = static_cast<int>(get("step").number_value());
+    for (const auto& m : get("members").list_value().values()) {
+      r.members.push_back(static_cast<int>(m.number_value()));
+    }
+    r.model_hash = get("model_hash").string_value();
+    r.train_loss = get("train_loss").number_value();
+    r.val_loss =
+        get("val_loss").kind_case() == google::protobuf::Value::kNumberValue
+            ? get("val_loss").number_value()
+            : -1;
+    r.bytes = static_cast<int64_t>(get("bytes").number_value());
+    r.seconds = get("seconds").number_value();
+    // A crash after a round's event but before its checkpoint logs the round
+    // twice; keep the last.
+    while (!out.empty() && out.back().round >= r.round) out.pop_back();
+    out.push_back(r);
+  }
+  return out;
 }
 
 absl::Status WriteNodeSummary(const std::string& out_dir,

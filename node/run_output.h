@@ -50,6 +50,12 @@ struct RoundRecord {
 
 JsonObject RoundJson(const RoundRecord& r);
 
+// The "round" events in an events.jsonl with round < `before_round` (a
+// resumed node's history; later ones were redone). Unreadable lines are
+// skipped; a missing file gives none.
+std::vector<RoundRecord> ReadRoundEvents(const std::string& path,
+                                         int64_t before_round);
+
 struct NodeTotals {
   std::string id = "n0";
   int64_t bytes_sent = 0;

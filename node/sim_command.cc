@@ -497,10 +497,11 @@ int RunSimCommand() {
       stop_requested = absl::Now();
     }
     if (failed >= 0 && stop_requested == absl::InfiniteFuture()) {
-      stop_requested = absl::Now();
+      stop_requested = absl::Now() - absl::Seconds(50);  // peers of a dead node
     }
-    // Nodes stop between steps; one blocked on a dead peer is killed.
-    if (absl::Now() - stop_requested > absl::Seconds(10)) stop_all(SIGKILL);
+    // Nodes stop together after the current round; one blocked on a dead
+    // peer is killed.
+    if (absl::Now() - stop_requested > absl::Seconds(60)) stop_all(SIGKILL);
     progress.Poll();
     const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
     std::string line = progress.Line(elapsed);
