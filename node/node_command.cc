@@ -276,6 +276,13 @@ int RunNodeCommand() {
     }
     // Rounds before the checkpoint, as this node logged them.
     rounds = ReadRoundEvents(absl::StrCat(out, "/events.jsonl"), round);
+    if (trainer.state().step() >= config.steps()) {
+      // Finished already: keep its summary.json as it is.
+      WriteStderrLine(absl::StrCat("starling node: the run in ", out,
+                                   " is already complete (",
+                                   trainer.state().step(), " steps)"));
+      return 0;
+    }
   }
   std::vector<float> theta_global = Flatten(params);
   const std::string init_hash =
@@ -288,10 +295,9 @@ int RunNodeCommand() {
                      << trainer.model().Architecture() << ", " << n_params
                      << " parameters, data " << trainer.dataset().Describe();
 
-  // The network: none for a single member, nor for a resumed run that has
-  // nothing left to do.
+  // The network: none for a single member.
   std::unique_ptr<GrpcTransport> transport;
-  if (world > 1 && trainer.state().step() < config.steps()) {
+  if (world > 1) {
     GrpcTransportOptions to;
     to.listen = membership->members[rank];
     to.chunk_bytes = chunk;
