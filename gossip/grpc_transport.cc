@@ -109,6 +109,12 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
       return reactor;
     }
     absl::MutexLock lock(&mu_);
+    if (mailbox_ == nullptr) {
+      // Started but not yet told its members and rank: the caller retries.
+      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                   "this node has not joined its peers yet"));
+      return reactor;
+    }
     resp->set_protocol_version(kProtocolVersion);
     resp->set_address(address_);
     resp->set_rank(rank_);
