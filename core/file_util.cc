@@ -76,6 +76,29 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return data;
 }
 
+absl::StatusOr<std::string> ReadFileFrom(const std::string& path,
+                                         int64_t offset) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) {
+      return absl::NotFoundError(absl::StrCat("file not found: ", path));
+    }
+    return Errno("cannot open", path);
+  }
+  std::string out;
+  char buf[1 << 16];
+  off_t pos = static_cast<off_t>(offset);
+  while (true) {
+    ssize_t n = ::pread(fd, buf, sizeof(buf), pos);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    pos += n;
+  }
+  ::close(fd);
+  return out;
+}
+
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view data) {
   std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

@@ -19,6 +19,11 @@ namespace starling {
 // regular file.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 
+// The bytes of `path` from byte `offset` to its end (empty when the file is
+// shorter), for following a growing file. NotFound if it does not exist.
+absl::StatusOr<std::string> ReadFileFrom(const std::string& path,
+                                         int64_t offset);
+
 // Internal on any I/O failure; the target is untouched in that case.
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view data);
 

@@ -78,9 +78,12 @@ uint64_t HashBytes(const void* data, size_t size) {
   return h;
 }
 
-std::string ModelHash(const std::vector<torch::Tensor>& tensors) {
-  std::vector<float> flat = Flatten(tensors);
+std::string FlatHash(absl::Span<const float> flat) {
   return absl::StrFormat("%016x", HashBytes(flat.data(), flat.size() * 4));
+}
+
+std::string ModelHash(const std::vector<torch::Tensor>& tensors) {
+  return FlatHash(Flatten(tensors));
 }
 
 }  // namespace starling

@@ -32,7 +32,10 @@ absl::Status Unflatten(absl::Span<const float> flat,
 // machines of the same endianness.
 uint64_t HashBytes(const void* data, size_t size);
 
-// Hash of the flat fp32 bytes of `tensors`, as 16 lowercase hex digits.
+// Hash of a flat fp32 buffer, as 16 lowercase hex digits.
+std::string FlatHash(absl::Span<const float> flat);
+
+// Hash of the flat fp32 bytes of `tensors` (FlatHash of Flatten).
 std::string ModelHash(const std::vector<torch::Tensor>& tensors);
 
 }  // namespace starling

@@ -204,16 +204,12 @@ int RunNodeCommand() {
   if (!membership.ok()) return Fail(membership.status(), 2);
   const int world = static_cast<int>(membership->members.size());
   const int rank = membership->rank;
-  if (absl::Status s = PrepareRunDir(&config, "node"); !s.ok()) {
-    return Fail(s, 2);
+  absl::StatusOr<std::unique_ptr<Trainer>> created = StartRun(&config, "node");
+  if (!created.ok()) {
+    return Fail(created.status(), ExitCodeFor(created.status()));
   }
   const std::string out = config.out();
   const std::string ckpt_path = CheckpointPathInRunDir(out);
-  if (config.threads() > 0) torch::set_num_threads(config.threads());
-
-  absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(config);
-  if (!created.ok())
-    return Fail(created.status(), ExitCodeFor(created.status()));
   Trainer& trainer = **created;
   std::vector<torch::Tensor> params = trainer.Parameters();
   const int64_t n_params = NumElements(params);
@@ -474,7 +470,9 @@ int RunNodeCommand() {
     rec.round = round;
     rec.step = trainer.state().step();
     rec.members = all_members;
-    rec.model_hash = ModelHash(params);
+    // After the outer step the weights are θ_global's bytes; ddp hashes them.
+    rec.model_hash =
+        algo == "diloco" ? FlatHash(theta_global) : ModelHash(params);
     rec.train_loss = loss_sum / steps;
     rec.bytes = bytes_sent() - sent_before;
     rec.seconds = absl::ToDoubleSeconds(absl::Now() - round_start);

@@ -3,6 +3,7 @@
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <signal.h>
+#include <torch/utils.h>
 
 #include <atomic>
 #include <cmath>
@@ -16,6 +17,7 @@
 #include "core/file_util.h"
 #include "core/flat_params.h"
 #include "core/logging.h"
+#include "core/status.h"
 
 namespace starling {
 
@@ -230,6 +232,13 @@ absl::Status PrepareRunDir(TrainConfig* config, absl::string_view command) {
         absl::StrCat("--out=", config->out(), ": ", s.message()));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> StartRun(TrainConfig* config,
+                                                  absl::string_view command) {
+  STARLING_RETURN_IF_ERROR(PrepareRunDir(config, command));
+  if (config->threads() > 0) torch::set_num_threads(config->threads());
+  return Trainer::Create(*config);
 }
 
 std::string FormatDuration(double seconds) {

@@ -89,6 +89,11 @@ int ExitCodeFor(const absl::Status& s);
 // flag.
 absl::Status PrepareRunDir(TrainConfig* config, absl::string_view command);
 
+// PrepareRunDir, then --threads, then Trainer::Create: the start of every
+// run. Errors as those give; ExitCodeFor maps them.
+absl::StatusOr<std::unique_ptr<Trainer>> StartRun(TrainConfig* config,
+                                                  absl::string_view command);
+
 std::string FormatDuration(double seconds);  // "1m05s"
 std::string FormatBytes(double bytes);       // "12.3 MB"
 

@@ -101,16 +101,18 @@ class Progress {
         sent_(nodes, 0),
         total_steps_(total_steps) {}
 
+  // Reads only what each node appended since the last poll.
   void Poll() {
     for (size_t i = 0; i < offsets_.size(); ++i) {
       absl::StatusOr<std::string> text =
-          ReadFile(absl::StrCat(dir_, "/n", i, "/events.jsonl"));
-      if (!text.ok() || text->size() <= offsets_[i]) continue;
+          ReadFileFrom(absl::StrCat(dir_, "/n", i, "/events.jsonl"),
+                       static_cast<int64_t>(offsets_[i]));
+      if (!text.ok()) continue;
       size_t end = text->rfind('\n');
-      if (end == std::string::npos || end < offsets_[i]) continue;
-      for (absl::string_view line : absl::StrSplit(
-               absl::string_view(*text).substr(offsets_[i], end - offsets_[i]),
-               '\n', absl::SkipEmpty())) {
+      if (end == std::string::npos) continue;  // no complete line yet
+      for (absl::string_view line :
+           absl::StrSplit(absl::string_view(*text).substr(0, end), '\n',
+                          absl::SkipEmpty())) {
         Struct ev;
         if (!google::protobuf::util::JsonStringToMessage(std::string(line), &ev)
                  .ok()) {
@@ -127,7 +129,7 @@ class Progress {
           val_ = Get(ev, "val_loss").number_value();
         }
       }
-      offsets_[i] = end + 1;
+      offsets_[i] += end + 1;
     }
   }
 
@@ -466,7 +468,9 @@ int RunSimCommand() {
   std::string last_line;
   int running = n;
   int failed = -1, failed_code = 0;
-  absl::Time stop_requested = absl::InfiniteFuture();
+  // When to SIGKILL whatever is still running: nodes finish their round
+  // after SIGTERM; a node blocked on a dead peer never would.
+  absl::Time kill_at = absl::InfiniteFuture();
   auto stop_all = [&](int sig) {
     for (pid_t p : pids) {
       if (p > 0) ::kill(p, sig);
@@ -491,17 +495,15 @@ int RunSimCommand() {
       }
       continue;
     }
-    if (g_sim_signal.load() != 0 && stop_requested == absl::InfiniteFuture()) {
+    if (g_sim_signal.load() != 0 && kill_at == absl::InfiniteFuture()) {
       WriteStderrLine("\nstarling sim: stopping all nodes");
       stop_all(SIGTERM);
-      stop_requested = absl::Now();
+      kill_at = absl::Now() + absl::Seconds(60);
     }
-    if (failed >= 0 && stop_requested == absl::InfiniteFuture()) {
-      stop_requested = absl::Now() - absl::Seconds(50);  // peers of a dead node
+    if (failed >= 0 && kill_at == absl::InfiniteFuture()) {
+      kill_at = absl::Now() + absl::Seconds(10);  // their round cannot finish
     }
-    // Nodes stop together after the current round; one blocked on a dead
-    // peer is killed.
-    if (absl::Now() - stop_requested > absl::Seconds(60)) stop_all(SIGKILL);
+    if (absl::Now() > kill_at) stop_all(SIGKILL);
     progress.Poll();
     const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
     std::string line = progress.Line(elapsed);

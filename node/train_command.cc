@@ -172,16 +172,12 @@ const Subcommand& TrainSubcommand() {
 int RunTrainCommand() {
   TrainConfig config = ConfigFromFlags();
   if (absl::Status s = ResolveTrainConfig(&config); !s.ok()) return Fail(s, 2);
-  if (absl::Status s = PrepareRunDir(&config, "train"); !s.ok()) {
-    return Fail(s, 2);
+  absl::StatusOr<std::unique_ptr<Trainer>> created = StartRun(&config, "train");
+  if (!created.ok()) {
+    return Fail(created.status(), ExitCodeFor(created.status()));
   }
   const std::string out = config.out();
   const std::string ckpt_path = CheckpointPathInRunDir(out);
-  if (config.threads() > 0) torch::set_num_threads(config.threads());
-
-  absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(config);
-  if (!created.ok())
-    return Fail(created.status(), ExitCodeFor(created.status()));
   Trainer& trainer = **created;
   if (config.resume()) {
     absl::Status s = trainer.RestoreCheckpoint(ckpt_path);

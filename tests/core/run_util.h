@@ -4,12 +4,15 @@
 
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "core/file_util.h"
 #include "gtest/gtest.h"
 #include "tests/core/test_util.h"
@@ -33,6 +36,39 @@ inline RunResult RunStarling(const std::string& args) {
   r.out = ReadFile(dir + "/out").value_or("");
   r.err = ReadFile(dir + "/err").value_or("");
   return r;
+}
+
+// Starts `starling ARGS` in the background, stderr to `err_path`.
+inline pid_t SpawnStarling(const std::string& args,
+                           const std::string& err_path) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::string cmd =
+        absl::StrCat("exec ", STARLING_BINARY, " ", args, " 2>", err_path);
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
+    _exit(127);
+  }
+  return pid;
+}
+
+// Waits until `path` contains `needle`, or `timeout` passes.
+inline bool WaitForText(const std::string& path, const std::string& needle,
+                        absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    absl::StatusOr<std::string> text = ReadFile(path);
+    if (text.ok() && text->find(needle) != std::string::npos) return true;
+    absl::SleepFor(absl::Milliseconds(25));
+  }
+  return false;
+}
+
+// Sends SIGINT to `pid` and returns its exit code (-1 if a signal ended it).
+inline int InterruptAndWait(pid_t pid) {
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 // Parses a JSON file (e.g. summary.json) into a Struct.

@@ -4,9 +4,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <thread>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/file_util.h"
@@ -170,25 +167,13 @@ TEST(CliTest, InterruptThenResumeMatchesAnUninterruptedRun) {
   ASSERT_EQ(straight.exit_code, 0) << straight.err;
 
   const std::string out = dir + "/cut";
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    std::string cmd = absl::StrCat("exec ", STARLING_BINARY, " train ", common,
-                                   " --out=", out, " 2>", dir, "/cut.err");
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
-    _exit(127);
-  }
+  pid_t pid = testing::SpawnStarling(
+      absl::StrCat("train ", common, " --out=", out), dir + "/cut.err");
+  ASSERT_GT(pid, 0);
   // Wait until training is under way, then interrupt.
-  for (int i = 0; i < 600; ++i) {
-    auto ev = ReadFile(out + "/events.jsonl");
-    if (ev.ok() && ev->find("\"step\":20,") != std::string::npos) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  kill(pid, SIGINT);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_TRUE(testing::WaitForText(out + "/events.jsonl", "\"step\":20,",
+                                   absl::Seconds(30)));
+  EXPECT_EQ(testing::InterruptAndWait(pid), 1);
   std::string err = *ReadFile(dir + "/cut.err");
   EXPECT_NE(err.find("--resume"), std::string::npos) << err;
   auto cut = ReadJson(out + "/summary.json");

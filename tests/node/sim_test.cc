@@ -104,25 +104,14 @@ TEST(SimTest, AFailingNodeStopsTheSimAndIsNamed) {
 
 TEST(SimTest, CtrlCStopsEveryNode) {
   const std::string out = TempDir() + "/interrupted";
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    std::string cmd =
-        absl::StrCat("exec ", STARLING_BINARY, " sim --nodes=3 --steps=100000 ",
-                     TinyFlags(), " --out=", out, " 2>", out, ".err");
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
-    _exit(127);
-  }
-  for (int i = 0; i < 600; ++i) {
-    auto ev = ReadFile(out + "/n2/events.jsonl");
-    if (ev.ok() && ev->find("\"event\":\"round\"") != std::string::npos) break;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-  kill(pid, SIGINT);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 1);
+  pid_t pid =
+      testing::SpawnStarling(absl::StrCat("sim --nodes=3 --steps=100000 ",
+                                          TinyFlags(), " --out=", out),
+                             out + ".err");
+  ASSERT_GT(pid, 0);
+  EXPECT_TRUE(testing::WaitForText(out + "/n2/events.jsonl",
+                                   "\"event\":\"round\"", absl::Seconds(60)));
+  EXPECT_EQ(testing::InterruptAndWait(pid), 1);
   EXPECT_NE(ReadFile(out + ".err")->find("interrupted"), std::string::npos);
   // No node process of this sim is left.
   // "[-]" keeps the pattern from matching the shell that runs pgrep.
@@ -141,24 +130,12 @@ TEST(SimTest, InterruptedThenResumedEqualsAStraightRun) {
   ASSERT_EQ(straight.exit_code, 0) << straight.err;
 
   const std::string out = dir + "/cut";
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    std::string cmd = absl::StrCat("exec ", STARLING_BINARY, " ", flags,
-                                   " --out=", out, " 2>", dir, "/cut.err");
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
-    _exit(127);
-  }
-  for (int i = 0; i < 1200; ++i) {
-    auto ev = ReadFile(out + "/n0/events.jsonl");
-    if (ev.ok() && ev->find("\"round\":5,") != std::string::npos) break;
-    absl::SleepFor(absl::Milliseconds(25));
-  }
-  kill(pid, SIGINT);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status));
-  ASSERT_EQ(WEXITSTATUS(status), 1) << *ReadFile(dir + "/cut.err");
+  pid_t pid = testing::SpawnStarling(absl::StrCat(flags, " --out=", out),
+                                     dir + "/cut.err");
+  ASSERT_GT(pid, 0);
+  EXPECT_TRUE(testing::WaitForText(out + "/n0/events.jsonl", "\"round\":5,",
+                                   absl::Seconds(30)));
+  ASSERT_EQ(testing::InterruptAndWait(pid), 1) << *ReadFile(dir + "/cut.err");
   auto resumed = RunStarling(absl::StrCat(flags, " --out=", out, " --resume"));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
 
