@@ -96,6 +96,9 @@ class Trainer {
   const TrainerState& state() const { return state_; }
   // Wall time of the run so far (across resumes), saved in checkpoints.
   void set_wall_seconds(double seconds) { state_.set_wall_seconds(seconds); }
+  // Moves the LR schedule to `step` (a joiner adopts the swarm's position;
+  // a node that abandons a round goes back to its start).
+  void set_step(int step) { state_.set_step(step); }
   // Trainable parameters in flat-view order.
   std::vector<torch::Tensor> Parameters() { return model_->Parameters(); }
   torch::Device device() const { return device_; }

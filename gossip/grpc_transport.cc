@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/logging.h"
+#include "gossip/crash_point.h"
 #include "starling/peer/v1/peer.grpc.pb.h"
 
 namespace starling {
@@ -79,9 +80,25 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
  public:
   explicit Service(const PeerIdentity& identity) : identity_(identity) {}
 
-  void SetMailbox(Mailbox* mailbox, int rank, std::string address) {
+  void SetMailbox(std::shared_ptr<Mailbox> mailbox, int rank,
+                  std::string address, bool exact_round) {
     absl::MutexLock lock(&mu_);
-    mailbox_ = mailbox;
+    mailbox_ = std::move(mailbox);
+    exact_round_ = exact_round;
+    // Early messages of this attempt go in now; older ones are moot.
+    const int64_t current = mailbox_->round();
+    std::vector<Message> keep;
+    early_bytes_ = 0;
+    for (Message& m : early_) {
+      if (m.round == current) {
+        absl::Status s = mailbox_->Deliver(std::move(m));
+        if (!s.ok()) STARLING_LOG(WARNING) << "rejected: " << s.message();
+      } else if (m.round > current) {
+        early_bytes_ += static_cast<int64_t>(m.payload.size());
+        keep.push_back(std::move(m));
+      }
+    }
+    early_.swap(keep);
     rank_ = rank;
     address_ = std::move(address);
   }
@@ -124,20 +141,26 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
 
   grpc::ServerReadReactor<TensorChunk>* SendChunks(
       grpc::CallbackServerContext* ctx, SendAck* ack) override {
-    Mailbox* mailbox;
+    std::shared_ptr<Mailbox> mailbox;
+    bool exact;
     {
       absl::MutexLock lock(&mu_);
       mailbox = mailbox_;
+      exact = exact_round_;
     }
-    return new ChunkReader(this, mailbox, ack);
+    return new ChunkReader(this, std::move(mailbox), exact, ack);
   }
 
  private:
   // Assembles one stream of chunks into a Message.
   class ChunkReader : public grpc::ServerReadReactor<TensorChunk> {
    public:
-    ChunkReader(Service* service, Mailbox* mailbox, SendAck* ack)
-        : service_(service), mailbox_(mailbox), ack_(ack) {
+    ChunkReader(Service* service, std::shared_ptr<Mailbox> mailbox,
+                bool exact_round, SendAck* ack)
+        : service_(service),
+          mailbox_(std::move(mailbox)),
+          exact_round_(exact_round),
+          ack_(ack) {
       if (mailbox_ == nullptr) {
         Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                             "this node has not joined its peers yet"));
@@ -172,6 +195,19 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
         }
         m_.from = chunk_.from_rank();
         m_.round = chunk_.round();
+        if (exact_round_ && m_.round < mailbox_->round()) {
+          // Elastic rounds: one mailbox per attempt; this one is over.
+          return absl::FailedPreconditionError(
+              absl::StrCat("attempt ", m_.round, " is over; this node is at ",
+                           mailbox_->round()));
+        }
+        // A sender a little ahead (this node has not installed that attempt
+        // yet): keep the message until it does (see Service::Place).
+        early_ = exact_round_ && m_.round > mailbox_->round();
+        if (early_ && m_.round > mailbox_->round() + kEarlyWindow) {
+          return absl::UnavailableError(
+              absl::StrCat("attempt ", m_.round, " is too far ahead"));
+        }
         m_.tensor = chunk_.tensor();
         m_.phase = static_cast<RingPhase>(chunk_.phase());
         m_.step = chunk_.step();
@@ -190,8 +226,12 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
             c != o.compressed_bytes_per_element.end()) {
           per_element = c->second;
         }
+        // An early message's member count is not known yet: bound it by
+        // the whole tensor; Deliver checks the exact size later.
         int64_t max_bytes =
-            (known->second / std::max(1, o.world) + 1) * per_element + 4096;
+            (known->second / std::max(1, early_ ? 1 : o.world) + 1) *
+                per_element +
+            4096;
         if (expected_bytes_ < 0 || expected_bytes_ > max_bytes) {
           return absl::InvalidArgumentError(
               absl::StrCat("message from rank ", m_.from, ": announces ",
@@ -231,7 +271,8 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
         return;
       }
       const int64_t bytes = static_cast<int64_t>(m_.payload.size());
-      absl::Status s = mailbox_->Deliver(std::move(m_));
+      absl::Status s = exact_round_ ? service_->Place(std::move(m_))
+                                    : mailbox_->Deliver(std::move(m_));
       if (!s.ok()) {
         STARLING_LOG(WARNING) << "rejected: " << s.message();
         Finish(grpc::Status(ToGrpc(s.code()), std::string(s.message())));
@@ -242,23 +283,59 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
     }
 
     void Reject(const absl::Status& s) {
-      STARLING_LOG(WARNING) << "rejected: " << s.message();
-      if (!first_) mailbox_->RecordRejection(m_.from, s);
+      // Unavailable: an elastic peer ahead of this node retries; not news.
+      if (!absl::IsUnavailable(s)) {
+        STARLING_LOG(WARNING) << "rejected: " << s.message();
+      }
+      if (!first_ && !absl::IsUnavailable(s) &&
+          !absl::IsFailedPrecondition(s)) {
+        mailbox_->RecordRejection(m_.from, s);
+      }
       Finish(grpc::Status(ToGrpc(s.code()), std::string(s.message())));
     }
 
     Service* service_;
-    Mailbox* mailbox_;
+    std::shared_ptr<Mailbox> mailbox_;
+    const bool exact_round_;
     SendAck* ack_;
     TensorChunk chunk_;
     Message m_;
     bool first_ = true;
+    bool early_ = false;
     int64_t expected_bytes_ = 0;
   };
 
+ public:
+  // Elastic rounds: delivers `m` to the installed attempt's mailbox, keeps
+  // it if its attempt is a little ahead (at most kEarlyBytes in all), or
+  // refuses it as stale.
+  absl::Status Place(Message m) {
+    absl::MutexLock lock(&mu_);
+    const int64_t current = mailbox_->round();
+    if (m.round == current) return mailbox_->Deliver(std::move(m));
+    if (m.round < current) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "attempt ", m.round, " is over; this node is at ", current));
+    }
+    const int64_t size = static_cast<int64_t>(m.payload.size());
+    if (early_bytes_ + size > kEarlyBytes) {
+      return absl::UnavailableError("too many early messages; retry");
+    }
+    early_bytes_ += size;
+    early_.push_back(std::move(m));
+    return absl::OkStatus();
+  }
+
+ private:
+  static constexpr int64_t kEarlyWindow = 4096;  // attempts
+  static constexpr int64_t kEarlyBytes = int64_t{1} << 30;
+
   const PeerIdentity identity_;
   absl::Mutex mu_;
-  Mailbox* mailbox_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::shared_ptr<Mailbox> mailbox_ ABSL_GUARDED_BY(mu_);
+  bool exact_round_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Message> early_ ABSL_GUARDED_BY(mu_);
+  int64_t early_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int rank_ ABSL_GUARDED_BY(mu_) = 0;
   std::string address_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> refused_ ABSL_GUARDED_BY(mu_);
@@ -293,6 +370,9 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
                            &port);
   builder.RegisterService(t->service_.get());
+  for (grpc::Service* extra : options.extra_services) {
+    builder.RegisterService(extra);
+  }
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::max<int64_t>(options.chunk_bytes * 2, 16 << 20)));
   t->server_ = builder.BuildAndStart();
@@ -309,17 +389,12 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(
 absl::Status GrpcTransport::Connect(const std::vector<std::string>& members,
                                     int rank, const MailboxOptions& mailbox,
                                     absl::Time deadline) {
-  members_ = members;
-  rank_ = rank;
   MailboxOptions o = mailbox;
   o.rank = rank;
   o.world = static_cast<int>(members.size());
-  mailbox_ = std::make_unique<Mailbox>(o);
-  service_->SetMailbox(mailbox_.get(), rank, address_);
-  peers_.clear();
-  for (int r = 0; r < static_cast<int>(members.size()); ++r) {
-    peers_.push_back(r == rank ? nullptr : std::make_unique<Peer>(members[r]));
-  }
+  mailbox_ = std::make_shared<Mailbox>(o);
+  service_->SetMailbox(mailbox_, rank, address_, /*exact_round=*/false);
+  SetPeers(members, rank);
   HandshakeRequest req;
   req.set_protocol_version(kProtocolVersion);
   req.set_run_id(identity_.run_id);
@@ -370,10 +445,57 @@ absl::Status GrpcTransport::Connect(const std::vector<std::string>& members,
   return absl::OkStatus();
 }
 
+void GrpcTransport::SetPeers(const std::vector<std::string>& members,
+                             int rank) {
+  members_ = members;
+  rank_ = rank;
+  peers_.clear();
+  for (int r = 0; r < static_cast<int>(members.size()); ++r) {
+    if (r == rank) {
+      peers_.push_back(nullptr);
+      continue;
+    }
+    std::unique_ptr<Peer>& p = stubs_[members[r]];
+    if (!p) p = std::make_unique<Peer>(members[r]);
+    peers_.push_back(p.get());
+  }
+}
+
+void GrpcTransport::InstallRound(const std::vector<std::string>& members,
+                                 int rank, const MailboxOptions& mailbox) {
+  MailboxOptions o = mailbox;
+  o.rank = rank;
+  o.world = static_cast<int>(members.size());
+  elastic_ = true;
+  mailbox_ = std::make_shared<Mailbox>(o);
+  service_->SetMailbox(mailbox_, rank, address_, /*exact_round=*/true);
+  SetPeers(members, rank);
+}
+
 absl::Status GrpcTransport::Send(int to, const Message& m,
                                  absl::Time deadline) {
   if (to < 0 || to >= world() || to == rank_) {
     return absl::InvalidArgumentError(absl::StrCat("no peer rank ", to));
+  }
+  absl::Duration backoff = absl::Milliseconds(5);
+  while (true) {
+    absl::Status s = SendOnce(to, m, deadline);
+    // Elastic rounds: the peer has not reached this attempt yet (or is
+    // restarting); retry until the deadline or until the attempt is off.
+    if (s.ok() || !elastic_ || !absl::IsUnavailable(s) ||
+        mailbox_->cancelled() || absl::Now() + backoff >= deadline) {
+      return s;
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(200));
+  }
+}
+
+absl::Status GrpcTransport::SendOnce(int to, const Message& m,
+                                     absl::Time deadline) {
+  if (options_.blocked && options_.blocked(peers_[to]->address)) {
+    return absl::UnavailableError(absl::StrCat(
+        "peer ", peers_[to]->address, " is across a network partition"));
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(ToChrono(deadline));
@@ -399,6 +521,9 @@ absl::Status GrpcTransport::Send(int to, const Message& m,
     chunk.set_data(m.payload.data() + offset, len);
     sent_ += static_cast<int64_t>(chunk.ByteSizeLong());
     if (!writer->Write(chunk)) break;  // the server ended the stream early
+    if (offset == 0 && m.phase == RingPhase::kReduceScatter) {
+      CrashPoint("send");
+    }
     offset += len;
   } while (offset < m.payload.size());
   writer->WritesDone();

@@ -9,6 +9,8 @@
 #define STARLING_GOSSIP_GRPC_TRANSPORT_H_
 
 #include <atomic>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +22,7 @@
 
 namespace grpc {
 class Server;
+class Service;
 }  // namespace grpc
 
 namespace starling {
@@ -39,6 +42,12 @@ struct GrpcTransportOptions {
   std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free one
   int64_t chunk_bytes = 1 << 20;       // 1 MiB chunks
   absl::Duration rpc_timeout = absl::Seconds(60);
+  // More services to serve on the same port (not owned; must outlive the
+  // transport), e.g. the elastic swarm's.
+  std::vector<grpc::Service*> extra_services;
+  // When set and true for a peer's address, Send refuses to reach it
+  // (Unavailable): an emulated network partition.
+  std::function<bool(const std::string& address)> blocked;
 };
 
 class GrpcTransport : public Transport {
@@ -58,6 +67,15 @@ class GrpcTransport : public Transport {
   absl::Status Connect(const std::vector<std::string>& members, int rank,
                        const MailboxOptions& mailbox, absl::Time deadline);
 
+  // Elastic rounds: replaces the members and the mailbox for one attempt of
+  // a round (mailbox.first_round is the attempt's sequence number). From
+  // then on the server takes chunks of exactly that sequence: older ones are
+  // refused as stale, newer ones with Unavailable so that their sender
+  // retries, and Send retries Unavailable until its deadline or until this
+  // mailbox is cancelled. Called by the one thread that runs collectives.
+  void InstallRound(const std::vector<std::string>& members, int rank,
+                    const MailboxOptions& mailbox);
+
   int rank() const override { return rank_; }
   int world() const override { return static_cast<int>(members_.size()); }
   absl::Status Send(int to, const Message& m, absl::Time deadline) override;
@@ -73,6 +91,8 @@ class GrpcTransport : public Transport {
   class Peer;
   GrpcTransport(const GrpcTransportOptions& options,
                 const PeerIdentity& identity);
+  void SetPeers(const std::vector<std::string>& members, int rank);
+  absl::Status SendOnce(int to, const Message& m, absl::Time deadline);
 
   const GrpcTransportOptions options_;
   const PeerIdentity identity_;
@@ -80,9 +100,11 @@ class GrpcTransport : public Transport {
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   std::vector<std::string> members_;
-  std::vector<std::unique_ptr<Peer>> peers_;  // by rank; null for self
+  std::map<std::string, std::unique_ptr<Peer>> stubs_;  // by address
+  std::vector<Peer*> peers_;  // by rank; null for self
   int rank_ = 0;
-  std::unique_ptr<Mailbox> mailbox_;
+  bool elastic_ = false;
+  std::shared_ptr<Mailbox> mailbox_;
   std::atomic<int64_t> sent_{0};
 };
 

@@ -123,7 +123,8 @@ absl::StatusOr<Message> Mailbox::Take(int from, int64_t round,
   Key key{round, tensor, static_cast<int>(phase), step, from};
   absl::MutexLock lock(&mu_);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return inbox_.count(key) > 0 || rejected_.count(from) > 0;
+    return inbox_.count(key) > 0 || rejected_.count(from) > 0 ||
+           !cancelled_.ok();
   };
   if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
     return absl::DeadlineExceededError(absl::StrCat(
@@ -132,6 +133,7 @@ absl::StatusOr<Message> Mailbox::Take(int from, int64_t round,
         phase == RingPhase::kReduceScatter ? "reduce-scatter" : "all-gather",
         " step ", step, ")"));
   }
+  if (!cancelled_.ok()) return cancelled_;
   auto it = inbox_.find(key);
   if (it == inbox_.end()) {
     absl::Status why = rejected_[from];
@@ -153,6 +155,23 @@ void Mailbox::AdvanceRound(int64_t round) {
   for (auto it = inbox_.begin(); it != inbox_.end();) {
     it = std::get<0>(it->first) < round ? inbox_.erase(it) : std::next(it);
   }
+}
+
+void Mailbox::Cancel(const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_.ok()) {
+    cancelled_ = why.ok() ? absl::CancelledError("cancelled") : why;
+  }
+}
+
+bool Mailbox::cancelled() const {
+  absl::MutexLock lock(&mu_);
+  return !cancelled_.ok();
+}
+
+int64_t Mailbox::round() const {
+  absl::MutexLock lock(&mu_);
+  return round_;
 }
 
 }  // namespace starling

@@ -80,6 +80,14 @@ class Mailbox {
   // Messages of rounds before `round` are dropped and later refused as stale.
   void AdvanceRound(int64_t round);
 
+  // Every Take, waiting now or later, fails with `why` (an elastic round's
+  // attempt was called off). Idempotent; the first reason stays.
+  void Cancel(const absl::Status& why);
+  bool cancelled() const;
+
+  // The round (or elastic attempt sequence) this mailbox is at.
+  int64_t round() const;
+
   const MailboxOptions& options() const { return options_; }
 
  private:
@@ -87,10 +95,11 @@ class Mailbox {
 
   using Key = std::tuple<int64_t, std::string, int, int, int>;
   const MailboxOptions options_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   int64_t round_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<Key, Message> inbox_ ABSL_GUARDED_BY(mu_);
   std::map<int, absl::Status> rejected_ ABSL_GUARDED_BY(mu_);
+  absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace starling

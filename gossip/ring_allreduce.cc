@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "gossip/crash_point.h"
 
 namespace starling {
 namespace {
@@ -77,9 +78,11 @@ absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
       if (!s.ok()) {
         return fail(s, absl::StrCat("sending to rank ", next, " failed: "));
       }
+      if (phase == RingPhase::kAllGather) CrashPoint("all_gather");
       absl::StatusOr<Message> in =
           t.mailbox().Take(prev, o.round, o.tensor, phase, k, deadline);
       if (!in.ok()) return fail(in.status(), "");
+      if (phase == RingPhase::kReduceScatter) CrashPoint("reduce");
       if (in->segment != recv_seg) {
         return absl::InvalidArgumentError(absl::StrCat(
             "round ", o.round, ": rank ", prev, " sent segment ", in->segment,

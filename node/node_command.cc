@@ -16,8 +16,10 @@
 #include "core/flat_params.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "gossip/crash_point.h"
 #include "gossip/grpc_transport.h"
 #include "gossip/ring_allreduce.h"
+#include "gossip/swarm.h"
 #include "node/run_output.h"
 #include "node/train_command.h"
 #include "outer_opt/outer_optimizer.h"
@@ -26,8 +28,9 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "host:port this node serves peers on; with --peers it must name a "
           "fixed port that the peers list too");
 ABSL_FLAG(std::string, peers, "",
-          "comma-separated host:port of every other member; empty = a single "
-          "DiLoCo worker. Ranks follow the sorted list of all members");
+          "comma-separated host:port of members to join through. diloco: "
+          "any live members (empty: this node starts the swarm); ddp: "
+          "every other member (ranks follow the sorted list of all)");
 ABSL_FLAG(std::string, run_id, "starling",
           "peers must share it; the handshake refuses others");
 ABSL_FLAG(std::string, algo, "diloco",
@@ -56,6 +59,26 @@ ABSL_FLAG(int, small_tensor_elems, 4096,
           "biases) use --small_tensor_codec instead");
 ABSL_FLAG(std::string, small_tensor_codec, "bf16",
           "codec for small tensors: bf16 | fp16 | fp32");
+ABSL_FLAG(std::string, node_id, "",
+          "diloco: this node's id in the swarm, unique and stable across "
+          "restarts (default: the --listen address)");
+ABSL_FLAG(int, min_members, 1,
+          "diloco: wait (up to --connect_timeout) until this many members "
+          "are known before the first round");
+ABSL_FLAG(double, suspect_timeout, 3,
+          "diloco: seconds without a heartbeat before a member is suspected; "
+          "as long again and it is declared dead");
+ABSL_FLAG(double, round_deadline, 60,
+          "diloco: seconds the round's coordinator waits, after the first "
+          "member is ready, for the others; later ones sit the round out");
+ABSL_FLAG(std::string, partition_file, "",
+          "diloco: emulated network partition (used by `starling sim "
+          "--partition`): while the file's first line reads e.g. "
+          "'n0,n1|n2,n3', no traffic crosses the groups");
+ABSL_FLAG(std::string, test_crash_at, "",
+          "testing only: SIGKILL this node at a protocol point "
+          "(ready|send|reduce|all_gather|donate|commit[@ROUND]), or "
+          "corrupt_state to flip a bit in one served state chunk");
 
 namespace starling {
 namespace {
@@ -68,14 +91,14 @@ int Fail(const absl::Status& s, int code) {
   return code;
 }
 
-struct Membership {
+struct StaticMembers {
   std::vector<std::string> members;  // sorted; index = rank
   int rank = 0;
 };
 
-absl::StatusOr<Membership> ParseMembership(const std::string& listen,
+absl::StatusOr<StaticMembers> ParseMembers(const std::string& listen,
                                            const std::string& peers) {
-  Membership m;
+  StaticMembers m;
   auto valid = [](absl::string_view a) {
     size_t colon = a.rfind(':');
     int port = 0;
@@ -147,7 +170,13 @@ const std::vector<std::string>& NodeFlagNames() {
                                                           "compression",
                                                           "error_feedback",
                                                           "small_tensor_elems",
-                                                          "small_tensor_codec"};
+                                                          "small_tensor_codec",
+                                                          "node_id",
+                                                          "min_members",
+                                                          "suspect_timeout",
+                                                          "round_deadline",
+                                                          "partition_file",
+                                                          "test_crash_at"};
   return *names;
 }
 
@@ -156,206 +185,82 @@ const Subcommand& NodeSubcommand() {
     std::vector<std::string> flags = NodeFlagNames();
     for (const std::string& f : TrainFlagNames()) flags.push_back(f);
     return new Subcommand{
-        "node",
-        "join a swarm (static member list) and train with DiLoCo or ddp",
-        "Runs one member of a swarm. Every member is started with its own "
-        "--listen address and the others' addresses in --peers, the same "
-        "--run_id, --seed and model flags, and its own --shard=K/N. Members "
-        "handshake (protocol version, run id, model fingerprint), then run "
-        "--steps inner steps in rounds of --inner_steps (H); after each round "
-        "a ring all-reduce averages the pseudo-gradients Δ = θ_global − "
-        "θ_local "
-        "(weighted by samples) and the outer optimizer steps θ_global, so "
-        "every member holds bit-identical weights. --algo=ddp all-reduces "
-        "gradients every step instead. Rank 0 evaluates.\n\n"
+        "node", "join a swarm and train with DiLoCo (elastic) or ddp (static)",
+        "Runs one member of a swarm. DiLoCo (the default) is elastic: a node "
+        "starts with its own --listen address and --peers naming any live "
+        "members (none for the first), the same --run_id, --seed and model "
+        "flags, its own --shard=K/N and a unique --node_id. It joins "
+        "(handshake: protocol, run id, codec, model fingerprint), learns the "
+        "others by gossip, fetches θ_global, the outer optimizer state and "
+        "the round from a member if the swarm is ahead, then runs rounds of "
+        "--inner_steps (H) inner steps. After each round the members that "
+        "are ready by --round_deadline average their pseudo-gradients "
+        "Δ = θ_global − θ_local (weighted by samples) by ring all-reduce and "
+        "apply the outer step once the round's coordinator confirms that "
+        "every member got the sum, so members stay bit-identical. A member "
+        "that dies mid-round is dropped and the round rerun by the others; "
+        "SIGINT/SIGTERM makes a node leave cleanly (checkpoint, goodbye); "
+        "--resume rejoins and catches up. The first member of each round "
+        "evaluates. --algo=ddp all-reduces gradients every step over the "
+        "fixed --peers list instead (every member lists all others).\n\n"
         "Example, two members on one machine:\n"
-        "  starling node --listen=127.0.0.1:7001 --peers=127.0.0.1:7002 "
-        "--shard=0/2 --out=runs/n0\n"
-        "  starling node --listen=127.0.0.1:7002 --peers=127.0.0.1:7001 "
-        "--shard=1/2 --out=runs/n1",
+        "  starling node --node_id=a --listen=127.0.0.1:7001 --shard=0/2 "
+        "--out=runs/a\n"
+        "  starling node --node_id=b --listen=127.0.0.1:7002 "
+        "--peers=127.0.0.1:7001 --shard=1/2 --out=runs/b",
         flags};
   }();
   return *sub;
 }
 
-int RunNodeCommand() {
-  TrainConfig config = ConfigFromFlags();
-  if (absl::Status s = ResolveTrainConfig(&config); !s.ok()) return Fail(s, 2);
-  const std::string algo = absl::GetFlag(FLAGS_algo);
-  if (algo != "diloco" && algo != "ddp") {
-    return Fail(absl::InvalidArgumentError(
-                    absl::StrCat("--algo=", algo, ": expected diloco or ddp")),
-                2);
-  }
-  const int h = absl::GetFlag(FLAGS_inner_steps);
-  if (h < 1) {
-    return Fail(absl::InvalidArgumentError(
-                    absl::StrCat("--inner_steps=", h, ": must be >= 1")),
-                2);
-  }
-  const int chunk = absl::GetFlag(FLAGS_chunk_bytes);
-  if (chunk < 1024 || chunk > (4 << 20)) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--chunk_bytes=", chunk, ": must be in [1024, 4194304]")),
-                2);
-  }
-  absl::StatusOr<Membership> membership =
-      ParseMembership(absl::GetFlag(FLAGS_listen), absl::GetFlag(FLAGS_peers));
-  if (!membership.ok()) return Fail(membership.status(), 2);
-  const int world = static_cast<int>(membership->members.size());
-  const int rank = membership->rank;
-  absl::StatusOr<std::unique_ptr<Trainer>> created = StartRun(&config, "node");
-  if (!created.ok()) {
-    return Fail(created.status(), ExitCodeFor(created.status()));
-  }
-  const std::string out = config.out();
-  const std::string ckpt_path = CheckpointPathInRunDir(out);
-  Trainer& trainer = **created;
-  std::vector<torch::Tensor> params = trainer.Parameters();
-  const int64_t n_params = NumElements(params);
+namespace {
 
-  OuterOptions oo;
-  oo.kind = absl::GetFlag(FLAGS_outer);
-  oo.lr = absl::GetFlag(FLAGS_outer_lr);
-  oo.momentum = absl::GetFlag(FLAGS_outer_momentum);
-  absl::StatusOr<std::unique_ptr<OuterOptimizer>> outer =
-      OuterOptimizer::Create(oo, n_params);
-  if (!outer.ok()) return Fail(outer.status(), 2);
-
-  // Pseudo-gradient compression: a per-tensor policy over the flat view
-  // (params) and the same plus the fp32 averaging weight (the ring's tensor).
-  const std::string compression = absl::GetFlag(FLAGS_compression);
-  std::vector<int64_t> tensor_sizes;
-  for (const auto& p : params) tensor_sizes.push_back(p.numel());
-  PolicyOptions po;
-  po.main = compression;
-  po.small = absl::GetFlag(FLAGS_small_tensor_codec);
-  po.small_elements = absl::GetFlag(FLAGS_small_tensor_elems);
-  absl::StatusOr<std::unique_ptr<PolicyCodec>> param_policy =
-      PolicyCodec::Create(tensor_sizes, po);
-  if (!param_policy.ok()) return Fail(param_policy.status(), 2);
-  po.trailing_fp32 = 2;  // the averaging weight and the stop vote
-  absl::StatusOr<std::unique_ptr<PolicyCodec>> ring_policy =
-      PolicyCodec::Create(tensor_sizes, po);
-  if (!ring_policy.ok()) return Fail(ring_policy.status(), 2);
-  const PolicyCodec* ring_codec =
-      compression == "fp32" ? nullptr : ring_policy->get();
-  const std::string ef_flag = absl::GetFlag(FLAGS_error_feedback);
-  if (ef_flag != "auto" && ef_flag != "on" && ef_flag != "off") {
-    return Fail(
-        absl::InvalidArgumentError(absl::StrCat("--error_feedback=", ef_flag,
-                                                ": expected auto, on or off")),
-        2);
-  }
-  const bool use_ef =
-      !(*param_policy)->lossless() &&
-      (ef_flag == "on" ||
-       (ef_flag == "auto" && ErrorFeedbackByDefault(compression)));
-  std::unique_ptr<ErrorFeedback> feedback =
-      use_ef ? std::make_unique<ErrorFeedback>(n_params) : nullptr;
-
+// What both algorithms share once the flags are checked and the trainer is
+// built (and restored on --resume).
+struct NodeRun {
+  TrainConfig config;
+  std::string algo;
+  int h = 50;
+  int chunk = 1 << 20;
+  std::string out, ckpt_path;
+  Trainer* trainer = nullptr;
+  std::vector<torch::Tensor> params;
+  int64_t n_params = 0;
+  std::unique_ptr<OuterOptimizer> outer;
+  std::unique_ptr<PolicyCodec> param_policy, ring_policy;
+  const PolicyCodec* ring_codec = nullptr;
+  bool use_ef = false;
+  std::unique_ptr<ErrorFeedback> feedback;
   int64_t round = 0;
   // Traffic of earlier sessions of a resumed run: sent, received, and the
   // pseudo-gradient bytes before/after compression.
   int64_t prior[4] = {0, 0, 0, 0};
   std::vector<RoundRecord> rounds;
-  if (config.resume()) {
-    std::map<std::string, std::string> sections;
-    absl::Status s = trainer.RestoreCheckpoint(ckpt_path, &sections);
-    if (s.ok() && algo == "diloco") s = (*outer)->LoadState(sections["outer"]);
-    if (s.ok() && feedback) s = feedback->LoadState(sections["error_feedback"]);
-    if (!s.ok()) return Fail(s, ExitCodeFor(s));
-    absl::SimpleAtoi(sections["round"], &round);
-    std::vector<std::string> comm = absl::StrSplit(sections["comm"], ',');
-    for (size_t i = 0; i < comm.size() && i < 4; ++i) {
-      (void)absl::SimpleAtoi(comm[i], &prior[i]);
-    }
-    // Rounds before the checkpoint, as this node logged them.
-    rounds = ReadRoundEvents(absl::StrCat(out, "/events.jsonl"), round);
-    if (trainer.state().step() >= config.steps()) {
-      // Finished already: keep its summary.json as it is.
-      WriteStderrLine(absl::StrCat("starling node: the run in ", out,
-                                   " is already complete (",
-                                   trainer.state().step(), " steps)"));
-      return 0;
-    }
-  }
-  std::vector<float> theta_global = Flatten(params);
-  const std::string init_hash =
-      ModelHash(params);  // every member must start from the same θ
-
-  const std::string node_id = absl::StrCat("n", rank);
-  EventLog events(absl::StrCat(out, "/events.jsonl"), node_id,
-                  trainer.state().wall_seconds());
-  STARLING_LOG(INFO) << node_id << " of " << world << " (" << algo << "), "
-                     << trainer.model().Architecture() << ", " << n_params
-                     << " parameters, data " << trainer.dataset().Describe();
-
-  // The network: none for a single member.
-  std::unique_ptr<GrpcTransport> transport;
-  if (world > 1) {
-    GrpcTransportOptions to;
-    to.listen = membership->members[rank];
-    to.chunk_bytes = chunk;
-    to.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_round_timeout));
-    PeerIdentity id;
-    id.run_id = absl::GetFlag(FLAGS_run_id);
-    id.algo = algo;
-    id.world = world;
-    id.compression = algo == "diloco" ? (*ring_policy)->Name() : "fp32";
-    id.model =
-        MakeFingerprint(trainer.model().Architecture(), n_params, init_hash);
-    absl::StatusOr<std::unique_ptr<GrpcTransport>> t =
-        GrpcTransport::Start(to, id);
-    if (!t.ok()) return Fail(t.status(), 1);
-    transport = std::move(t).value();
-    MailboxOptions mo;
-    mo.run_id = id.run_id;
-    mo.tensors = {{kPseudoGrad, n_params + 2}, {kGrad, n_params + 2}};
-    mo.first_round = round;
-    if (ring_codec != nullptr) {
-      mo.compressed_bytes_per_element = {{kPseudoGrad, 8}};
-    }
-    STARLING_LOG(INFO) << "listening on " << transport->address()
-                       << "; connecting to " << world - 1 << " peers";
-    absl::Status s = transport->Connect(
-        membership->members, rank, mo,
-        absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_connect_timeout)));
-    if (!s.ok()) return Fail(s, absl::IsFailedPrecondition(s) ? 2 : 1);
-    transport->mailbox().AdvanceRound(round);
-  }
-  events.Write(config.resume() ? "resume" : "start",
-               JsonObject()
-                   .Add("rank", static_cast<int64_t>(rank))
-                   .Add("world", static_cast<int64_t>(world))
-                   .Add("algo", algo)
-                   .Add("round", round)
-                   .Add("step", static_cast<int64_t>(trainer.state().step()))
-                   .Add("parameters", n_params)
-                   .Add("model_hash", init_hash));
-  InstallStopSignals();
-
-  RingOptions ring;
-  ring.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_round_timeout));
-  auto bytes_sent = [&] {
-    return prior[0] + (transport ? transport->bytes_sent() : 0);
-  };
-  auto bytes_received = [&] {
-    return prior[1] + (transport ? transport->bytes_received() : 0);
-  };
-  std::vector<int> all_members(world);
-  for (int r = 0; r < world; ++r) all_members[r] = r;
-
+  std::string init_hash;
+  RingStats ring_stats;
   EvalResult eval;
   int evaluated_step = -1;
-  auto maybe_evaluate = [&](bool force, int prev_step) -> absl::Status {
-    const int step = trainer.state().step();
+
+  absl::Status Checkpoint(int64_t next_round, int64_t sent, int64_t received,
+                          double wall) {
+    trainer->set_wall_seconds(wall);
+    std::map<std::string, std::string> extra = {
+        {"outer", outer->SaveState()},
+        {"round", absl::StrCat(next_round)},
+        {"comm",
+         absl::StrCat(sent, ",", received, ",", prior[2] + ring_stats.raw_bytes,
+                      ",", prior[3] + ring_stats.wire_bytes)}};
+    if (feedback) extra["error_feedback"] = feedback->SaveState();
+    return trainer->SaveCheckpoint(ckpt_path, extra);
+  }
+
+  // Evaluates when an --eval_every boundary was crossed or when forced.
+  absl::Status MaybeEvaluate(bool force, int prev_step, EventLog& events) {
+    const int step = trainer->state().step();
     const int every = config.eval_every();
     bool due = every > 0 && step / every > prev_step / every;
-    if (rank != 0 || !(due || force) || evaluated_step == step) {
-      return absl::OkStatus();
-    }
-    STARLING_ASSIGN_OR_RETURN(eval, trainer.Evaluate());
+    if (!(due || force) || evaluated_step == step) return absl::OkStatus();
+    STARLING_ASSIGN_OR_RETURN(eval, trainer->Evaluate());
     evaluated_step = step;
     JsonObject f;
     f.Add("step", static_cast<int64_t>(step)).Add("val_loss", eval.loss);
@@ -364,32 +269,482 @@ int RunNodeCommand() {
     WriteStderrLine(absl::StrFormat("eval  step %d/%d | val_loss %.4f", step,
                                     config.steps(), eval.loss));
     return absl::OkStatus();
+  }
+
+  NodeTotals Totals(const std::string& id, int64_t sent, int64_t received,
+                    double wall, int world) {
+    NodeTotals t;
+    t.id = id;
+    t.bytes_sent = sent;
+    t.bytes_received = received;
+    t.wall_seconds = wall;
+    if (algo == "diloco") {
+      t.compression = ring_policy->Name();
+      if (use_ef) t.compression += " + error feedback";
+      t.bytes_before_compression = prior[2] + ring_stats.raw_bytes;
+      t.bytes_after_compression = prior[3] + ring_stats.wire_bytes;
+    }
+    // Per-step ring all-reduce of fp32 gradients: 2·(N−1)/N · P · 4 bytes.
+    t.allreduce_equivalent_bytes = static_cast<int64_t>(
+        static_cast<double>(trainer->state().step()) * 2.0 * (world - 1) /
+        std::max(1, world) * static_cast<double>(n_params) * 4.0);
+    return t;
+  }
+};
+
+SwarmState CurrentState(const NodeRun& run,
+                        const std::vector<float>& theta_global,
+                        const std::string& lineage) {
+  SwarmState st;
+  st.round = run.round;
+  st.step = run.trainer->state().step();
+  st.lineage = lineage;
+  st.theta = theta_global;
+  st.outer_state = run.outer->SaveState();
+  return st;
+}
+
+// Elastic DiLoCo over a Swarm (gossip/swarm.h describes the protocol).
+int RunDiloco(NodeRun& run) {
+  Trainer& trainer = *run.trainer;
+  const TrainConfig& config = run.config;
+  std::string node_id = absl::GetFlag(FLAGS_node_id);
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  if (node_id.empty()) node_id = listen;
+  std::vector<std::string> seeds;
+  for (absl::string_view p :
+       absl::StrSplit(absl::GetFlag(FLAGS_peers), ',', absl::SkipEmpty())) {
+    seeds.emplace_back(p);
+  }
+  const int min_members = absl::GetFlag(FLAGS_min_members);
+  const double suspect = absl::GetFlag(FLAGS_suspect_timeout);
+  const double deadline_s = absl::GetFlag(FLAGS_round_deadline);
+  if (min_members < 1) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--min_members=", min_members, ": must be >= 1")),
+                2);
+  }
+  if (!(suspect > 0) || !(deadline_s > 0)) {
+    return Fail(absl::InvalidArgumentError(
+                    "--suspect_timeout and --round_deadline must be > 0"),
+                2);
+  }
+  if (absl::Status s = ArmCrashPoint(absl::GetFlag(FLAGS_test_crash_at));
+      !s.ok()) {
+    return Fail(absl::InvalidArgumentError(
+                    absl::StrCat("--test_crash_at: ", s.message())),
+                2);
+  }
+
+  std::vector<float> theta_global = Flatten(run.params);
+  std::string lineage = FlatHash(theta_global);
+  EventLog events(absl::StrCat(run.out, "/events.jsonl"), node_id,
+                  trainer.state().wall_seconds());
+  // Membership changes arrive on the gossip thread; the training thread
+  // logs them (EventLog has one writer).
+  absl::Mutex changes_mu;
+  std::vector<MembershipChange> changes;
+  SwarmOptions so;
+  so.node_id = node_id;
+  so.listen = listen;
+  so.seeds = seeds;
+  so.identity.run_id = absl::GetFlag(FLAGS_run_id);
+  so.identity.algo = "diloco";
+  so.identity.compression = run.ring_policy->Name();
+  so.identity.model = MakeFingerprint(trainer.model().Architecture(),
+                                      run.n_params, run.init_hash);
+  so.chunk_bytes = run.chunk;
+  so.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_round_timeout));
+  so.suspect_after = absl::Seconds(suspect);
+  so.round_deadline = absl::Seconds(deadline_s);
+  so.partition_file = absl::GetFlag(FLAGS_partition_file);
+  so.mailbox.run_id = so.identity.run_id;
+  so.mailbox.tensors = {{kPseudoGrad, run.n_params + 1}};
+  if (run.ring_codec != nullptr) {
+    so.mailbox.compressed_bytes_per_element = {{kPseudoGrad, 8}};
+  }
+  so.on_member_change = [&](const MembershipChange& c) {
+    absl::MutexLock lock(&changes_mu);
+    changes.push_back(c);
   };
-  RingStats ring_stats;
-  auto checkpoint = [&](int64_t next_round) -> absl::Status {
-    trainer.set_wall_seconds(events.WallSeconds());
-    std::map<std::string, std::string> extra = {
-        {"outer", (*outer)->SaveState()},
-        {"round", absl::StrCat(next_round)},
-        {"comm", absl::StrCat(bytes_sent(), ",", bytes_received(), ",",
-                              prior[2] + ring_stats.raw_bytes, ",",
-                              prior[3] + ring_stats.wire_bytes)}};
-    if (feedback) extra["error_feedback"] = feedback->SaveState();
-    return trainer.SaveCheckpoint(ckpt_path, extra);
+  absl::StatusOr<std::unique_ptr<Swarm>> started = Swarm::Start(so);
+  if (!started.ok()) {
+    return Fail(started.status(),
+                absl::IsInvalidArgument(started.status()) ? 2 : 1);
+  }
+  Swarm& swarm = **started;
+  auto bytes_sent = [&] { return run.prior[0] + swarm.bytes_sent(); };
+  auto bytes_received = [&] { return run.prior[1] + swarm.bytes_received(); };
+  auto log_changes = [&] {
+    std::vector<MembershipChange> batch;
+    {
+      absl::MutexLock lock(&changes_mu);
+      batch.swap(changes);
+    }
+    static const char* kNames[] = {"unknown", "alive", "suspect", "dead",
+                                   "left"};
+    for (const MembershipChange& c : batch) {
+      const char* to = kNames[std::clamp(static_cast<int>(c.to), 0, 4)];
+      events.Write("member", JsonObject()
+                                 .Add("id", c.id)
+                                 .Add("state", to)
+                                 .Add("incarnation", c.incarnation));
+      STARLING_LOG(INFO) << "member " << c.id << " is " << to;
+    }
+  };
+  // Not joining: a fresh node starts on the initial lineage with the others;
+  // one that is behind turns to joining while it catches up.
+  swarm.SetProgress(run.round, lineage, /*joining=*/false);
+  STARLING_LOG(INFO) << node_id << " (diloco, elastic) listening on "
+                     << swarm.address() << ", "
+                     << trainer.model().Architecture() << ", " << run.n_params
+                     << " parameters, data " << trainer.dataset().Describe();
+  const absl::Duration connect =
+      absl::Seconds(absl::GetFlag(FLAGS_connect_timeout));
+  if (absl::Status s = swarm.JoinSwarm(absl::Now() + connect); !s.ok()) {
+    events.Write("error", JsonObject().Add("message", s.message()));
+    return Fail(s, absl::IsFailedPrecondition(s) ? 2 : 1);
+  }
+  if (absl::Status s = swarm.WaitForMembers(min_members, absl::Now() + connect);
+      !s.ok()) {
+    return Fail(s, 1);
+  }
+  events.Write(config.resume() ? "resume" : "start",
+               JsonObject()
+                   .Add("algo", "diloco")
+                   .Add("address", swarm.address())
+                   .Add("round", run.round)
+                   .Add("step", static_cast<int64_t>(trainer.state().step()))
+                   .Add("parameters", run.n_params)
+                   .Add("model_hash", lineage));
+  InstallStopSignals();
+
+  const int total = config.steps();
+  const int64_t n_rounds = (total + run.h - 1) / run.h;
+  int last_rank = 0, last_world = 1;
+  bool left = false;
+  auto serve = [&] {
+    swarm.ServeState(StateBlob::Make(CurrentState(run, theta_global, lineage)));
+  };
+  serve();
+
+  // Catches up with the best lineage in the swarm (a joiner, a restarted
+  // node, a member that missed a round, the losing side of a partition).
+  auto catch_up = [&](const Swarm::Lineage& best) -> absl::Status {
+    swarm.SetProgress(run.round, lineage, /*joining=*/true);
+    Swarm::FetchStats stats;
+    absl::StatusOr<SwarmState> st =
+        swarm.FetchState(best.donors, absl::Now() + so.rpc_timeout, &stats);
+    if (!st.ok()) return st.status();
+    STARLING_RETURN_IF_ERROR(run.outer->LoadState(st->outer_state));
+    theta_global = std::move(st->theta);
+    STARLING_RETURN_IF_ERROR(Unflatten(theta_global, run.params));
+    const int64_t from_round = run.round;
+    run.round = st->round;
+    lineage = st->lineage;
+    trainer.set_step(static_cast<int>(st->step));
+    // The residual belongs to the abandoned lineage.
+    if (run.feedback)
+      run.feedback = std::make_unique<ErrorFeedback>(run.n_params);
+    events.Write("state_transfer",
+                 JsonObject()
+                     .Add("from", stats.donor)
+                     .Add("round", run.round)
+                     .Add("from_round", from_round)
+                     .Add("step", static_cast<int64_t>(st->step))
+                     .Add("bytes", stats.bytes)
+                     .Add("seconds", stats.seconds)
+                     .Add("retries", static_cast<int64_t>(stats.retries))
+                     .Add("model_hash", lineage));
+    WriteStderrLine(absl::StrFormat(
+        "%s caught up: round %d, step %d from %s (%s in %.2f s)", node_id,
+        run.round, st->step, stats.donor,
+        FormatBytes(static_cast<double>(stats.bytes)), stats.seconds));
+    serve();
+    swarm.SetProgress(run.round, lineage, /*joining=*/false);
+    return absl::OkStatus();
   };
 
-  bool interrupted = false;
-  const int total = config.steps();
-  const int per_round = algo == "ddp" ? 1 : h;
-  const int64_t n_rounds = (total + per_round - 1) / per_round;
-  double compute_window = 0;
-  // SIGINT/SIGTERM: a single node stops before its next step; members vote
-  // in every all-reduce, so they all stop after the same round and resume
-  // together from matching checkpoints.
-  bool stop_voted = false;
-  auto vote = [&] {
-    return std::vector<float>{StopSignal() != 0 ? 1.0f : 0.0f};
+  while (trainer.state().step() < total) {
+    log_changes();
+    if (StopSignal() != 0) {
+      left = true;
+      break;
+    }
+    Swarm::Lineage best = swarm.Best();
+    if (Swarm::Ahead(best, run.round, lineage) && !best.donors.empty()) {
+      if (absl::Status s = catch_up(best); !s.ok()) {
+        WriteStderrLine(absl::StrCat(node_id, ": catching up failed (",
+                                     s.message(), "); retrying"));
+        absl::SleepFor(absl::Seconds(1));
+      }
+      continue;
+    }
+    swarm.SetProgress(run.round, lineage, /*joining=*/false);
+    const auto round_start = absl::Now();
+    const int64_t sent_before = bytes_sent();
+    const int prev_step = trainer.state().step();
+    const int steps = std::min(run.h, total - prev_step);
+    double loss_sum = 0;
+    int64_t samples = 0;
+    bool abandoned = false;
+    for (int i = 0; i < steps; ++i) {
+      if (StopSignal() != 0) {
+        abandoned = true;
+        break;
+      }
+      absl::StatusOr<StepResult> r = trainer.Step();
+      if (!r.ok()) {
+        events.Write("error",
+                     JsonObject().Add("message", r.status().message()));
+        swarm.Leave();
+        return Fail(r.status(), 1);
+      }
+      loss_sum += r->loss;
+      samples += r->samples;
+    }
+    auto back_to_round_start = [&]() -> absl::Status {
+      trainer.set_step(prev_step);
+      return Unflatten(theta_global, run.params);
+    };
+    if (abandoned) {
+      if (absl::Status s = back_to_round_start(); !s.ok()) return Fail(s, 1);
+      left = true;
+      break;
+    }
+    // Δ = θ_global − θ_local; error feedback sends C(Δ + e) and keeps the
+    // rest (restored if the round does not commit).
+    std::vector<float> delta = Flatten(run.params);
+    for (size_t i = 0; i < delta.size(); ++i) {
+      delta[i] = theta_global[i] - delta[i];
+    }
+    std::string ef_before;
+    if (run.feedback) {
+      ef_before = run.feedback->SaveState();
+      std::vector<float> sent(delta.size());
+      absl::StatusOr<std::string> enc = run.feedback->Compress(
+          *run.param_policy, delta, absl::MakeSpan(sent));
+      if (!enc.ok()) return Fail(enc.status(), 1);
+      delta = std::move(sent);
+    }
+    // The ring's input: Δ·w and the weight w (samples).
+    const float w = static_cast<float>(samples);
+    std::vector<float> input(delta.size() + 1);
+    for (size_t i = 0; i < delta.size(); ++i) input[i] = delta[i] * w;
+    input[delta.size()] = w;
+    std::vector<float> work;
+    RingStats attempt_stats;
+    Swarm::Reduce reduce = [&](Transport& t, int64_t seq) {
+      work = input;
+      attempt_stats = RingStats();
+      RingOptions o;
+      o.step_timeout = so.rpc_timeout;
+      o.tensor = kPseudoGrad;
+      o.round = seq;
+      o.codec = run.ring_codec;
+      o.stats = &attempt_stats;
+      last_rank = t.rank();
+      last_world = t.world();
+      return RingAllReduceSum(t, absl::MakeSpan(work), o);
+    };
+    absl::StatusOr<Swarm::RoundResult> res = swarm.SyncRound(
+        run.round, lineage, reduce, [] { return StopSignal() != 0; });
+    if (!res.ok()) return Fail(res.status(), 1);
+    if (res->outcome != Swarm::Outcome::kCommitted) {
+      if (run.feedback) (void)run.feedback->LoadState(ef_before);
+      if (absl::Status s = back_to_round_start(); !s.ok()) return Fail(s, 1);
+      if (res->outcome == Swarm::Outcome::kStopped) {
+        left = true;
+        break;
+      }
+      // Stale: the swarm committed this round without us. Wait (briefly)
+      // until gossip shows who is ahead, then catch up at the loop's top.
+      WriteStderrLine(
+          absl::StrCat(node_id, " missed round ", run.round, "; catching up"));
+      const absl::Time until = absl::Now() + absl::Seconds(5);
+      while (absl::Now() < until &&
+             !Swarm::Ahead(swarm.Best(), run.round, lineage)) {
+        absl::SleepFor(absl::Milliseconds(100));
+      }
+      continue;
+    }
+    run.ring_stats.raw_bytes += attempt_stats.raw_bytes;
+    run.ring_stats.wire_bytes += attempt_stats.wire_bytes;
+    const float weight = work[delta.size()];
+    if (!(weight > 0)) {
+      return Fail(absl::InternalError("the round's weights sum to zero"), 1);
+    }
+    for (size_t i = 0; i < delta.size(); ++i) delta[i] = work[i] / weight;
+    if (absl::Status s = run.outer->Step(absl::MakeSpan(theta_global), delta);
+        !s.ok()) {
+      return Fail(s, 1);
+    }
+    if (absl::Status s = Unflatten(theta_global, run.params); !s.ok()) {
+      return Fail(s, 1);
+    }
+    lineage = FlatHash(theta_global);
+    RoundRecord rec;
+    rec.round = run.round;
+    rec.step = trainer.state().step();
+    rec.members = res->members;
+    rec.model_hash = lineage;
+    rec.train_loss = loss_sum / std::max(1, steps);
+    rec.bytes = bytes_sent() - sent_before;
+    rec.seconds = absl::ToDoubleSeconds(absl::Now() - round_start);
+    ++run.round;
+    swarm.SetProgress(run.round, lineage, /*joining=*/false);
+    serve();
+    // The round's first member evaluates.
+    if (!res->members.empty() && res->members[0] == node_id) {
+      if (absl::Status s =
+              run.MaybeEvaluate(rec.step == total, prev_step, events);
+          !s.ok()) {
+        return Fail(s, 1);
+      }
+    }
+    if (run.evaluated_step == rec.step) rec.val_loss = run.eval.loss;
+    events.Write("round", RoundJson(rec));
+    run.rounds.push_back(rec);
+    double elapsed = events.WallSeconds();
+    double eta = rec.step > 0 ? elapsed * (total - rec.step) / rec.step : 0;
+    WriteStderrLine(absl::StrFormat(
+        "%s round %d/%d | step %d/%d | members %d | loss %.4f | sent %s | "
+        "hash %s | eta %s",
+        node_id, run.round, n_rounds, rec.step, total, res->members.size(),
+        rec.train_loss, FormatBytes(static_cast<double>(bytes_sent())),
+        rec.model_hash.substr(0, 8), FormatDuration(eta)));
+    if (config.checkpoint_every() > 0 &&
+        rec.step / config.checkpoint_every() >
+            prev_step / config.checkpoint_every() &&
+        rec.step < total) {
+      if (absl::Status s = run.Checkpoint(
+              run.round, bytes_sent(), bytes_received(), events.WallSeconds());
+          !s.ok()) {
+        return Fail(s, 1);
+      }
+    }
+  }
+  log_changes();
+  // Goodbye first, so that nobody waits for this node, then the checkpoint.
+  swarm.Leave();
+  if (left) {
+    events.Write(
+        "leave",
+        JsonObject()
+            .Add("round", run.round)
+            .Add("step", static_cast<int64_t>(trainer.state().step())));
+  }
+  if (absl::Status s = run.Checkpoint(run.round, bytes_sent(), bytes_received(),
+                                      events.WallSeconds());
+      !s.ok()) {
+    return Fail(s, 1);
+  }
+  NodeTotals totals = run.Totals(node_id, bytes_sent(), bytes_received(),
+                                 events.WallSeconds(), last_world);
+  JsonObject extra;
+  extra.Add("algo", "diloco")
+      .Add("rank", static_cast<int64_t>(last_rank))
+      .Add("world", static_cast<int64_t>(last_world))
+      .Add("inner_steps_per_round", static_cast<int64_t>(run.h));
+  events.Write(left ? "interrupted" : "end",
+               JsonObject()
+                   .Add("step", static_cast<int64_t>(trainer.state().step()))
+                   .Add("round", run.round)
+                   .Add("bytes_sent", totals.bytes_sent));
+  // Only the evaluating member reports a final val_loss.
+  EvalResult final_eval = run.eval;
+  if (run.evaluated_step != trainer.state().step()) final_eval = EvalResult();
+  if (absl::Status s = WriteNodeSummary(run.out, "node", trainer, final_eval,
+                                        totals, run.rounds, left, extra);
+      !s.ok()) {
+    return Fail(s, 1);
+  }
+  swarm.Shutdown();
+  if (left) {
+    WriteStderrLine(absl::StrCat(
+        "starling node: ", node_id, " left the swarm on signal ", StopSignal(),
+        " at step ", trainer.state().step(), " (round ", run.round,
+        "); checkpoint in ", run.ckpt_path));
+    return 1;
+  }
+  WriteStderrLine(absl::StrFormat("%s done: %d steps in %d rounds, sent %s",
+                                  node_id, trainer.state().step(), run.round,
+                                  FormatBytes(totals.bytes_sent)));
+  return 0;
+}
+
+}  // namespace
+
+namespace {
+
+// Synchronous data-parallel baseline over a fixed member list: gradients are
+// all-reduced every step; members vote in every all-reduce so that a
+// SIGINT/SIGTERM stops all of them after the same step.
+int RunDdp(NodeRun& run) {
+  Trainer& trainer = *run.trainer;
+  const TrainConfig& config = run.config;
+  absl::StatusOr<StaticMembers> membership =
+      ParseMembers(absl::GetFlag(FLAGS_listen), absl::GetFlag(FLAGS_peers));
+  if (!membership.ok()) return Fail(membership.status(), 2);
+  const int world = static_cast<int>(membership->members.size());
+  const int rank = membership->rank;
+  const std::string node_id = absl::StrCat("n", rank);
+  EventLog events(absl::StrCat(run.out, "/events.jsonl"), node_id,
+                  trainer.state().wall_seconds());
+  STARLING_LOG(INFO) << node_id << " of " << world << " (ddp), "
+                     << trainer.model().Architecture() << ", " << run.n_params
+                     << " parameters, data " << trainer.dataset().Describe();
+  std::unique_ptr<GrpcTransport> transport;
+  if (world > 1) {
+    GrpcTransportOptions to;
+    to.listen = membership->members[rank];
+    to.chunk_bytes = run.chunk;
+    to.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_round_timeout));
+    PeerIdentity id;
+    id.run_id = absl::GetFlag(FLAGS_run_id);
+    id.algo = "ddp";
+    id.world = world;
+    id.compression = "fp32";
+    id.model = MakeFingerprint(trainer.model().Architecture(), run.n_params,
+                               run.init_hash);
+    absl::StatusOr<std::unique_ptr<GrpcTransport>> t =
+        GrpcTransport::Start(to, id);
+    if (!t.ok()) return Fail(t.status(), 1);
+    transport = std::move(t).value();
+    MailboxOptions mo;
+    mo.run_id = id.run_id;
+    mo.tensors = {{kGrad, run.n_params + 2}};
+    mo.first_round = run.round;
+    STARLING_LOG(INFO) << "listening on " << transport->address()
+                       << "; connecting to " << world - 1 << " peers";
+    absl::Status s = transport->Connect(
+        membership->members, rank, mo,
+        absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_connect_timeout)));
+    if (!s.ok()) return Fail(s, absl::IsFailedPrecondition(s) ? 2 : 1);
+    transport->mailbox().AdvanceRound(run.round);
+  }
+  events.Write(config.resume() ? "resume" : "start",
+               JsonObject()
+                   .Add("rank", static_cast<int64_t>(rank))
+                   .Add("world", static_cast<int64_t>(world))
+                   .Add("algo", "ddp")
+                   .Add("round", run.round)
+                   .Add("step", static_cast<int64_t>(trainer.state().step()))
+                   .Add("parameters", run.n_params)
+                   .Add("model_hash", run.init_hash));
+  InstallStopSignals();
+  auto bytes_sent = [&] {
+    return run.prior[0] + (transport ? transport->bytes_sent() : 0);
   };
+  auto bytes_received = [&] {
+    return run.prior[1] + (transport ? transport->bytes_received() : 0);
+  };
+  std::vector<std::string> all_members;
+  for (int r = 0; r < world; ++r) all_members.push_back(absl::StrCat("n", r));
+  RingOptions ring;
+  ring.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_round_timeout));
+  bool interrupted = false, stop_voted = false;
+  const int total = config.steps();
   while (trainer.state().step() < total) {
     if (!transport && StopSignal() != 0) {
       interrupted = true;
@@ -398,18 +753,15 @@ int RunNodeCommand() {
     const auto round_start = absl::Now();
     const int64_t sent_before = bytes_sent();
     const int prev_step = trainer.state().step();
-    const int steps = std::min(per_round, total - prev_step);
-    if (transport) transport->mailbox().AdvanceRound(round);
-    double loss_sum = 0;
-    int64_t samples = 0;
+    if (transport) transport->mailbox().AdvanceRound(run.round);
     Trainer::GradientHook hook = nullptr;
-    if (algo == "ddp" && world > 1) {
+    if (world > 1) {
       hook = [&](const std::vector<torch::Tensor>& ps) -> absl::Status {
         std::vector<float> g = FlattenGrads(ps);
         RingOptions o = ring;
         o.tensor = kGrad;
-        o.round = round;
-        std::vector<float> votes = vote();
+        o.round = run.round;
+        std::vector<float> votes = {StopSignal() != 0 ? 1.0f : 0.0f};
         o.extra_sums = &votes;
         STARLING_RETURN_IF_ERROR(RingWeightedAverage(
             *transport, g, static_cast<double>(config.batch()), o));
@@ -417,84 +769,37 @@ int RunNodeCommand() {
         return UnflattenGrads(g, ps);
       };
     }
-    for (int i = 0; i < steps; ++i) {
-      absl::StatusOr<StepResult> r = trainer.Step(hook);
-      if (!r.ok()) {
-        events.Write("error",
-                     JsonObject().Add("message", r.status().message()));
-        return Fail(r.status(), 1);
-      }
-      loss_sum += r->loss;
-      samples += r->samples;
-      compute_window += r->seconds;
+    absl::StatusOr<StepResult> r = trainer.Step(hook);
+    if (!r.ok()) {
+      events.Write("error", JsonObject().Add("message", r.status().message()));
+      return Fail(r.status(), 1);
     }
-    if (algo == "diloco") {
-      // Δ = θ_global − θ_local, averaged with sample weights over the ring.
-      std::vector<float> delta = Flatten(params);
-      for (size_t i = 0; i < delta.size(); ++i) {
-        delta[i] = theta_global[i] - delta[i];
-      }
-      if (feedback) {
-        // Error feedback: send C(Δ + e), keep e ← (Δ + e) − C(Δ + e).
-        std::vector<float> sent(delta.size());
-        absl::StatusOr<std::string> enc =
-            feedback->Compress(**param_policy, delta, absl::MakeSpan(sent));
-        if (!enc.ok()) return Fail(enc.status(), 1);
-        delta = std::move(sent);
-      }
-      if (transport) {
-        RingOptions o = ring;
-        o.tensor = kPseudoGrad;
-        o.round = round;
-        o.codec = ring_codec;
-        o.stats = &ring_stats;
-        std::vector<float> votes = vote();
-        o.extra_sums = &votes;
-        absl::Status s = RingWeightedAverage(*transport, delta,
-                                             static_cast<double>(samples), o);
-        stop_voted = stop_voted || (s.ok() && votes[0] > 0);
-        if (!s.ok()) {
-          events.Write("error", JsonObject().Add("message", s.message()));
-          return Fail(s, 1);  // θ_global is untouched: no partial update
-        }
-      }
-      if (absl::Status s = (*outer)->Step(absl::MakeSpan(theta_global), delta);
+    RoundRecord rec;
+    rec.round = run.round;
+    rec.step = trainer.state().step();
+    rec.members = all_members;
+    rec.model_hash = ModelHash(run.params);
+    rec.train_loss = r->loss;
+    rec.bytes = bytes_sent() - sent_before;
+    rec.seconds = absl::ToDoubleSeconds(absl::Now() - round_start);
+    ++run.round;
+    if (rank == 0) {
+      if (absl::Status s =
+              run.MaybeEvaluate(rec.step == total, prev_step, events);
           !s.ok()) {
         return Fail(s, 1);
       }
-      if (absl::Status s = Unflatten(theta_global, params); !s.ok()) {
-        return Fail(s, 1);
-      }
     }
-    RoundRecord rec;
-    rec.round = round;
-    rec.step = trainer.state().step();
-    rec.members = all_members;
-    // After the outer step the weights are θ_global's bytes; ddp hashes them.
-    rec.model_hash =
-        algo == "diloco" ? FlatHash(theta_global) : ModelHash(params);
-    rec.train_loss = loss_sum / steps;
-    rec.bytes = bytes_sent() - sent_before;
-    rec.seconds = absl::ToDoubleSeconds(absl::Now() - round_start);
-    ++round;
-    if (absl::Status s = maybe_evaluate(rec.step == total, prev_step);
-        !s.ok()) {
-      return Fail(s, 1);
-    }
-    if (evaluated_step == rec.step) rec.val_loss = eval.loss;
+    if (run.evaluated_step == rec.step) rec.val_loss = run.eval.loss;
     events.Write("round", RoundJson(rec));
-    rounds.push_back(rec);
-    const bool log_now =
-        algo == "diloco" ||
-        (config.log_every() > 0 && rec.step % config.log_every() == 0) ||
-        rec.step == total;
-    if (log_now) {
+    run.rounds.push_back(rec);
+    if ((config.log_every() > 0 && rec.step % config.log_every() == 0) ||
+        rec.step == total) {
       double elapsed = events.WallSeconds();
       double eta = rec.step > 0 ? elapsed * (total - rec.step) / rec.step : 0;
       WriteStderrLine(absl::StrFormat(
-          "%s round %d/%d | step %d/%d | loss %.4f | sent %s | hash %s | eta "
-          "%s",
-          node_id, round, n_rounds, rec.step, total, rec.train_loss,
+          "%s step %d/%d | loss %.4f | sent %s | hash %s | eta %s", node_id,
+          rec.step, total, rec.train_loss,
           FormatBytes(static_cast<double>(bytes_sent())),
           rec.model_hash.substr(0, 8), FormatDuration(eta)));
     }
@@ -502,42 +807,38 @@ int RunNodeCommand() {
         rec.step / config.checkpoint_every() >
             prev_step / config.checkpoint_every() &&
         rec.step < total) {
-      if (absl::Status s = checkpoint(round); !s.ok()) return Fail(s, 1);
+      if (absl::Status s = run.Checkpoint(
+              run.round, bytes_sent(), bytes_received(), events.WallSeconds());
+          !s.ok()) {
+        return Fail(s, 1);
+      }
     }
     if (stop_voted && rec.step < total) {
       interrupted = true;
       break;
     }
   }
-  if (absl::Status s = checkpoint(round); !s.ok()) return Fail(s, 1);
-
-  NodeTotals totals;
-  totals.id = node_id;
-  totals.bytes_sent = bytes_sent();
-  totals.bytes_received = bytes_received();
-  totals.wall_seconds = events.WallSeconds();
-  if (algo == "diloco") {
-    totals.compression = (*ring_policy)->Name();
-    if (use_ef) totals.compression += " + error feedback";
-    totals.bytes_before_compression = prior[2] + ring_stats.raw_bytes;
-    totals.bytes_after_compression = prior[3] + ring_stats.wire_bytes;
+  if (absl::Status s = run.Checkpoint(run.round, bytes_sent(), bytes_received(),
+                                      events.WallSeconds());
+      !s.ok()) {
+    return Fail(s, 1);
   }
-  // Per-step ring all-reduce of fp32 gradients: 2·(N−1)/N · P · 4 bytes.
-  totals.allreduce_equivalent_bytes = static_cast<int64_t>(
-      static_cast<double>(trainer.state().step()) * 2.0 * (world - 1) / world *
-      static_cast<double>(n_params) * 4.0);
+  NodeTotals totals = run.Totals(node_id, bytes_sent(), bytes_received(),
+                                 events.WallSeconds(), world);
   JsonObject extra;
-  extra.Add("algo", algo)
+  extra.Add("algo", "ddp")
       .Add("rank", static_cast<int64_t>(rank))
       .Add("world", static_cast<int64_t>(world))
-      .Add("inner_steps_per_round", static_cast<int64_t>(per_round));
+      .Add("inner_steps_per_round", static_cast<int64_t>(1));
   events.Write(interrupted ? "interrupted" : "end",
                JsonObject()
                    .Add("step", static_cast<int64_t>(trainer.state().step()))
-                   .Add("round", round)
+                   .Add("round", run.round)
                    .Add("bytes_sent", totals.bytes_sent));
-  if (absl::Status s = WriteNodeSummary(out, "node", trainer, eval, totals,
-                                        rounds, interrupted, extra);
+  EvalResult final_eval = run.eval;
+  if (run.evaluated_step != trainer.state().step()) final_eval = EvalResult();
+  if (absl::Status s = WriteNodeSummary(run.out, "node", trainer, final_eval,
+                                        totals, run.rounds, interrupted, extra);
       !s.ok()) {
     return Fail(s, 1);
   }
@@ -545,13 +846,128 @@ int RunNodeCommand() {
   if (interrupted) {
     WriteStderrLine(absl::StrCat(
         "starling node: interrupted by signal ", StopSignal(), " at step ",
-        trainer.state().step(), "; checkpoint in ", ckpt_path));
+        trainer.state().step(), "; checkpoint in ", run.ckpt_path));
     return 1;
   }
-  WriteStderrLine(absl::StrFormat("%s done: %d steps in %d rounds, sent %s",
-                                  node_id, trainer.state().step(), round,
+  WriteStderrLine(absl::StrFormat("%s done: %d steps, sent %s", node_id,
+                                  trainer.state().step(),
                                   FormatBytes(totals.bytes_sent)));
   return 0;
+}
+
+}  // namespace
+
+int RunNodeCommand() {
+  NodeRun run;
+  run.config = ConfigFromFlags();
+  TrainConfig& config = run.config;
+  if (absl::Status s = ResolveTrainConfig(&config); !s.ok()) return Fail(s, 2);
+  run.algo = absl::GetFlag(FLAGS_algo);
+  if (run.algo != "diloco" && run.algo != "ddp") {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--algo=", run.algo, ": expected diloco or ddp")),
+                2);
+  }
+  run.h = absl::GetFlag(FLAGS_inner_steps);
+  if (run.h < 1) {
+    return Fail(absl::InvalidArgumentError(
+                    absl::StrCat("--inner_steps=", run.h, ": must be >= 1")),
+                2);
+  }
+  run.chunk = absl::GetFlag(FLAGS_chunk_bytes);
+  if (run.chunk < 1024 || run.chunk > (4 << 20)) {
+    return Fail(
+        absl::InvalidArgumentError(absl::StrCat(
+            "--chunk_bytes=", run.chunk, ": must be in [1024, 4194304]")),
+        2);
+  }
+  if (run.algo == "ddp") {
+    // Check the member list before any slow setup.
+    absl::StatusOr<StaticMembers> m =
+        ParseMembers(absl::GetFlag(FLAGS_listen), absl::GetFlag(FLAGS_peers));
+    if (!m.ok()) return Fail(m.status(), 2);
+  }
+  absl::StatusOr<std::unique_ptr<Trainer>> created = StartRun(&config, "node");
+  if (!created.ok()) {
+    return Fail(created.status(), ExitCodeFor(created.status()));
+  }
+  std::unique_ptr<Trainer> trainer_owner = std::move(created).value();
+  run.trainer = trainer_owner.get();
+  run.out = config.out();
+  run.ckpt_path = CheckpointPathInRunDir(run.out);
+  Trainer& trainer = *run.trainer;
+  run.params = trainer.Parameters();
+  run.n_params = NumElements(run.params);
+  // Every member must start from the same θ (the same --seed).
+  run.init_hash = ModelHash(run.params);
+
+  OuterOptions oo;
+  oo.kind = absl::GetFlag(FLAGS_outer);
+  oo.lr = absl::GetFlag(FLAGS_outer_lr);
+  oo.momentum = absl::GetFlag(FLAGS_outer_momentum);
+  absl::StatusOr<std::unique_ptr<OuterOptimizer>> outer =
+      OuterOptimizer::Create(oo, run.n_params);
+  if (!outer.ok()) return Fail(outer.status(), 2);
+  run.outer = std::move(outer).value();
+
+  // Pseudo-gradient compression: a per-tensor policy over the flat view
+  // (params) and the same plus the fp32 averaging weight (the ring's tensor).
+  const std::string compression = absl::GetFlag(FLAGS_compression);
+  std::vector<int64_t> tensor_sizes;
+  for (const auto& p : run.params) tensor_sizes.push_back(p.numel());
+  PolicyOptions po;
+  po.main = compression;
+  po.small = absl::GetFlag(FLAGS_small_tensor_codec);
+  po.small_elements = absl::GetFlag(FLAGS_small_tensor_elems);
+  absl::StatusOr<std::unique_ptr<PolicyCodec>> param_policy =
+      PolicyCodec::Create(tensor_sizes, po);
+  if (!param_policy.ok()) return Fail(param_policy.status(), 2);
+  run.param_policy = std::move(param_policy).value();
+  po.trailing_fp32 = 1;  // the averaging weight
+  absl::StatusOr<std::unique_ptr<PolicyCodec>> ring_policy =
+      PolicyCodec::Create(tensor_sizes, po);
+  if (!ring_policy.ok()) return Fail(ring_policy.status(), 2);
+  run.ring_policy = std::move(ring_policy).value();
+  run.ring_codec = compression == "fp32" ? nullptr : run.ring_policy.get();
+  const std::string ef_flag = absl::GetFlag(FLAGS_error_feedback);
+  if (ef_flag != "auto" && ef_flag != "on" && ef_flag != "off") {
+    return Fail(
+        absl::InvalidArgumentError(absl::StrCat("--error_feedback=", ef_flag,
+                                                ": expected auto, on or off")),
+        2);
+  }
+  run.use_ef = !run.param_policy->lossless() &&
+               (ef_flag == "on" ||
+                (ef_flag == "auto" && ErrorFeedbackByDefault(compression)));
+  if (run.use_ef) run.feedback = std::make_unique<ErrorFeedback>(run.n_params);
+
+  if (config.resume()) {
+    std::map<std::string, std::string> sections;
+    absl::Status s = trainer.RestoreCheckpoint(run.ckpt_path, &sections);
+    if (s.ok() && run.algo == "diloco") {
+      s = run.outer->LoadState(sections["outer"]);
+    }
+    if (s.ok() && run.feedback) {
+      s = run.feedback->LoadState(sections["error_feedback"]);
+    }
+    if (!s.ok()) return Fail(s, ExitCodeFor(s));
+    (void)absl::SimpleAtoi(sections["round"], &run.round);
+    std::vector<std::string> comm = absl::StrSplit(sections["comm"], ',');
+    for (size_t i = 0; i < comm.size() && i < 4; ++i) {
+      (void)absl::SimpleAtoi(comm[i], &run.prior[i]);
+    }
+    // Rounds before the checkpoint, as this node logged them.
+    run.rounds =
+        ReadRoundEvents(absl::StrCat(run.out, "/events.jsonl"), run.round);
+    if (trainer.state().step() >= config.steps()) {
+      // Finished already: keep its summary.json as it is.
+      WriteStderrLine(absl::StrCat("starling node: the run in ", run.out,
+                                   " is already complete (",
+                                   trainer.state().step(), " steps)"));
+      return 0;
+    }
+  }
+  return run.algo == "ddp" ? RunDdp(run) : RunDiloco(run);
 }
 
 }  // namespace starling

@@ -61,7 +61,7 @@ std::string ConfigJson(const TrainConfig& config) {
 
 JsonObject RoundJson(const RoundRecord& r) {
   JsonArray members;
-  for (int m : r.members) members.Push(static_cast<int64_t>(m));
+  for (const std::string& m : r.members) members.Push(m);
   JsonObject o;
   o.Add("round", r.round)
       .Add("step", static_cast<int64_t>(r.step))
@@ -100,7 +100,9 @@ std::vector<RoundRecord> ReadRoundEvents(const std::string& path,
     if (r.round >= before_round) continue;
     r.step = static_cast<int>(get("step").number_value());
     for (const auto& m : get("members").list_value().values()) {
-      r.members.push_back(static_cast<int>(m.number_value()));
+      r.members.push_back(m.kind_case() == google::protobuf::Value::kStringValue
+                              ? m.string_value()
+                              : absl::StrCat("n", m.number_value()));
     }
     r.model_hash = get("model_hash").string_value();
     r.train_loss = get("train_loss").number_value();

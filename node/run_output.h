@@ -40,7 +40,7 @@ std::string ConfigJson(const TrainConfig& config);
 struct RoundRecord {
   int64_t round = 0;
   int step = 0;  // inner steps completed by this node after the round
-  std::vector<int> members;
+  std::vector<std::string> members;  // node ids, in ring order
   std::string model_hash;
   double train_loss = 0;
   double val_loss = -1;  // < 0: not evaluated this round

@@ -1,0 +1,63 @@
+#include "gossip/crash_point.h"
+
+#include <signal.h>
+
+#include <atomic>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace starling {
+namespace {
+
+std::atomic<bool> g_armed{false};
+std::string* g_point = nullptr;
+int64_t g_round = -1;  // -1: any round
+std::atomic<int64_t> g_current{0};
+
+}  // namespace
+
+absl::Status ArmCrashPoint(const std::string& spec) {
+  if (spec.empty()) return absl::OkStatus();
+  std::string point = spec;
+  int64_t round = -1;
+  if (size_t at = spec.find('@'); at != std::string::npos) {
+    point = spec.substr(0, at);
+    if (!absl::SimpleAtoi(spec.substr(at + 1), &round) || round < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("crash point '", spec, "': round must be a number"));
+    }
+  }
+  for (const char* known : {"ready", "send", "reduce", "all_gather", "donate",
+                            "commit", "corrupt_state"}) {
+    if (point == known) {
+      g_point = new std::string(point);
+      g_round = round;
+      g_armed.store(true);
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "crash point '", spec,
+      "': expected ready, send, reduce, all_gather, donate, commit or "
+      "corrupt_state"));
+}
+
+void SetCrashRound(int64_t round) { g_current.store(round); }
+
+void CrashPoint(absl::string_view point) {
+  if (!g_armed.load(std::memory_order_relaxed)) return;
+  if (*g_point != point) return;
+  if (g_round >= 0 && g_current.load() != g_round) return;
+  ::raise(SIGKILL);
+}
+
+bool TakeFault(absl::string_view point) {
+  if (!g_armed.load(std::memory_order_relaxed) || *g_point != point) {
+    return false;
+  }
+  static std::atomic<bool> taken{false};
+  return !taken.exchange(true);
+}
+
+}  // namespace starling

@@ -1,0 +1,285 @@
+#include "gossip/membership.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace starling {
+namespace {
+
+using peer::v1::MemberEntry;
+using peer::v1::MemberState;
+
+bool IsTerminal(MemberState s) {
+  return s == peer::v1::MEMBER_DEAD || s == peer::v1::MEMBER_LEFT;
+}
+
+// ALIVE < SUSPECT < DEAD = LEFT.
+int Severity(MemberState s) {
+  switch (s) {
+    case peer::v1::MEMBER_ALIVE:
+      return 0;
+    case peer::v1::MEMBER_SUSPECT:
+      return 1;
+    default:
+      return 2;
+  }
+}
+
+// Whether `e` carries newer progress than `row` at the same incarnation.
+bool Fresher(const MemberEntry& e, const MemberEntry& row) {
+  if (e.heartbeat() != row.heartbeat()) return e.heartbeat() > row.heartbeat();
+  return e.round() > row.round();
+}
+
+void CopyProgress(const MemberEntry& from, MemberEntry* to) {
+  to->set_heartbeat(from.heartbeat());
+  to->set_round(from.round());
+  to->set_lineage(from.lineage());
+  to->set_joining(from.joining());
+}
+
+absl::Status Validate(const MemberEntry& e) {
+  if (e.id().empty()) return absl::InvalidArgumentError("empty id");
+  if (e.address().empty()) return absl::InvalidArgumentError("empty address");
+  if (e.state() == peer::v1::MEMBER_STATE_UNSPECIFIED ||
+      !peer::v1::MemberState_IsValid(e.state())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unspecified or unknown state ", e.state()));
+  }
+  if (e.incarnation() < 0 ||
+      e.incarnation() == std::numeric_limits<int64_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad incarnation ", e.incarnation()));
+  }
+  if (e.heartbeat() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("negative heartbeat ", e.heartbeat()));
+  }
+  if (e.round() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("negative round ", e.round()));
+  }
+  return absl::OkStatus();
+}
+
+void Record(std::vector<MembershipChange>* changes, const std::string& id,
+            MemberState from, MemberState to, int64_t incarnation) {
+  if (changes == nullptr) return;
+  MembershipChange c;
+  c.id = id;
+  c.from = from;
+  c.to = to;
+  c.incarnation = incarnation;
+  changes->push_back(std::move(c));
+}
+
+}  // namespace
+
+Membership::Membership(const MembershipOptions& options) : options_(options) {}
+
+absl::StatusOr<std::unique_ptr<Membership>> Membership::Create(
+    const MembershipOptions& options, absl::Time now) {
+  if (options.self_id.empty()) {
+    return absl::InvalidArgumentError("membership: empty self_id");
+  }
+  if (options.self_address.empty()) {
+    return absl::InvalidArgumentError("membership: empty self_address");
+  }
+  if (options.incarnation < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("membership: negative incarnation ", options.incarnation));
+  }
+  MembershipOptions o = options;
+  if (o.incarnation == 0) o.incarnation = absl::ToUnixMillis(now);
+  std::unique_ptr<Membership> m(new Membership(o));
+  Row self;
+  self.entry.set_id(o.self_id);
+  self.entry.set_address(o.self_address);
+  self.entry.set_incarnation(o.incarnation);
+  self.entry.set_state(peer::v1::MEMBER_ALIVE);
+  self.last_rise = now;
+  {
+    absl::MutexLock lock(&m->mu_);
+    m->rows_.push_back(std::move(self));
+  }
+  return m;
+}
+
+Membership::Row* Membership::FindLocked(const std::string& id) {
+  auto it = std::lower_bound(
+      rows_.begin(), rows_.end(), id,
+      [](const Row& r, const std::string& k) { return r.entry.id() < k; });
+  return it != rows_.end() && it->entry.id() == id ? &*it : nullptr;
+}
+
+const Membership::Row* Membership::FindLocked(const std::string& id) const {
+  auto it = std::lower_bound(
+      rows_.begin(), rows_.end(), id,
+      [](const Row& r, const std::string& k) { return r.entry.id() < k; });
+  return it != rows_.end() && it->entry.id() == id ? &*it : nullptr;
+}
+
+Membership::Row& Membership::SelfLocked() {
+  return *FindLocked(options_.self_id);  // always present
+}
+
+void Membership::Beat() {
+  absl::MutexLock lock(&mu_);
+  MemberEntry& self = SelfLocked().entry;
+  self.set_heartbeat(self.heartbeat() + 1);
+}
+
+void Membership::SetProgress(int64_t round, const std::string& lineage,
+                             bool joining) {
+  absl::MutexLock lock(&mu_);
+  MemberEntry& self = SelfLocked().entry;
+  self.set_round(round);
+  self.set_lineage(lineage);
+  self.set_joining(joining);
+}
+
+void Membership::Leave() {
+  absl::MutexLock lock(&mu_);
+  SelfLocked().entry.set_state(peer::v1::MEMBER_LEFT);
+}
+
+absl::Status Membership::Merge(const std::vector<MemberEntry>& entries,
+                               absl::Time now,
+                               std::vector<MembershipChange>* changes) {
+  absl::Status first;
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const MemberEntry& e = entries[i];
+    absl::Status s = Validate(e);
+    if (!s.ok()) {
+      if (first.ok()) {
+        first = absl::InvalidArgumentError(absl::StrCat(
+            "membership: entry ", i, " (id \"", e.id(), "\"): ", s.message()));
+      }
+      continue;
+    }
+    MergeOneLocked(e, now, changes);
+  }
+  return first;
+}
+
+void Membership::MergeOneLocked(const MemberEntry& e, absl::Time now,
+                                std::vector<MembershipChange>* changes) {
+  auto it = std::lower_bound(
+      rows_.begin(), rows_.end(), e.id(),
+      [](const Row& r, const std::string& k) { return r.entry.id() < k; });
+  if (it == rows_.end() || it->entry.id() != e.id()) {
+    Row row;
+    row.entry = e;
+    row.last_rise = now;
+    rows_.insert(it, std::move(row));
+    Record(changes, e.id(), peer::v1::MEMBER_STATE_UNSPECIFIED, e.state(),
+           e.incarnation());
+    return;
+  }
+  Row& row = *it;
+  MemberEntry& cur = row.entry;
+
+  if (e.id() == options_.self_id) {
+    // Gossip never edits this node's row; it can only make it refute a
+    // rumour (or an entry from an earlier life with a higher incarnation).
+    if (cur.state() == peer::v1::MEMBER_LEFT) return;
+    const bool refute = e.incarnation() > cur.incarnation() ||
+                        (e.incarnation() == cur.incarnation() &&
+                         e.state() != peer::v1::MEMBER_ALIVE);
+    if (!refute) return;
+    cur.set_incarnation(e.incarnation() + 1);  // Validate caps incarnation
+    Record(changes, e.id(), e.state(), peer::v1::MEMBER_ALIVE,
+           cur.incarnation());
+    return;
+  }
+
+  if (e.incarnation() < cur.incarnation()) return;  // stale
+  if (e.incarnation() > cur.incarnation()) {
+    const MemberState from = cur.state();
+    cur = e;
+    row.last_rise = now;
+    row.suspected_locally = false;
+    Record(changes, e.id(), from, e.state(), e.incarnation());
+    return;
+  }
+
+  // Same incarnation. Tombstones are final.
+  if (IsTerminal(cur.state())) return;
+  const bool fresher = Fresher(e, cur);
+  if (fresher) {
+    CopyProgress(e, &cur);
+    row.last_rise = now;
+  }
+  const MemberState from = cur.state();
+  if (Severity(e.state()) > Severity(from)) {
+    cur.set_state(e.state());
+    row.suspected_locally = false;
+    row.last_rise = now;  // the next stage's timer starts now
+    Record(changes, e.id(), from, e.state(), cur.incarnation());
+  } else if (from == peer::v1::MEMBER_SUSPECT) {
+    if (e.state() == peer::v1::MEMBER_SUSPECT) {
+      // Others suspect it too: only a new incarnation refutes that now.
+      row.suspected_locally = false;
+    } else if (row.suspected_locally && fresher) {
+      // Our own detector was wrong: its heartbeat rose.
+      cur.set_state(peer::v1::MEMBER_ALIVE);
+      row.suspected_locally = false;
+      Record(changes, e.id(), from, peer::v1::MEMBER_ALIVE, cur.incarnation());
+    }
+  }
+}
+
+void Membership::Tick(absl::Time now, std::vector<MembershipChange>* changes) {
+  absl::MutexLock lock(&mu_);
+  for (Row& row : rows_) {
+    MemberEntry& e = row.entry;
+    if (e.id() == options_.self_id) continue;
+    if (now - row.last_rise < options_.suspect_after) continue;
+    if (e.state() == peer::v1::MEMBER_ALIVE) {
+      e.set_state(peer::v1::MEMBER_SUSPECT);
+      row.suspected_locally = true;
+      row.last_rise = now;
+      Record(changes, e.id(), peer::v1::MEMBER_ALIVE, peer::v1::MEMBER_SUSPECT,
+             e.incarnation());
+    } else if (e.state() == peer::v1::MEMBER_SUSPECT) {
+      e.set_state(peer::v1::MEMBER_DEAD);
+      row.suspected_locally = false;
+      row.last_rise = now;
+      Record(changes, e.id(), peer::v1::MEMBER_SUSPECT, peer::v1::MEMBER_DEAD,
+             e.incarnation());
+    }
+  }
+}
+
+std::vector<MemberEntry> Membership::Snapshot() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<MemberEntry> out;
+  out.reserve(rows_.size());
+  for (const Row& row : rows_) out.push_back(row.entry);
+  return out;
+}
+
+std::vector<MemberEntry> Membership::Live() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<MemberEntry> out;
+  for (const Row& row : rows_) {
+    if (!IsTerminal(row.entry.state())) out.push_back(row.entry);
+  }
+  return out;
+}
+
+absl::StatusOr<MemberEntry> Membership::Get(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  const Row* row = FindLocked(id);
+  if (row == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("membership: no member \"", id, "\""));
+  }
+  return row->entry;
+}
+
+}  // namespace starling

@@ -1,0 +1,127 @@
+// The peer table of an elastic swarm (SWIM-style, without networking): who is
+// in the swarm, at which incarnation, alive, suspected, dead or gone. Nodes
+// exchange Snapshot()s by gossip and Merge() what they receive; heartbeats
+// ride on those exchanges, and Tick() runs the failure detector on the time
+// since each member's heartbeat last rose.
+//
+// Merge rules, per member id:
+//  - a higher incarnation wins outright;
+//  - at equal incarnation the worse state wins (ALIVE < SUSPECT < DEAD/LEFT),
+//    and a higher heartbeat (or round) of an ALIVE/SUSPECT entry refreshes
+//    it; an ALIVE entry never undoes SUSPECT/DEAD/LEFT of the same
+//    incarnation, except that a SUSPECT raised by this node's own Tick()
+//    clears when the member's heartbeat rises (a gossiped SUSPECT needs the
+//    member's new incarnation);
+//  - an entry about this node itself that says SUSPECT or DEAD (or LEFT) at
+//    the current incarnation, or any entry about it at a higher incarnation
+//    (an earlier life), is refuted: the node raises its incarnation above
+//    that entry's and stays ALIVE (a node that has left refutes nothing).
+//    Gossip never edits this node's address, heartbeat or progress.
+//    A stale entry (older incarnation) changes nothing, so an old or forged
+//    death notice cannot evict a live node.
+// DEAD and LEFT entries stay as tombstones so gossip cannot resurrect them; a
+// restarted node comes back with a higher incarnation (Options.incarnation
+// defaults to the wall clock in milliseconds, which grows across restarts).
+//
+// Thread-safe: one absl::Mutex guards the table; no callbacks.
+#ifndef STARLING_GOSSIP_MEMBERSHIP_H_
+#define STARLING_GOSSIP_MEMBERSHIP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "starling/peer/v1/swarm.pb.h"
+
+namespace starling {
+
+struct MembershipOptions {
+  std::string self_id;
+  std::string self_address;
+  // 0 means "now in Unix milliseconds".
+  int64_t incarnation = 0;
+  // An ALIVE member whose heartbeat has not risen for this long becomes
+  // SUSPECT; a SUSPECT one that stays silent as long again becomes DEAD.
+  absl::Duration suspect_after = absl::Seconds(3);
+};
+
+// A change Merge() or Tick() made, for the event log.
+struct MembershipChange {
+  std::string id;
+  peer::v1::MemberState from = peer::v1::MEMBER_STATE_UNSPECIFIED;  // new id
+  peer::v1::MemberState to = peer::v1::MEMBER_ALIVE;
+  int64_t incarnation = 0;
+};
+
+class Membership {
+ public:
+  // InvalidArgument when self_id or self_address is empty or incarnation is
+  // negative.
+  static absl::StatusOr<std::unique_ptr<Membership>> Create(
+      const MembershipOptions& options, absl::Time now);
+
+  const std::string& self_id() const { return options_.self_id; }
+
+  // Raises this node's heartbeat (call once per gossip tick).
+  void Beat();
+
+  // Sets what this node gossips about its progress.
+  void SetProgress(int64_t round, const std::string& lineage, bool joining);
+
+  // Marks this node LEFT (graceful goodbye); Snapshot() then carries it.
+  void Leave();
+
+  // Merges entries received by gossip (or in a join answer) at local time
+  // `now`. Entries with an empty id or address or an unspecified state are
+  // skipped (InvalidArgument naming the first, after merging the rest).
+  // Appends what changed to `changes` when it is not null.
+  absl::Status Merge(const std::vector<peer::v1::MemberEntry>& entries,
+                     absl::Time now,
+                     std::vector<MembershipChange>* changes = nullptr);
+
+  // Failure detection at local time `now` (see suspect_after).
+  void Tick(absl::Time now, std::vector<MembershipChange>* changes = nullptr);
+
+  // The whole table, this node included (sorted by id).
+  std::vector<peer::v1::MemberEntry> Snapshot() const;
+
+  // Members that are ALIVE or SUSPECT (not yet declared dead), this node
+  // included while it has not left, sorted by id.
+  std::vector<peer::v1::MemberEntry> Live() const;
+
+  // The entry for `id`, or NotFound.
+  absl::StatusOr<peer::v1::MemberEntry> Get(const std::string& id) const;
+
+ private:
+  struct Row {
+    peer::v1::MemberEntry entry;
+    absl::Time last_rise;  // local time its heartbeat (or state) last moved
+    // SUSPECT by this node's own Tick() (not by gossip): a rising heartbeat
+    // clears it at the same incarnation.
+    bool suspected_locally = false;
+  };
+  explicit Membership(const MembershipOptions& options);
+
+  // The row for `id`, or nullptr.
+  Row* FindLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const Row* FindLocked(const std::string& id) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  Row& SelfLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Merges one valid entry.
+  void MergeOneLocked(const peer::v1::MemberEntry& e, absl::Time now,
+                      std::vector<MembershipChange>* changes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const MembershipOptions options_;
+  mutable absl::Mutex mu_;
+  std::vector<Row> rows_ ABSL_GUARDED_BY(mu_);  // sorted by id; self included
+};
+
+}  // namespace starling
+
+#endif  // STARLING_GOSSIP_MEMBERSHIP_H_

@@ -1,0 +1,1064 @@
+#include "gossip/swarm.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <random>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "core/file_util.h"
+#include "core/logging.h"
+#include "core/status.h"
+#include "gossip/crash_point.h"
+#include "starling/peer/v1/swarm.grpc.pb.h"
+
+namespace starling {
+namespace {
+
+using peer::v1::ControlAck;
+using peer::v1::ControlMessage;
+using peer::v1::GossipRequest;
+using peer::v1::GossipResponse;
+using peer::v1::JoinRequest;
+using peer::v1::JoinResponse;
+using peer::v1::MemberEntry;
+using peer::v1::StateChunk;
+using peer::v1::StateRequest;
+
+constexpr int64_t kAttemptsPerRound = 1024;
+
+std::vector<MemberEntry> ToVector(
+    const google::protobuf::RepeatedPtrField<MemberEntry>& r) {
+  return std::vector<MemberEntry>(r.begin(), r.end());
+}
+
+bool IsLive(const MemberEntry& e) {
+  return e.state() == peer::v1::MEMBER_ALIVE ||
+         e.state() == peer::v1::MEMBER_SUSPECT;
+}
+
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())),
+                      std::string(s.message()));
+}
+
+std::chrono::system_clock::time_point Deadline(absl::Duration d) {
+  return absl::ToChronoTime(absl::Now() + d);
+}
+
+}  // namespace
+
+struct Swarm::Stub {
+  explicit Stub(const std::string& address) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    stub = peer::v1::Swarm::NewStub(grpc::CreateCustomChannel(
+        address, grpc::InsecureChannelCredentials(), args));
+  }
+  std::unique_ptr<peer::v1::Swarm::Stub> stub;
+};
+
+// Server side of the Swarm service. Handlers only touch in-memory state
+// under short locks; nothing blocks.
+class Swarm::Service final : public peer::v1::Swarm::CallbackService {
+ public:
+  explicit Service(Swarm* swarm) : swarm_(swarm) {}
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx,
+                                 const JoinRequest* req,
+                                 JoinResponse* resp) override {
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(swarm_->OnJoin(*req, resp)));
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* Gossip(grpc::CallbackServerContext* ctx,
+                                   const GossipRequest* req,
+                                   GossipResponse* resp) override {
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(swarm_->OnGossip(*req, resp)));
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* Control(grpc::CallbackServerContext* ctx,
+                                    const ControlMessage* req,
+                                    ControlAck* resp) override {
+    auto* reactor = ctx->DefaultReactor();
+    if (req->run_id() != swarm_->options_.identity.run_id) {
+      reactor->Finish(
+          grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                       absl::StrCat("control message for run '", req->run_id(),
+                                    "'; this node is in run '",
+                                    swarm_->options_.identity.run_id, "'")));
+      return reactor;
+    }
+    *resp = swarm_->OnControl(*req);
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  grpc::ServerWriteReactor<StateChunk>* FetchState(
+      grpc::CallbackServerContext* ctx, const StateRequest* req) override;
+
+ private:
+  class StateWriter;
+  Swarm* swarm_;
+};
+
+// Streams the served blob from the requested offset (or from 0 when the
+// requester's digest is not the one served any more).
+class Swarm::Service::StateWriter
+    : public grpc::ServerWriteReactor<StateChunk> {
+ public:
+  StateWriter(std::shared_ptr<const StateBlob> blob, int64_t offset,
+              int64_t chunk_bytes)
+      : blob_(std::move(blob)),
+        offset_(offset),
+        chunk_bytes_(std::max<int64_t>(1024, chunk_bytes)) {
+    half_ = static_cast<int64_t>(blob_->bytes().size()) / 2;
+    Next();
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+      return;
+    }
+    offset_ += len_;
+    if (offset_ >= half_ && !crashed_checked_) {
+      crashed_checked_ = true;
+      CrashPoint("donate");  // test hook: die in the middle of a transfer
+    }
+    Next();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Next() {
+    const int64_t size = static_cast<int64_t>(blob_->bytes().size());
+    if (offset_ >= size) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    len_ = std::min(chunk_bytes_, size - offset_);
+    chunk_.set_round(blob_->round());
+    chunk_.set_lineage(blob_->lineage());
+    chunk_.set_digest(blob_->digest());
+    chunk_.set_total_bytes(size);
+    chunk_.set_offset(offset_);
+    chunk_.set_data(blob_->bytes().data() + offset_, static_cast<size_t>(len_));
+    chunk_.set_checksum(ChunkChecksum(chunk_.data()));
+    if (TakeFault("corrupt_state")) {
+      // Test hook: a bit flips on the wire; the checksum must catch it.
+      std::string* d = chunk_.mutable_data();
+      (*d)[d->size() / 2] ^= 0x20;
+    }
+    StartWrite(&chunk_);
+  }
+
+  std::shared_ptr<const StateBlob> blob_;
+  int64_t offset_;
+  const int64_t chunk_bytes_;
+  int64_t len_ = 0;
+  int64_t half_ = 0;
+  bool crashed_checked_ = false;
+  StateChunk chunk_;
+};
+
+grpc::ServerWriteReactor<StateChunk>* Swarm::Service::FetchState(
+    grpc::CallbackServerContext* ctx, const StateRequest* req) {
+  std::shared_ptr<const StateBlob> blob;
+  {
+    absl::MutexLock lock(&swarm_->state_mu_);
+    blob = swarm_->served_;
+  }
+  auto fail = [](grpc::StatusCode code, std::string why) {
+    class Refuse : public grpc::ServerWriteReactor<StateChunk> {
+     public:
+      Refuse(grpc::StatusCode code, std::string why) {
+        Finish(grpc::Status(code, why));
+      }
+      void OnDone() override { delete this; }
+    };
+    return new Refuse(code, std::move(why));
+  };
+  if (req->run_id() != swarm_->options_.identity.run_id) {
+    return fail(grpc::StatusCode::FAILED_PRECONDITION,
+                absl::StrCat("state request for run '", req->run_id(),
+                             "'; this node is in run '",
+                             swarm_->options_.identity.run_id, "'"));
+  }
+  if (blob == nullptr) {
+    return fail(grpc::StatusCode::UNAVAILABLE,
+                "this node has no committed state to serve yet");
+  }
+  int64_t offset = 0;
+  if (req->digest() == blob->digest() && req->offset() > 0 &&
+      req->offset() < static_cast<int64_t>(blob->bytes().size())) {
+    offset = req->offset();
+  }
+  return new StateWriter(std::move(blob), offset, swarm_->options_.chunk_bytes);
+}
+
+// The coordinator's state for the round it is collecting (see swarm.h).
+struct Swarm::Coordinator {
+  absl::Mutex mu;
+  absl::CondVar cv;
+  int64_t round ABSL_GUARDED_BY(mu) = -1;
+  std::string lineage ABSL_GUARDED_BY(mu);
+  int64_t committed ABSL_GUARDED_BY(mu) = -1;
+  std::map<std::string, std::string> ready ABSL_GUARDED_BY(mu);  // id->addr
+  absl::Time first_ready ABSL_GUARDED_BY(mu);
+  int attempt ABSL_GUARDED_BY(mu) = 0;
+  bool running ABSL_GUARDED_BY(mu) = false;
+  bool replan_now ABSL_GUARDED_BY(mu) = false;
+  std::vector<std::string> plan ABSL_GUARDED_BY(mu);
+  std::vector<std::string> plan_addresses ABSL_GUARDED_BY(mu);
+  std::set<std::string> done ABSL_GUARDED_BY(mu);
+  std::set<std::string> excluded ABSL_GUARDED_BY(mu);  // this round
+  bool abort ABSL_GUARDED_BY(mu) = false;
+  std::string abort_reason ABSL_GUARDED_BY(mu);
+  // Messages to send once the lock is released: (to id, message).
+  std::vector<std::pair<std::string, ControlMessage>> outbox
+      ABSL_GUARDED_BY(mu);
+};
+
+// Control messages for this node as a member, and the attempt it runs.
+struct Swarm::Inbox {
+  absl::Mutex mu;
+  std::deque<ControlMessage> messages ABSL_GUARDED_BY(mu);
+  int64_t round ABSL_GUARDED_BY(mu) = -1;  // the round in SyncRound
+  int running_attempt ABSL_GUARDED_BY(mu) = -1;
+  Mailbox* running_mailbox ABSL_GUARDED_BY(mu) = nullptr;
+};
+
+Swarm::Swarm(const SwarmOptions& options)
+    : options_(options),
+      coord_(std::make_unique<Coordinator>()),
+      inbox_(std::make_unique<Inbox>()) {}
+
+Swarm::~Swarm() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<Swarm>> Swarm::Start(
+    const SwarmOptions& options) {
+  if (options.node_id.empty() ||
+      options.node_id.find_first_of(",|@ \n") != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node id '", options.node_id,
+                     "' must be non-empty without spaces, ',', '|' or '@'"));
+  }
+  auto s = std::unique_ptr<Swarm>(new Swarm(options));
+  s->service_ = std::make_unique<Service>(s.get());
+  GrpcTransportOptions to;
+  to.listen = options.listen;
+  to.chunk_bytes = options.chunk_bytes;
+  to.rpc_timeout = options.rpc_timeout;
+  to.extra_services = {s->service_.get()};
+  Swarm* self = s.get();
+  to.blocked = [self](const std::string& address) {
+    return self->Blocked(address);
+  };
+  PeerIdentity id = options.identity;
+  id.world = 0;
+  STARLING_ASSIGN_OR_RETURN(s->transport_, GrpcTransport::Start(to, id));
+  MembershipOptions mo;
+  mo.self_id = options.node_id;
+  mo.self_address = s->transport_->address();
+  mo.suspect_after = options.suspect_after;
+  STARLING_ASSIGN_OR_RETURN(s->membership_,
+                            Membership::Create(mo, absl::Now()));
+  s->membership_->SetProgress(0, "", /*joining=*/true);
+  s->ReadPartitionFile();
+  s->gossip_thread_ = std::thread([self] { self->GossipLoop(); });
+  s->coord_thread_ = std::thread([self] { self->CoordinatorLoop(); });
+  return s;
+}
+
+void Swarm::Shutdown() {
+  if (stopping_.exchange(true)) return;
+  {
+    absl::MutexLock lock(&coord_->mu);
+    coord_->cv.SignalAll();
+  }
+  if (gossip_thread_.joinable()) gossip_thread_.join();
+  if (coord_thread_.joinable()) coord_thread_.join();
+  if (transport_) transport_->Shutdown();
+}
+
+std::shared_ptr<Swarm::Stub> Swarm::StubFor(const std::string& address) {
+  absl::MutexLock lock(&state_mu_);
+  std::shared_ptr<Stub>& s = stubs_[address];
+  if (!s) s = std::make_shared<Stub>(address);
+  return s;
+}
+
+void Swarm::ReadPartitionFile() {
+  if (options_.partition_file.empty()) return;
+  absl::StatusOr<std::string> text = ReadFile(options_.partition_file);
+  std::string line = text.ok() ? std::string(absl::StripAsciiWhitespace(
+                                     text->substr(0, text->find('\n'))))
+                               : "";
+  absl::MutexLock lock(&state_mu_);
+  if (line == partition_text_) return;
+  partition_text_ = line;
+  groups_.clear();
+  int g = 0;
+  for (absl::string_view group : absl::StrSplit(line, '|', absl::SkipEmpty())) {
+    for (absl::string_view id : absl::StrSplit(group, ',', absl::SkipEmpty())) {
+      groups_[std::string(absl::StripAsciiWhitespace(id))] = g;
+    }
+    ++g;
+  }
+  STARLING_LOG(INFO) << (line.empty() ? "network partition healed"
+                                      : "network partition: " + line);
+}
+
+bool Swarm::Blocked(const std::string& address) const {
+  std::string peer_id;
+  for (const MemberEntry& e : membership_->Snapshot()) {
+    if (e.address() == address) peer_id = e.id();
+  }
+  absl::MutexLock lock(&state_mu_);
+  if (groups_.empty()) return false;
+  auto mine = groups_.find(options_.node_id);
+  auto theirs = groups_.find(peer_id);
+  return mine != groups_.end() && theirs != groups_.end() &&
+         mine->second != theirs->second;
+}
+
+std::string Swarm::CoordinatorId() const {
+  for (const MemberEntry& e : membership_->Live()) {
+    if (e.state() == peer::v1::MEMBER_ALIVE && !e.joining()) return e.id();
+  }
+  return options_.node_id;
+}
+
+absl::Status Swarm::JoinSwarm(absl::Time deadline) {
+  if (options_.seeds.empty()) return absl::OkStatus();
+  JoinRequest req;
+  peer::v1::HandshakeRequest* hello = req.mutable_hello();
+  hello->set_protocol_version(kProtocolVersion);
+  hello->set_run_id(options_.identity.run_id);
+  hello->set_algo(options_.identity.algo);
+  hello->set_world(0);
+  hello->set_compression(options_.identity.compression);
+  *hello->mutable_model() = options_.identity.model;
+  hello->set_address(address());
+  absl::Duration backoff = absl::Milliseconds(100);
+  std::string last_error = "no answer";
+  int attempts = 0;
+  while (!stopping_.load()) {
+    for (const std::string& seed : options_.seeds) {
+      if (seed == address()) continue;
+      std::vector<MemberEntry> self = membership_->Snapshot();
+      for (const MemberEntry& e : self) {
+        if (e.id() == options_.node_id) *req.mutable_self() = e;
+      }
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(
+          std::min(deadline, absl::Now() + absl::Seconds(5))));
+      JoinResponse resp;
+      grpc::Status s = StubFor(seed)->stub->Join(&ctx, req, &resp);
+      ++attempts;
+      if (s.ok()) {
+        (void)membership_->Merge(ToVector(resp.members()), absl::Now());
+        STARLING_LOG(INFO) << options_.node_id << " joined through " << seed
+                           << " (" << resp.members_size() << " members known)";
+        return absl::OkStatus();
+      }
+      if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "peer ", seed, " refused this node: ", s.error_message()));
+      }
+      last_error = absl::StrCat(seed, ": ", s.error_message());
+    }
+    if (absl::Now() + backoff >= deadline) break;
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "cannot reach any of --peers=", absl::StrJoin(options_.seeds, ","),
+      " after ", attempts, " attempts (last error: ", last_error, ")"));
+}
+
+absl::Status Swarm::WaitForMembers(int n, absl::Time deadline) {
+  while (true) {
+    std::vector<MemberEntry> live = membership_->Live();
+    if (static_cast<int>(live.size()) >= n) return absl::OkStatus();
+    if (absl::Now() >= deadline || stopping_.load()) {
+      std::vector<std::string> ids;
+      for (const MemberEntry& e : live) ids.push_back(e.id());
+      return absl::DeadlineExceededError(
+          absl::StrCat("waited for ", n, " members but only ", live.size(),
+                       " are known (", absl::StrJoin(ids, ", "), ")"));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+void Swarm::SetProgress(int64_t round, const std::string& lineage,
+                        bool joining) {
+  membership_->SetProgress(round, lineage, joining);
+}
+
+void Swarm::ServeState(std::shared_ptr<const StateBlob> blob) {
+  absl::MutexLock lock(&state_mu_);
+  served_ = std::move(blob);
+}
+
+bool Swarm::Ahead(const Lineage& best, int64_t round,
+                  const std::string& lineage) {
+  if (best.round != round) return best.round > round;
+  return !best.lineage.empty() && best.lineage < lineage;
+}
+
+Swarm::Lineage Swarm::Best() const {
+  Lineage best;
+  best.round = -1;
+  std::vector<MemberEntry> live = membership_->Live();
+  for (const MemberEntry& e : live) {
+    if (e.joining() || e.state() != peer::v1::MEMBER_ALIVE) continue;
+    if (best.round < 0 ||
+        Ahead({e.round(), e.lineage(), {}}, best.round, best.lineage)) {
+      best.round = e.round();
+      best.lineage = e.lineage();
+    }
+  }
+  for (const MemberEntry& e : live) {
+    if (!e.joining() && e.state() == peer::v1::MEMBER_ALIVE &&
+        e.round() == best.round && e.lineage() == best.lineage &&
+        e.id() != options_.node_id) {
+      best.donors.push_back(e.id());
+    }
+  }
+  if (best.round < 0) best.round = 0;
+  return best;
+}
+
+std::vector<MemberEntry> Swarm::Members() const {
+  return membership_->Snapshot();
+}
+
+int64_t Swarm::bytes_sent() const {
+  return transport_->bytes_sent() + control_bytes_.load();
+}
+
+int64_t Swarm::bytes_received() const { return transport_->bytes_received(); }
+
+absl::Status Swarm::OnJoin(const JoinRequest& req, JoinResponse* resp) {
+  PeerIdentity mine = options_.identity;
+  mine.world = 0;
+  std::string why = HandshakeMismatch(req.hello(), mine);
+  if (!why.empty()) {
+    STARLING_LOG(WARNING) << "refused joiner " << req.self().id() << " at "
+                          << req.hello().address() << ": " << why;
+    return absl::FailedPreconditionError(why);
+  }
+  if (req.self().id() == options_.node_id) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node id '", req.self().id(), "' is this node's own"));
+  }
+  STARLING_RETURN_IF_ERROR(membership_->Merge({req.self()}, absl::Now()));
+  for (const MemberEntry& e : membership_->Snapshot()) {
+    *resp->add_members() = e;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Swarm::OnGossip(const GossipRequest& req, GossipResponse* resp) {
+  if (req.run_id() != options_.identity.run_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "gossip for run '", req.run_id(), "'; this node is in run '",
+        options_.identity.run_id, "'"));
+  }
+  std::vector<MembershipChange> changes;
+  absl::Status s =
+      membership_->Merge(ToVector(req.members()), absl::Now(), &changes);
+  if (options_.on_member_change) {
+    for (const MembershipChange& c : changes) options_.on_member_change(c);
+  }
+  if (!changes.empty()) {
+    absl::MutexLock lock(&coord_->mu);
+    coord_->cv.Signal();
+  }
+  for (const MemberEntry& e : membership_->Snapshot()) {
+    *resp->add_members() = e;
+  }
+  return s;
+}
+
+absl::StatusOr<GossipResponse> Swarm::CallGossip(const std::string& address,
+                                                 const GossipRequest& req) {
+  if (Blocked(address)) {
+    return absl::UnavailableError("across a network partition");
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(absl::Seconds(1)));
+  GossipResponse resp;
+  control_bytes_ += static_cast<int64_t>(req.ByteSizeLong());
+  grpc::Status s = StubFor(address)->stub->Gossip(&ctx, req, &resp);
+  if (!s.ok()) {
+    return absl::UnavailableError(s.error_message());
+  }
+  return resp;
+}
+
+void Swarm::GossipLoop() {
+  std::mt19937_64 rng(std::hash<std::string>()(options_.node_id) ^
+                      static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
+  while (!stopping_.load()) {
+    ReadPartitionFile();
+    membership_->Beat();
+    std::vector<MembershipChange> changes;
+    membership_->Tick(absl::Now(), &changes);
+    // Two random live peers, plus (rarely) a suspected or seed address so
+    // that partitions and lost seeds heal.
+    std::vector<MemberEntry> table = membership_->Snapshot();
+    std::vector<std::string> live, others;
+    for (const MemberEntry& e : table) {
+      if (e.id() == options_.node_id) continue;
+      if (e.state() == peer::v1::MEMBER_ALIVE) {
+        live.push_back(e.address());
+      } else if (e.state() != peer::v1::MEMBER_LEFT) {
+        others.push_back(e.address());
+      }
+    }
+    std::shuffle(live.begin(), live.end(), rng);
+    std::vector<std::string> targets(
+        live.begin(), live.begin() + std::min<size_t>(2, live.size()));
+    std::uniform_int_distribution<int> coin(0, 9);
+    if (!others.empty() && coin(rng) == 0) {
+      targets.push_back(others[rng() % others.size()]);
+    }
+    if (live.empty() && !options_.seeds.empty() && coin(rng) < 3) {
+      targets.push_back(options_.seeds[rng() % options_.seeds.size()]);
+    }
+    GossipRequest req;
+    req.set_run_id(options_.identity.run_id);
+    req.set_from(options_.node_id);
+    for (const MemberEntry& e : table) *req.add_members() = e;
+    for (const std::string& address : targets) {
+      if (address == this->address()) continue;
+      absl::StatusOr<GossipResponse> resp = CallGossip(address, req);
+      if (resp.ok()) {
+        (void)membership_->Merge(ToVector(resp->members()), absl::Now(),
+                                 &changes);
+      }
+    }
+    if (options_.on_member_change) {
+      for (const MembershipChange& c : changes) options_.on_member_change(c);
+    }
+    if (!changes.empty()) {
+      absl::MutexLock lock(&coord_->mu);
+      coord_->cv.Signal();
+    }
+    absl::SleepFor(options_.gossip_interval);
+  }
+}
+
+void Swarm::Leave() {
+  membership_->Leave();
+  GossipRequest req;
+  req.set_run_id(options_.identity.run_id);
+  req.set_from(options_.node_id);
+  for (const MemberEntry& e : membership_->Snapshot()) *req.add_members() = e;
+  for (const MemberEntry& e : membership_->Snapshot()) {
+    if (e.id() != options_.node_id && IsLive(e)) {
+      (void)CallGossip(e.address(), req);
+    }
+  }
+}
+
+absl::StatusOr<ControlAck> Swarm::SendControl(const std::string& to_id,
+                                              const ControlMessage& m) {
+  if (to_id == options_.node_id) return OnControl(m);
+  absl::StatusOr<MemberEntry> e = membership_->Get(to_id);
+  if (!e.ok()) return e.status();
+  if (Blocked(e->address())) {
+    return absl::UnavailableError(
+        absl::StrCat(to_id, " is across a network partition"));
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(absl::Seconds(3)));
+  ControlAck ack;
+  control_bytes_ += static_cast<int64_t>(m.ByteSizeLong());
+  grpc::Status s = StubFor(e->address())->stub->Control(&ctx, m, &ack);
+  if (!s.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat(to_id, " at ", e->address(), ": ", s.error_message()));
+  }
+  return ack;
+}
+
+ControlAck Swarm::OnControl(const ControlMessage& m) {
+  ControlAck ack;
+  ack.set_accepted(true);
+  switch (m.kind()) {
+    case ControlMessage::READY:
+    case ControlMessage::DONE:
+    case ControlMessage::FAILED: {
+      Coordinator& c = *coord_;
+      absl::MutexLock lock(&c.mu);
+      auto reply = [&](ControlMessage::Kind kind) {
+        ControlMessage r;
+        r.set_run_id(options_.identity.run_id);
+        r.set_from(options_.node_id);
+        r.set_kind(kind);
+        r.set_round(m.round());
+        c.outbox.emplace_back(m.from(), r);
+      };
+      if (m.kind() == ControlMessage::READY) {
+        if (m.round() <= c.committed ||
+            (m.round() == c.round && m.lineage() != c.lineage &&
+             m.lineage() > c.lineage) ||
+            m.round() < c.round) {
+          reply(ControlMessage::STALE);
+        } else {
+          if (m.round() > c.round || m.lineage() != c.lineage) {
+            // A newer round (or a better lineage of this one): whoever is
+            // ready on the old one is behind.
+            for (const auto& [id, addr] : c.ready) {
+              ControlMessage r;
+              r.set_run_id(options_.identity.run_id);
+              r.set_from(options_.node_id);
+              r.set_kind(ControlMessage::STALE);
+              r.set_round(c.round);
+              c.outbox.emplace_back(id, r);
+            }
+            if (c.running) {
+              for (const std::string& id : c.plan) {
+                ControlMessage r;
+                r.set_run_id(options_.identity.run_id);
+                r.set_from(options_.node_id);
+                r.set_kind(ControlMessage::ABORT);
+                r.set_round(c.round);
+                r.set_attempt(c.attempt);
+                c.outbox.emplace_back(id, r);
+              }
+            }
+            c.round = m.round();
+            c.lineage = m.lineage();
+            c.ready.clear();
+            c.excluded.clear();
+            c.running = false;
+            c.replan_now = false;
+            c.attempt = 0;
+            c.first_ready = absl::Now();
+          }
+          c.attempt = std::max(c.attempt, m.last_attempt());
+          if (c.ready.empty()) c.first_ready = absl::Now();
+          c.excluded.erase(m.from());
+          std::string addr =
+              m.addresses_size() > 0 ? m.addresses(0) : std::string();
+          c.ready[m.from()] = addr;
+        }
+      } else if (m.kind() == ControlMessage::DONE) {
+        if (c.running && m.round() == c.round && m.attempt() == c.attempt) {
+          c.done.insert(m.from());
+        }
+      } else if (c.running && m.round() == c.round &&
+                 m.attempt() == c.attempt) {
+        c.abort = true;
+        c.abort_reason = absl::StrCat(m.from(), " failed: ", m.unreachable());
+      }
+      c.cv.Signal();
+      return ack;
+    }
+    case ControlMessage::PLAN: {
+      absl::MutexLock lock(&inbox_->mu);
+      std::string coordinator = CoordinatorId();
+      if (m.round() != inbox_->round) {
+        ack.set_accepted(false);
+        ack.set_reason(absl::StrCat(options_.node_id,
+                                    " is not waiting for round ", m.round(),
+                                    " (at ", inbox_->round, ")"));
+      } else if (m.from() != coordinator) {
+        ack.set_accepted(false);
+        ack.set_reason(absl::StrCat(options_.node_id, " follows coordinator ",
+                                    coordinator, ", not ", m.from()));
+      } else {
+        if (inbox_->running_mailbox != nullptr &&
+            m.attempt() > inbox_->running_attempt) {
+          inbox_->running_mailbox->Cancel(absl::AbortedError(absl::StrCat(
+              "attempt ", inbox_->running_attempt, " superseded")));
+        }
+        inbox_->messages.push_back(m);
+      }
+      return ack;
+    }
+    default: {
+      absl::MutexLock lock(&inbox_->mu);
+      if (m.kind() == ControlMessage::ABORT &&
+          inbox_->running_mailbox != nullptr && m.round() == inbox_->round &&
+          m.attempt() == inbox_->running_attempt) {
+        inbox_->running_mailbox->Cancel(absl::AbortedError(
+            absl::StrCat("round ", m.round(), " attempt ", m.attempt(),
+                         " called off by the coordinator")));
+      }
+      inbox_->messages.push_back(m);
+      return ack;
+    }
+  }
+}
+
+void Swarm::CoordinatorLoop() {
+  Coordinator& c = *coord_;
+  while (!stopping_.load()) {
+    std::vector<std::pair<std::string, ControlMessage>> outbox;
+    std::vector<std::pair<std::string, ControlMessage>> plans;
+    {
+      absl::MutexLock lock(&c.mu);
+      c.cv.WaitWithTimeout(&c.mu, absl::Milliseconds(50));
+      if (stopping_.load()) break;
+      auto msg = [&](ControlMessage::Kind kind) {
+        ControlMessage r;
+        r.set_run_id(options_.identity.run_id);
+        r.set_from(options_.node_id);
+        r.set_kind(kind);
+        r.set_round(c.round);
+        r.set_attempt(c.attempt);
+        return r;
+      };
+      std::map<std::string, MemberEntry> live;
+      for (const MemberEntry& e : membership_->Live()) live[e.id()] = e;
+      if (c.running) {
+        for (const std::string& id : c.plan) {
+          auto it = live.find(id);
+          if (it == live.end() ||
+              it->second.state() != peer::v1::MEMBER_ALIVE) {
+            c.abort = true;
+            c.abort_reason = absl::StrCat(id, " is no longer alive");
+            c.excluded.insert(id);
+          }
+        }
+        if (c.abort) {
+          STARLING_LOG(WARNING) << "round " << c.round << " attempt "
+                                << c.attempt << " aborted: " << c.abort_reason;
+          for (const std::string& id : c.plan) {
+            outbox.emplace_back(id, msg(ControlMessage::ABORT));
+          }
+          for (const std::string& id : c.excluded) c.ready.erase(id);
+          c.running = false;
+          c.abort = false;
+          c.replan_now = true;
+        } else if (c.done.size() == c.plan.size()) {
+          CrashPoint("commit");
+          for (const std::string& id : c.plan) {
+            outbox.emplace_back(id, msg(ControlMessage::COMMIT));
+          }
+          std::set<std::string> in_plan(c.plan.begin(), c.plan.end());
+          for (const auto& [id, addr] : c.ready) {
+            if (!in_plan.count(id)) {
+              outbox.emplace_back(id, msg(ControlMessage::STALE));
+            }
+          }
+          c.committed = c.round;
+          c.ready.clear();
+          c.running = false;
+          c.plan.clear();
+        }
+      }
+      if (!c.running && !c.ready.empty() && c.round > c.committed) {
+        for (auto it = c.ready.begin(); it != c.ready.end();) {
+          auto l = live.find(it->first);
+          it = (l == live.end() || c.excluded.count(it->first))
+                   ? c.ready.erase(it)
+                   : std::next(it);
+        }
+        int waiting = 0;
+        for (const auto& [id, e] : live) {
+          // Every member not ahead of this round: those behind in this
+          // node's table may only be slow to gossip, and those truly behind
+          // turn to joining (not waited for) once they learn it.
+          if (!c.ready.count(id) && !c.excluded.count(id) && !e.joining() &&
+              e.state() == peer::v1::MEMBER_ALIVE && e.round() <= c.round) {
+            ++waiting;
+          }
+        }
+        const bool due = absl::Now() - c.first_ready >= options_.round_deadline;
+        if (!c.ready.empty() && (waiting == 0 || due || c.replan_now)) {
+          ++c.attempt;
+          c.plan.clear();
+          c.plan_addresses.clear();
+          for (const auto& [id, addr] : c.ready) {
+            c.plan.push_back(id);
+            c.plan_addresses.push_back(live[id].address());
+          }
+          c.done.clear();
+          c.running = true;
+          c.replan_now = false;
+          ControlMessage p = msg(ControlMessage::PLAN);
+          p.set_lineage(c.lineage);
+          for (size_t i = 0; i < c.plan.size(); ++i) {
+            p.add_members(c.plan[i]);
+            p.add_addresses(c.plan_addresses[i]);
+          }
+          for (const std::string& id : c.plan) plans.emplace_back(id, p);
+        }
+      }
+      // Replies queued by the handlers go first.
+      outbox.insert(outbox.begin(), c.outbox.begin(), c.outbox.end());
+      c.outbox.clear();
+    }
+    for (const auto& [to, m] : outbox) (void)SendControl(to, m);
+    // Plans need every member's acceptance.
+    std::string refused;
+    for (const auto& [to, m] : plans) {
+      absl::StatusOr<ControlAck> ack = SendControl(to, m);
+      if (!ack.ok() || !ack->accepted()) {
+        refused = to;
+        STARLING_LOG(INFO) << "plan for round " << m.round() << " refused by "
+                           << to << ": "
+                           << (ack.ok() ? ack->reason()
+                                        : std::string(ack.status().message()));
+        absl::MutexLock lock(&c.mu);
+        if (c.running && c.round == m.round() && c.attempt == m.attempt()) {
+          c.abort = true;
+          c.abort_reason = absl::StrCat(to, " refused the plan");
+          // A member that follows another coordinator or is not ready is
+          // left out of this round; it resends READY if it still wants in.
+          c.excluded.insert(to);
+          c.ready.erase(to);
+        }
+        break;
+      }
+    }
+  }
+}
+
+absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
+    int64_t round, const std::string& lineage, const Reduce& reduce,
+    const std::function<bool()>& stop) {
+  {
+    absl::MutexLock lock(&inbox_->mu);
+    inbox_->round = round;
+    // Messages of earlier rounds are moot now.
+    std::deque<ControlMessage> keep;
+    for (ControlMessage& m : inbox_->messages) {
+      if (m.round() == round) keep.push_back(std::move(m));
+    }
+    inbox_->messages.swap(keep);
+  }
+  SetCrashRound(round);
+  CrashPoint("ready");
+  int last_attempt = 0;
+  int done_attempt = -1;
+  std::vector<std::string> done_members;
+  std::string done_coordinator;
+  std::string sent_to;
+  absl::Time sent_at = absl::InfinitePast();
+  auto send_ready = [&] {
+    sent_to = CoordinatorId();
+    sent_at = absl::Now();
+    ControlMessage m;
+    m.set_run_id(options_.identity.run_id);
+    m.set_from(options_.node_id);
+    m.set_kind(ControlMessage::READY);
+    m.set_round(round);
+    m.set_lineage(lineage);
+    m.set_last_attempt(last_attempt);
+    m.add_addresses(address());
+    absl::StatusOr<ControlAck> ack = SendControl(sent_to, m);
+    if (!ack.ok()) {
+      STARLING_LOG(INFO) << "READY to " << sent_to << ": " << ack.status();
+    }
+  };
+  send_ready();
+  while (true) {
+    ControlMessage m;
+    bool have = false;
+    {
+      absl::MutexLock lock(&inbox_->mu);
+      auto nonempty = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(inbox_->mu) {
+        return !inbox_->messages.empty();
+      };
+      inbox_->mu.AwaitWithTimeout(absl::Condition(&nonempty),
+                                  absl::Milliseconds(100));
+      if (!inbox_->messages.empty()) {
+        m = std::move(inbox_->messages.front());
+        inbox_->messages.pop_front();
+        have = true;
+      }
+    }
+    if (have && m.round() == round) {
+      switch (m.kind()) {
+        case ControlMessage::PLAN: {
+          if (m.attempt() <= last_attempt) break;
+          last_attempt = m.attempt();
+          done_attempt = -1;
+          std::vector<std::string> members(m.members().begin(),
+                                           m.members().end());
+          std::vector<std::string> addresses(m.addresses().begin(),
+                                             m.addresses().end());
+          int rank = static_cast<int>(
+              std::find(members.begin(), members.end(), options_.node_id) -
+              members.begin());
+          if (rank >= static_cast<int>(members.size())) break;
+          MailboxOptions mo = options_.mailbox;
+          mo.first_round = round * kAttemptsPerRound + m.attempt();
+          transport_->InstallRound(addresses, rank, mo);
+          {
+            absl::MutexLock lock(&inbox_->mu);
+            inbox_->running_attempt = m.attempt();
+            inbox_->running_mailbox = &transport_->mailbox();
+            // An ABORT may have arrived before the mailbox existed.
+            for (const ControlMessage& q : inbox_->messages) {
+              if (q.kind() == ControlMessage::ABORT &&
+                  q.attempt() == m.attempt() && q.round() == round) {
+                inbox_->running_mailbox->Cancel(
+                    absl::AbortedError("called off"));
+              }
+            }
+          }
+          absl::Status s = reduce(*transport_, mo.first_round);
+          bool cancelled;
+          {
+            absl::MutexLock lock(&inbox_->mu);
+            cancelled = inbox_->running_mailbox->cancelled();
+            inbox_->running_attempt = -1;
+            inbox_->running_mailbox = nullptr;
+          }
+          ControlMessage r;
+          r.set_run_id(options_.identity.run_id);
+          r.set_from(options_.node_id);
+          r.set_round(round);
+          r.set_attempt(m.attempt());
+          if (s.ok()) {
+            done_attempt = m.attempt();
+            done_members = members;
+            done_coordinator = m.from();
+            r.set_kind(ControlMessage::DONE);
+            (void)SendControl(m.from(), r);
+          } else if (!cancelled) {
+            STARLING_LOG(WARNING) << "round " << round << " attempt "
+                                  << m.attempt() << " failed: " << s;
+            r.set_kind(ControlMessage::FAILED);
+            r.set_unreachable(std::string(s.message()));
+            (void)SendControl(m.from(), r);
+          }
+          break;
+        }
+        case ControlMessage::COMMIT:
+          if (m.attempt() == done_attempt) {
+            RoundResult res;
+            res.outcome = Outcome::kCommitted;
+            res.members = done_members;
+            res.attempt = done_attempt;
+            absl::MutexLock lock(&inbox_->mu);
+            inbox_->round = -1;
+            return res;
+          }
+          break;
+        case ControlMessage::ABORT:
+          if (m.attempt() == done_attempt) done_attempt = -1;
+          break;
+        case ControlMessage::STALE: {
+          RoundResult res;
+          res.outcome = Outcome::kStale;
+          absl::MutexLock lock(&inbox_->mu);
+          inbox_->round = -1;
+          return res;
+        }
+        default:
+          break;
+      }
+      continue;
+    }
+    if (stopping_.load()) {
+      return absl::CancelledError("the swarm is shutting down");
+    }
+    if (done_attempt < 0 && stop && stop()) {
+      RoundResult res;
+      res.outcome = Outcome::kStopped;
+      absl::MutexLock lock(&inbox_->mu);
+      inbox_->round = -1;
+      return res;
+    }
+    // Resend READY when the coordinator changed (it died or a partition
+    // healed) and, while waiting for a plan, every two seconds in case it
+    // was lost.
+    const std::string coordinator = CoordinatorId();
+    if (coordinator != sent_to ||
+        (done_attempt < 0 && absl::Now() - sent_at > absl::Seconds(2))) {
+      if (done_attempt >= 0 && coordinator != sent_to &&
+          coordinator != done_coordinator) {
+        done_attempt = -1;  // the old coordinator is gone: start over
+      }
+      send_ready();
+    }
+  }
+}
+
+absl::StatusOr<SwarmState> Swarm::FetchState(
+    const std::vector<std::string>& donors, absl::Time deadline,
+    FetchStats* stats) {
+  const absl::Time start = absl::Now();
+  StateAssembler assembler;
+  std::string last_error = "no donors";
+  int retries = 0;
+  for (size_t i = 0; i < donors.size() && absl::Now() < deadline; ++i) {
+    absl::StatusOr<MemberEntry> e = membership_->Get(donors[i]);
+    if (!e.ok() || Blocked(e->address())) continue;
+    int corrupt_retries = 0;
+    while (absl::Now() < deadline) {
+      StateRequest req;
+      req.set_run_id(options_.identity.run_id);
+      req.set_from(options_.node_id);
+      req.set_offset(assembler.next_offset());
+      req.set_digest(assembler.digest());
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(deadline));
+      std::unique_ptr<grpc::ClientReader<StateChunk>> reader =
+          StubFor(e->address())->stub->FetchState(&ctx, req);
+      StateChunk chunk;
+      absl::Status bad;
+      while (reader->Read(&chunk)) {
+        if (stats) stats->bytes += static_cast<int64_t>(chunk.data().size());
+        bad = assembler.Add(chunk.digest(), chunk.total_bytes(), chunk.offset(),
+                            chunk.data(), chunk.checksum());
+        if (!bad.ok()) break;
+      }
+      if (!bad.ok()) {
+        ctx.TryCancel();
+        (void)reader->Finish();
+        STARLING_LOG(WARNING) << "state chunk from " << donors[i] << ": " << bad
+                              << "; fetching again";
+        ++retries;
+        last_error = std::string(bad.message());
+        if (++corrupt_retries > 3) break;
+        continue;  // same donor, from next_offset()
+      }
+      grpc::Status s = reader->Finish();
+      if (assembler.complete()) {
+        absl::StatusOr<SwarmState> state = assembler.Finish();
+        if (state.ok()) {
+          if (stats) {
+            stats->donor = donors[i];
+            stats->seconds = absl::ToDoubleSeconds(absl::Now() - start);
+            stats->retries = retries;
+          }
+          return state;
+        }
+        last_error = std::string(state.status().message());
+        ++retries;
+        if (++corrupt_retries > 3) break;
+        continue;
+      }
+      last_error = absl::StrCat(
+          donors[i], ": ", s.ok() ? "stream ended early" : s.error_message());
+      STARLING_LOG(WARNING) << "state transfer from " << donors[i]
+                            << " broke off at byte " << assembler.next_offset()
+                            << ": " << last_error << "; trying the next donor";
+      ++retries;
+      break;
+    }
+  }
+  return absl::UnavailableError(
+      absl::StrCat("state transfer failed from every donor (",
+                   absl::StrJoin(donors, ", "), "): ", last_error));
+}
+
+}  // namespace starling

@@ -1,0 +1,207 @@
+// An elastic DiLoCo swarm as one node sees it: membership by gossip, the
+// round protocol that lets members come and go, and state transfer to
+// joiners. The node runtime (node/) drives it from its training thread.
+//
+// Protocol (one round r):
+//  1. Membership. A node joins through any live member (Join: the handshake
+//     checks run id, algorithm, codec and model fingerprint, then hands over
+//     the peer table). Tables spread by gossip every gossip_interval; each
+//     entry carries the member's incarnation, heartbeat, next round and
+//     lineage (the hash of its θ_global). Silence for suspect_after makes a
+//     member SUSPECT, as long again DEAD; a member refutes a rumour by
+//     raising its incarnation (gossip/membership.h). A leaving node gossips
+//     LEFT to every live member at once.
+//  2. The coordinator of a node is the live, non-joining member with the
+//     smallest id in its view. After its inner steps a member sends READY
+//     (r, lineage) to its coordinator and resends it when the coordinator
+//     changes.
+//  3. The coordinator waits until every live, non-joining member on the same
+//     (r, lineage) is ready, or round_deadline after the first READY, then
+//     sends PLAN(r, attempt, members) to the ready ones. A member accepts a
+//     PLAN only from the node it considers its coordinator. The members run
+//     the ring all-reduce over exactly that set (mailbox sequence
+//     r * 1024 + attempt) and report DONE.
+//  4. When every member of the attempt is DONE the coordinator sends COMMIT
+//     and only then does a member apply the outer step. If a member of the
+//     attempt becomes SUSPECT, DEAD or LEFT, refuses the plan or reports
+//     FAILED first, the coordinator sends ABORT (waiters wake at once) and
+//     plans a new attempt over the survivors, who still hold their own Δ.
+//     So θ_global never moves from a sum that only some members saw.
+//  5. A READY for a round the coordinator has already committed, or on a
+//     worse lineage, gets STALE: that member (and any node that sees a
+//     better lineage in gossip before a round) fetches the state of the best
+//     lineage from a member on it (FetchState: chunked, zstd, checksummed,
+//     resumable from another donor with the same digest) and continues from
+//     the next round. Lineages order by round (more progress wins), then by
+//     smallest hash, so after a partition heals every node converges on one
+//     θ_global: the half that completed more rounds; on a tie, the smaller
+//     hash.
+// Thread-safety: all public methods are thread-safe, except that SyncRound
+// and FetchState must be called from one thread (the training thread).
+// Internally one mutex guards the coordinator, one the member inbox; RPCs are
+// never made while holding either.
+#ifndef STARLING_GOSSIP_SWARM_H_
+#define STARLING_GOSSIP_SWARM_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gossip/grpc_transport.h"
+#include "gossip/membership.h"
+#include "gossip/state_transfer.h"
+
+namespace starling {
+
+struct SwarmOptions {
+  std::string node_id;  // unique in the swarm
+  std::string listen = "127.0.0.1:0";
+  std::vector<std::string> seeds;  // addresses of any live members
+  PeerIdentity identity;           // identity.world is ignored
+  int64_t chunk_bytes = 1 << 20;   // tensor and state chunks
+  absl::Duration rpc_timeout = absl::Seconds(60);
+  absl::Duration gossip_interval = absl::Milliseconds(200);
+  absl::Duration suspect_after = absl::Seconds(3);
+  absl::Duration round_deadline = absl::Seconds(60);
+  // A file whose first line, when present, splits node ids into groups that
+  // cannot reach each other ("n0,n1|n2,n3"): an emulated partition.
+  std::string partition_file;
+  // Tensors and their compressed sizes; rank, world and round are set per
+  // attempt.
+  MailboxOptions mailbox;
+  // Called on the gossip thread, with no lock held, for every change of the
+  // peer table.
+  std::function<void(const MembershipChange&)> on_member_change;
+};
+
+class Swarm {
+ public:
+  // Starts the server (Peer and Swarm services) and the gossip and
+  // coordinator threads. InvalidArgument for a bad option, Unavailable when
+  // the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Swarm>> Start(
+      const SwarmOptions& options);
+  ~Swarm();
+
+  const std::string& id() const { return options_.node_id; }
+  const std::string& address() const { return transport_->address(); }
+
+  // Joins through the seeds, trying each until one admits this node. OK at
+  // once without seeds. FailedPrecondition with the seed's reason when it
+  // refuses (run id, model, ...); Unavailable when none answered in time.
+  absl::Status JoinSwarm(absl::Time deadline);
+
+  // Waits until at least `n` members (this one included) are live.
+  // DeadlineExceeded saying who is known.
+  absl::Status WaitForMembers(int n, absl::Time deadline);
+
+  // What this node gossips about its progress.
+  void SetProgress(int64_t round, const std::string& lineage, bool joining);
+  // The state this node serves to joiners (its last committed round).
+  void ServeState(std::shared_ptr<const StateBlob> blob);
+
+  struct Lineage {
+    int64_t round = 0;
+    std::string lineage;
+    std::vector<std::string> donors;  // other live members on it
+  };
+  // The best lineage among live, non-joining members, this node included.
+  Lineage Best() const;
+  // True when `best` is ahead of (round, lineage).
+  static bool Ahead(const Lineage& best, int64_t round,
+                    const std::string& lineage);
+
+  struct FetchStats {
+    std::string donor;
+    int64_t bytes = 0;  // compressed bytes received
+    double seconds = 0;
+    int retries = 0;  // chunks or donors that failed and were retried
+  };
+  // Fetches the state from `donors` (ids), resuming with the next donor when
+  // one fails. Unavailable when every donor failed before `deadline`.
+  absl::StatusOr<SwarmState> FetchState(const std::vector<std::string>& donors,
+                                        absl::Time deadline, FetchStats* stats);
+
+  enum class Outcome { kCommitted, kStale, kStopped };
+  struct RoundResult {
+    Outcome outcome = Outcome::kStale;
+    std::vector<std::string> members;  // of the committed attempt
+    int attempt = 0;
+  };
+  // Runs `reduce` over the round's transport for one attempt: it must
+  // restore its input before each call (an attempt may be re-run).
+  using Reduce = std::function<absl::Status(Transport& t, int64_t sequence)>;
+  // Steps 2-5 of the protocol for round `round` of `lineage`. kStopped when
+  // `stop()` turns true while this node is not in an attempt (it abandons
+  // the round). Errors only for local failures.
+  absl::StatusOr<RoundResult> SyncRound(int64_t round,
+                                        const std::string& lineage,
+                                        const Reduce& reduce,
+                                        const std::function<bool()>& stop);
+
+  // Says goodbye: marks this node LEFT and tells every live member.
+  void Leave();
+  // Stops the threads and the server. Idempotent.
+  void Shutdown();
+
+  std::vector<peer::v1::MemberEntry> Members() const;
+  int64_t bytes_sent() const;
+  int64_t bytes_received() const;
+
+  class Service;  // public for the .cc's reactors
+
+ private:
+  struct Coordinator;
+  struct Inbox;
+  explicit Swarm(const SwarmOptions& options);
+
+  // Server-side handlers.
+  absl::Status OnJoin(const peer::v1::JoinRequest& req,
+                      peer::v1::JoinResponse* resp);
+  absl::Status OnGossip(const peer::v1::GossipRequest& req,
+                        peer::v1::GossipResponse* resp);
+  peer::v1::ControlAck OnControl(const peer::v1::ControlMessage& m);
+
+  void GossipLoop();
+  void CoordinatorLoop();
+  void ReadPartitionFile();
+  bool Blocked(const std::string& address) const;
+  std::string CoordinatorId() const;
+  absl::StatusOr<peer::v1::ControlAck> SendControl(
+      const std::string& to_id, const peer::v1::ControlMessage& m);
+  absl::StatusOr<peer::v1::GossipResponse> CallGossip(
+      const std::string& address, const peer::v1::GossipRequest& req);
+
+  const SwarmOptions options_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<GrpcTransport> transport_;
+  std::unique_ptr<Membership> membership_;
+  std::unique_ptr<Coordinator> coord_;
+  std::unique_ptr<Inbox> inbox_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> control_bytes_{0};
+  std::thread gossip_thread_;
+  std::thread coord_thread_;
+
+  mutable absl::Mutex state_mu_;
+  std::shared_ptr<const StateBlob> served_ ABSL_GUARDED_BY(state_mu_);
+  // Node id -> partition group (empty: no partition).
+  std::map<std::string, int> groups_ ABSL_GUARDED_BY(state_mu_);
+  std::string partition_text_ ABSL_GUARDED_BY(state_mu_);
+  // Stubs by address.
+  struct Stub;
+  std::map<std::string, std::shared_ptr<Stub>> stubs_
+      ABSL_GUARDED_BY(state_mu_);
+  std::shared_ptr<Stub> StubFor(const std::string& address);
+};
+
+}  // namespace starling
+
+#endif  // STARLING_GOSSIP_SWARM_H_
