@@ -214,6 +214,7 @@ struct Swarm::Coordinator {
   absl::Time first_ready ABSL_GUARDED_BY(mu);
   int attempt ABSL_GUARDED_BY(mu) = 0;
   bool running ABSL_GUARDED_BY(mu) = false;
+  absl::Time plan_started ABSL_GUARDED_BY(mu);
   bool replan_now ABSL_GUARDED_BY(mu) = false;
   std::vector<std::string> plan ABSL_GUARDED_BY(mu);
   std::vector<std::string> plan_addresses ABSL_GUARDED_BY(mu);
@@ -233,6 +234,11 @@ struct Swarm::Inbox {
   int64_t round ABSL_GUARDED_BY(mu) = -1;  // the round in SyncRound
   int running_attempt ABSL_GUARDED_BY(mu) = -1;
   Mailbox* running_mailbox ABSL_GUARDED_BY(mu) = nullptr;
+  // The running attempt's members and coordinator: if one of them stops
+  // being alive here, the attempt is called off locally too (an ABORT may
+  // never arrive, e.g. across a partition).
+  std::vector<std::string> running_members ABSL_GUARDED_BY(mu);
+  std::string running_coordinator ABSL_GUARDED_BY(mu);
 };
 
 Swarm::Swarm(const SwarmOptions& options)
@@ -374,6 +380,13 @@ absl::Status Swarm::JoinSwarm(absl::Time deadline) {
             "peer ", seed, " refused this node: ", s.error_message()));
       }
       last_error = absl::StrCat(seed, ": ", s.error_message());
+      // The seed may have tried to join this node first, been refused and
+      // gone: say why instead of timing out.
+      absl::MutexLock lock(&state_mu_);
+      if (auto it = refused_.find(seed); it != refused_.end()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("this node refused peer ", seed, ": ", it->second));
+      }
     }
     if (absl::Now() + backoff >= deadline) break;
     absl::SleepFor(backoff);
@@ -427,9 +440,10 @@ Swarm::Lineage Swarm::Best() const {
       best.lineage = e.lineage();
     }
   }
+  // Every live member may donate, in id order: gossip can lag a round
+  // behind, so FetchState checks what it gets against the best instead.
   for (const MemberEntry& e : live) {
     if (!e.joining() && e.state() == peer::v1::MEMBER_ALIVE &&
-        e.round() == best.round && e.lineage() == best.lineage &&
         e.id() != options_.node_id) {
       best.donors.push_back(e.id());
     }
@@ -455,6 +469,8 @@ absl::Status Swarm::OnJoin(const JoinRequest& req, JoinResponse* resp) {
   if (!why.empty()) {
     STARLING_LOG(WARNING) << "refused joiner " << req.self().id() << " at "
                           << req.hello().address() << ": " << why;
+    absl::MutexLock lock(&state_mu_);
+    refused_[req.hello().address()] = why;
     return absl::FailedPreconditionError(why);
   }
   if (req.self().id() == options_.node_id) {
@@ -530,7 +546,9 @@ void Swarm::GossipLoop() {
     std::vector<std::string> targets(
         live.begin(), live.begin() + std::min<size_t>(2, live.size()));
     std::uniform_int_distribution<int> coin(0, 9);
-    if (!others.empty() && coin(rng) == 0) {
+    // Half the ticks also try one member this node thinks is gone: after a
+    // partition heals, that is how both sides learn to refute.
+    if (!others.empty() && coin(rng) < 5) {
       targets.push_back(others[rng() % others.size()]);
     }
     if (live.empty() && !options_.seeds.empty() && coin(rng) < 3) {
@@ -555,7 +573,27 @@ void Swarm::GossipLoop() {
       absl::MutexLock lock(&coord_->mu);
       coord_->cv.Signal();
     }
+    CancelAttemptIfMembersGone();
     absl::SleepFor(options_.gossip_interval);
+  }
+}
+
+void Swarm::CancelAttemptIfMembersGone() {
+  std::set<std::string> alive;
+  for (const MemberEntry& e : membership_->Live()) {
+    if (e.state() == peer::v1::MEMBER_ALIVE) alive.insert(e.id());
+  }
+  absl::MutexLock lock(&inbox_->mu);
+  if (inbox_->running_mailbox == nullptr) return;
+  std::vector<std::string> check = inbox_->running_members;
+  check.push_back(inbox_->running_coordinator);
+  for (const std::string& id : check) {
+    if (!alive.count(id)) {
+      inbox_->running_mailbox->Cancel(absl::AbortedError(
+          absl::StrCat("attempt ", inbox_->running_attempt, " called off: ", id,
+                       " is no longer alive")));
+      return;
+    }
   }
 }
 
@@ -734,6 +772,10 @@ void Swarm::CoordinatorLoop() {
             c.excluded.insert(id);
           }
         }
+        if (!c.abort && absl::Now() - c.plan_started > options_.rpc_timeout) {
+          c.abort = true;
+          c.abort_reason = "it ran past --round_timeout";
+        }
         if (c.abort) {
           STARLING_LOG(WARNING) << "round " << c.round << " attempt "
                                 << c.attempt << " aborted: " << c.abort_reason;
@@ -773,7 +815,9 @@ void Swarm::CoordinatorLoop() {
           // Every member not ahead of this round: those behind in this
           // node's table may only be slow to gossip, and those truly behind
           // turn to joining (not waited for) once they learn it.
-          if (!c.ready.count(id) && !c.excluded.count(id) && !e.joining() &&
+          // Joiners too: one that fetched this round's state takes part
+          // in it (bounded by the deadline like everyone).
+          if (!c.ready.count(id) && !c.excluded.count(id) &&
               e.state() == peer::v1::MEMBER_ALIVE && e.round() <= c.round) {
             ++waiting;
           }
@@ -789,6 +833,7 @@ void Swarm::CoordinatorLoop() {
           }
           c.done.clear();
           c.running = true;
+          c.plan_started = absl::Now();
           c.replan_now = false;
           ControlMessage p = msg(ControlMessage::PLAN);
           p.set_lineage(c.lineage);
@@ -904,6 +949,8 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
             absl::MutexLock lock(&inbox_->mu);
             inbox_->running_attempt = m.attempt();
             inbox_->running_mailbox = &transport_->mailbox();
+            inbox_->running_members = members;
+            inbox_->running_coordinator = m.from();
             // An ABORT may have arrived before the mailbox existed.
             for (const ControlMessage& q : inbox_->messages) {
               if (q.kind() == ControlMessage::ABORT &&
@@ -920,6 +967,7 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
             cancelled = inbox_->running_mailbox->cancelled();
             inbox_->running_attempt = -1;
             inbox_->running_mailbox = nullptr;
+            inbox_->running_members.clear();
           }
           ControlMessage r;
           r.set_run_id(options_.identity.run_id);
@@ -993,8 +1041,8 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
 }
 
 absl::StatusOr<SwarmState> Swarm::FetchState(
-    const std::vector<std::string>& donors, absl::Time deadline,
-    FetchStats* stats) {
+    const std::vector<std::string>& donors, const Lineage* at_least,
+    absl::Time deadline, FetchStats* stats) {
   const absl::Time start = absl::Now();
   StateAssembler assembler;
   std::string last_error = "no donors";
@@ -1034,6 +1082,12 @@ absl::StatusOr<SwarmState> Swarm::FetchState(
       grpc::Status s = reader->Finish();
       if (assembler.complete()) {
         absl::StatusOr<SwarmState> state = assembler.Finish();
+        if (state.ok() && at_least != nullptr &&
+            Ahead(*at_least, state->round, state->lineage)) {
+          last_error = absl::StrCat(donors[i], " serves round ", state->round,
+                                    ", behind round ", at_least->round);
+          break;  // the next donor
+        }
         if (state.ok()) {
           if (stats) {
             stats->donor = donors[i];

@@ -110,7 +110,7 @@ class Swarm {
   struct Lineage {
     int64_t round = 0;
     std::string lineage;
-    std::vector<std::string> donors;  // other live members on it
+    std::vector<std::string> donors;  // every other live member, by id
   };
   // The best lineage among live, non-joining members, this node included.
   Lineage Best() const;
@@ -125,8 +125,11 @@ class Swarm {
     int retries = 0;  // chunks or donors that failed and were retried
   };
   // Fetches the state from `donors` (ids), resuming with the next donor when
-  // one fails. Unavailable when every donor failed before `deadline`.
+  // one fails mid-transfer, and skipping a donor whose state is behind
+  // `at_least` (when not null). Unavailable when every donor failed before
+  // `deadline`.
   absl::StatusOr<SwarmState> FetchState(const std::vector<std::string>& donors,
+                                        const Lineage* at_least,
                                         absl::Time deadline, FetchStats* stats);
 
   enum class Outcome { kCommitted, kStale, kStopped };
@@ -172,6 +175,7 @@ class Swarm {
   void GossipLoop();
   void CoordinatorLoop();
   void ReadPartitionFile();
+  void CancelAttemptIfMembersGone();
   bool Blocked(const std::string& address) const;
   std::string CoordinatorId() const;
   absl::StatusOr<peer::v1::ControlAck> SendControl(
@@ -195,6 +199,8 @@ class Swarm {
   // Node id -> partition group (empty: no partition).
   std::map<std::string, int> groups_ ABSL_GUARDED_BY(state_mu_);
   std::string partition_text_ ABSL_GUARDED_BY(state_mu_);
+  // Why this node refused joiners, by their address.
+  std::map<std::string, std::string> refused_ ABSL_GUARDED_BY(state_mu_);
   // Stubs by address.
   struct Stub;
   std::map<std::string, std::shared_ptr<Stub>> stubs_

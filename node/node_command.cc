@@ -96,16 +96,18 @@ struct StaticMembers {
   int rank = 0;
 };
 
+bool ValidHostPort(absl::string_view a) {
+  size_t colon = a.rfind(':');
+  int port = 0;
+  return colon != absl::string_view::npos && colon > 0 &&
+         absl::SimpleAtoi(a.substr(colon + 1), &port) && port >= 0 &&
+         port < 65536;
+}
+
 absl::StatusOr<StaticMembers> ParseMembers(const std::string& listen,
                                            const std::string& peers) {
   StaticMembers m;
-  auto valid = [](absl::string_view a) {
-    size_t colon = a.rfind(':');
-    int port = 0;
-    return colon != absl::string_view::npos && colon > 0 &&
-           absl::SimpleAtoi(a.substr(colon + 1), &port) && port >= 0 &&
-           port < 65536;
-  };
+  auto valid = ValidHostPort;
   if (!valid(listen)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--listen=", listen, ": expected host:port"));
@@ -199,7 +201,8 @@ const Subcommand& NodeSubcommand() {
         "apply the outer step once the round's coordinator confirms that "
         "every member got the sum, so members stay bit-identical. A member "
         "that dies mid-round is dropped and the round rerun by the others; "
-        "SIGINT/SIGTERM makes a node leave cleanly (checkpoint, goodbye); "
+        "SIGINT/SIGTERM makes a node finish its round and leave (goodbye, "
+        "checkpoint; a second signal leaves at once); "
         "--resume rejoins and catches up. The first member of each round "
         "evaluates. --algo=ddp all-reduces gradients every step over the "
         "fixed --peers list instead (every member lists all others).\n\n"
@@ -314,7 +317,17 @@ int RunDiloco(NodeRun& run) {
   std::vector<std::string> seeds;
   for (absl::string_view p :
        absl::StrSplit(absl::GetFlag(FLAGS_peers), ',', absl::SkipEmpty())) {
+    if (!ValidHostPort(p)) {
+      return Fail(absl::InvalidArgumentError(
+                      absl::StrCat("--peers: '", p, "' is not host:port")),
+                  2);
+    }
     seeds.emplace_back(p);
+  }
+  if (!ValidHostPort(listen)) {
+    return Fail(absl::InvalidArgumentError(
+                    absl::StrCat("--listen=", listen, ": expected host:port")),
+                2);
   }
   const int min_members = absl::GetFlag(FLAGS_min_members);
   const double suspect = absl::GetFlag(FLAGS_suspect_timeout);
@@ -359,7 +372,7 @@ int RunDiloco(NodeRun& run) {
   so.round_deadline = absl::Seconds(deadline_s);
   so.partition_file = absl::GetFlag(FLAGS_partition_file);
   so.mailbox.run_id = so.identity.run_id;
-  so.mailbox.tensors = {{kPseudoGrad, run.n_params + 1}};
+  so.mailbox.tensors = {{kPseudoGrad, run.n_params + 2}};
   if (run.ring_codec != nullptr) {
     so.mailbox.compressed_bytes_per_element = {{kPseudoGrad, 8}};
   }
@@ -433,8 +446,8 @@ int RunDiloco(NodeRun& run) {
   auto catch_up = [&](const Swarm::Lineage& best) -> absl::Status {
     swarm.SetProgress(run.round, lineage, /*joining=*/true);
     Swarm::FetchStats stats;
-    absl::StatusOr<SwarmState> st =
-        swarm.FetchState(best.donors, absl::Now() + so.rpc_timeout, &stats);
+    absl::StatusOr<SwarmState> st = swarm.FetchState(
+        best.donors, &best, absl::Now() + so.rpc_timeout, &stats);
     if (!st.ok()) return st.status();
     STARLING_RETURN_IF_ERROR(run.outer->LoadState(st->outer_state));
     theta_global = std::move(st->theta);
@@ -467,7 +480,8 @@ int RunDiloco(NodeRun& run) {
 
   while (trainer.state().step() < total) {
     log_changes();
-    if (StopSignal() != 0) {
+    // A second SIGINT/SIGTERM leaves at once (the first: see the vote).
+    if (StopSignalCount() >= 2) {
       left = true;
       break;
     }
@@ -489,7 +503,9 @@ int RunDiloco(NodeRun& run) {
     int64_t samples = 0;
     bool abandoned = false;
     for (int i = 0; i < steps; ++i) {
-      if (StopSignal() != 0) {
+      // SIGINT/SIGTERM: finish this round, then leave; a second one: leave
+      // now, abandoning the round.
+      if (StopSignalCount() >= 2) {
         abandoned = true;
         break;
       }
@@ -527,11 +543,16 @@ int RunDiloco(NodeRun& run) {
       if (!enc.ok()) return Fail(enc.status(), 1);
       delta = std::move(sent);
     }
-    // The ring's input: Δ·w and the weight w (samples).
+    // The ring's input: Δ·w, the weight w (samples) and this node's stop
+    // vote. After a round whose votes sum above zero, every member that
+    // has a pending signal leaves: members signalled together (a sim's
+    // Ctrl-C) all stop after the same round and resume exactly, while one
+    // signalled alone leaves and the others go on.
     const float w = static_cast<float>(samples);
-    std::vector<float> input(delta.size() + 1);
+    std::vector<float> input(delta.size() + 2);
     for (size_t i = 0; i < delta.size(); ++i) input[i] = delta[i] * w;
     input[delta.size()] = w;
+    input[delta.size() + 1] = StopSignal() != 0 ? 1.0f : 0.0f;
     std::vector<float> work;
     RingStats attempt_stats;
     Swarm::Reduce reduce = [&](Transport& t, int64_t seq) {
@@ -548,7 +569,7 @@ int RunDiloco(NodeRun& run) {
       return RingAllReduceSum(t, absl::MakeSpan(work), o);
     };
     absl::StatusOr<Swarm::RoundResult> res = swarm.SyncRound(
-        run.round, lineage, reduce, [] { return StopSignal() != 0; });
+        run.round, lineage, reduce, [] { return StopSignalCount() >= 2; });
     if (!res.ok()) return Fail(res.status(), 1);
     if (res->outcome != Swarm::Outcome::kCommitted) {
       if (run.feedback) (void)run.feedback->LoadState(ef_before);
@@ -571,6 +592,7 @@ int RunDiloco(NodeRun& run) {
     run.ring_stats.raw_bytes += attempt_stats.raw_bytes;
     run.ring_stats.wire_bytes += attempt_stats.wire_bytes;
     const float weight = work[delta.size()];
+    const bool stop_voted = work[delta.size() + 1] > 0;
     if (!(weight > 0)) {
       return Fail(absl::InternalError("the round's weights sum to zero"), 1);
     }
@@ -622,6 +644,10 @@ int RunDiloco(NodeRun& run) {
           !s.ok()) {
         return Fail(s, 1);
       }
+    }
+    if (stop_voted && StopSignal() != 0 && rec.step < total) {
+      left = true;
+      break;
     }
   }
   log_changes();
@@ -923,7 +949,7 @@ int RunNodeCommand() {
       PolicyCodec::Create(tensor_sizes, po);
   if (!param_policy.ok()) return Fail(param_policy.status(), 2);
   run.param_policy = std::move(param_policy).value();
-  po.trailing_fp32 = 1;  // the averaging weight
+  po.trailing_fp32 = 2;  // the averaging weight and the stop vote
   absl::StatusOr<std::unique_ptr<PolicyCodec>> ring_policy =
       PolicyCodec::Create(tensor_sizes, po);
   if (!ring_policy.ok()) return Fail(ring_policy.status(), 2);

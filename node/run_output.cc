@@ -189,7 +189,11 @@ absl::Status WriteNodeSummary(const std::string& out_dir,
 
 namespace {
 std::atomic<int> g_stop_signal{0};
-void OnStopSignal(int sig) { g_stop_signal.store(sig); }
+std::atomic<int> g_stop_count{0};
+void OnStopSignal(int sig) {
+  g_stop_signal.store(sig);
+  g_stop_count.fetch_add(1);
+}
 }  // namespace
 
 void InstallStopSignals() {
@@ -200,6 +204,8 @@ void InstallStopSignals() {
 }
 
 int StopSignal() { return g_stop_signal.load(); }
+
+int StopSignalCount() { return g_stop_count.load(); }
 
 int ExitCodeFor(const absl::Status& s) {
   return absl::IsInvalidArgument(s) || absl::IsNotFound(s) ||

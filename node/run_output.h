@@ -80,6 +80,8 @@ absl::Status WriteNodeSummary(const std::string& out_dir,
 void InstallStopSignals();
 // The signal that asked to stop, or 0.
 int StopSignal();
+// How many SIGINT/SIGTERM arrived (a second one means: stop now).
+int StopSignalCount();
 
 // 2 for user errors (bad flag, config or input), 1 for runtime failures.
 int ExitCodeFor(const absl::Status& s);

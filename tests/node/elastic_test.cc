@@ -1,0 +1,441 @@
+// Integration tests of elastic DiLoCo on real `starling node` processes over
+// loopback: kill -9 at each point of a round, joins with state transfer
+// (also from a donor that dies mid-transfer or sends a corrupt chunk),
+// graceful leave, restart with --resume, a partition that heals, and bad
+// joiners or forged membership gossip. Every wait is bounded.
+#include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <map>
+#include <random>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "core/file_util.h"
+#include "gtest/gtest.h"
+#include "starling/peer/v1/swarm.grpc.pb.h"
+#include "tests/core/run_util.h"
+
+namespace starling {
+namespace {
+
+using ::starling::testing::Field;
+using ::starling::testing::ReadJson;
+using ::starling::testing::SpawnStarling;
+using ::starling::testing::TempDir;
+using ::starling::testing::TinyTextFlags;
+using ::starling::testing::WaitForText;
+
+int FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), len);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Waits for `pid` until `deadline`; SIGKILLs it after. Exit code, 128+signal
+// for a signal, or -1 when it had to be killed.
+int WaitUntil(pid_t pid, absl::Time deadline) {
+  while (absl::Now() < deadline) {
+    int status = 0;
+    pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) {
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+// A swarm of node processes in one temporary directory.
+class Swarm {
+ public:
+  Swarm(const std::string& name, int steps, int inner_steps)
+      : dir_(absl::StrCat(TempDir(), "/", name)),
+        common_(
+            absl::StrCat(TinyTextFlags(60000), " --steps=", steps,
+                         " --inner_steps=", inner_steps,
+                         " --shard_mode=contiguous --threads=1 --eval_every=0"
+                         " --suspect_timeout=1"
+                         " --round_deadline=20 --chunk_bytes=1024 --run_id=",
+                         name)) {
+    (void)MakeDirs(dir_);
+  }
+  ~Swarm() {
+    for (auto& [id, pid] : pids_) {
+      if (pid > 0) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+      }
+    }
+  }
+
+  // Starts node `id` (shard k of n) joining through n0 (unless it is n0).
+  void Start(const std::string& id, int k, int n, int min_members,
+             const std::string& extra = "") {
+    if (!ports_.count(id)) ports_[id] = FreePort();
+    std::string peers =
+        id == "n0" ? "" : absl::StrCat(" --peers=127.0.0.1:", ports_["n0"]);
+    if (id != "n0" && !ports_.count("n0")) ADD_FAILURE() << "start n0 first";
+    pids_[id] = SpawnStarling(
+        absl::StrCat("node ", common_, " --node_id=", id,
+                     " --listen=127.0.0.1:", ports_[id], peers,
+                     " --min_members=", min_members, " --shard=", k, "/", n,
+                     " --out=", dir_, "/", id, " ", extra),
+        Log(id));
+  }
+  // Joins through a given member instead of n0.
+  void StartVia(const std::string& id, const std::string& via, int k, int n,
+                const std::string& extra = "") {
+    ports_[id] = ports_.count(id) ? ports_[id] : FreePort();
+    pids_[id] = SpawnStarling(
+        absl::StrCat("node ", common_, " --node_id=", id,
+                     " --listen=127.0.0.1:", ports_[id],
+                     " --peers=127.0.0.1:", ports_[via], " --shard=", k, "/", n,
+                     " --out=", dir_, "/", id, " ", extra),
+        Log(id));
+  }
+
+  int Wait(const std::string& id, absl::Duration timeout = absl::Seconds(120)) {
+    int code = WaitUntil(pids_[id], absl::Now() + timeout);
+    pids_[id] = -1;
+    return code;
+  }
+  void Signal(const std::string& id, int sig) { ::kill(pids_[id], sig); }
+
+  std::string Log(const std::string& id) const {
+    return absl::StrCat(dir_, "/", id, ".log");
+  }
+  std::string Events(const std::string& id) const {
+    return absl::StrCat(dir_, "/", id, "/events.jsonl");
+  }
+  std::string LogText(const std::string& id) const {
+    return ReadFile(Log(id)).value_or("");
+  }
+  std::string FinalHash(const std::string& id) const {
+    auto s = ReadJson(absl::StrCat(dir_, "/", id, "/summary.json"));
+    return Field(Field(s, "final").struct_value(), "model_hash").string_value();
+  }
+  // round -> model hash, from a node's round events.
+  std::map<int, std::string> RoundHashes(const std::string& id) const {
+    std::map<int, std::string> out;
+    for (const google::protobuf::Struct& ev : Events_(id, "round")) {
+      out[static_cast<int>(Field(ev, "round").number_value())] =
+          Field(ev, "model_hash").string_value();
+    }
+    return out;
+  }
+  std::vector<google::protobuf::Struct> Events_(const std::string& id,
+                                                const std::string& kind) const {
+    std::vector<google::protobuf::Struct> out;
+    std::string text = ReadFile(Events(id)).value_or("");
+    for (absl::string_view line :
+         absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+      google::protobuf::Struct ev;
+      if (!google::protobuf::util::JsonStringToMessage(std::string(line), &ev)
+               .ok()) {
+        continue;
+      }
+      auto it = ev.fields().find("event");
+      if (it != ev.fields().end() && it->second.string_value() == kind) {
+        out.push_back(ev);
+      }
+    }
+    return out;
+  }
+  int port(const std::string& id) { return ports_[id]; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  std::string common_;
+  std::map<std::string, int> ports_;
+  std::map<std::string, pid_t> pids_;
+};
+
+// Every pair of nodes that logged the same round logged the same hash.
+void ExpectRoundsAgree(const Swarm& s, const std::vector<std::string>& ids) {
+  std::map<int, std::string> seen;
+  for (const std::string& id : ids) {
+    for (const auto& [round, hash] : s.RoundHashes(id)) {
+      auto [it, fresh] = seen.emplace(round, hash);
+      EXPECT_EQ(it->second, hash) << id << " round " << round;
+    }
+  }
+}
+
+struct CrashCase {
+  const char* point;
+  const char* victim;  // the node that kills itself
+};
+
+class CrashMatrixTest : public ::testing::TestWithParam<CrashCase> {};
+
+// kill -9 of one node of 4 at a point of round 2: the survivors finish the
+// round without it, agree on every hash and never hang. Five times each.
+TEST_P(CrashMatrixTest, SurvivorsFinishAndAgree) {
+  const CrashCase c = GetParam();
+  for (int run = 0; run < 5; ++run) {
+    SCOPED_TRACE(absl::StrCat(c.point, " run ", run));
+    Swarm s(absl::StrCat("crash-", c.point, "-", run), 80, 10);
+    std::vector<std::string> ids = {"n0", "n1", "n2", "n3"};
+    for (int k = 0; k < 4; ++k) {
+      std::string extra = ids[k] == c.victim
+                              ? absl::StrCat("--test_crash_at=", c.point, "@2")
+                              : "";
+      s.Start(ids[k], k, 4, 4, extra);
+    }
+    std::vector<std::string> survivors;
+    for (const std::string& id : ids) {
+      int code = s.Wait(id);
+      if (id == c.victim) {
+        EXPECT_EQ(code, 128 + SIGKILL) << s.LogText(id);
+      } else {
+        EXPECT_EQ(code, 0) << id << ":\n" << s.LogText(id);
+        survivors.push_back(id);
+      }
+    }
+    std::set<std::string> finals;
+    for (const std::string& id : survivors) finals.insert(s.FinalHash(id));
+    EXPECT_EQ(finals.size(), 1u);
+    ExpectRoundsAgree(s, survivors);
+    // The survivors completed round 2 (and every later one) without it.
+    std::map<int, std::string> h = s.RoundHashes(survivors[0]);
+    EXPECT_EQ(h.size(), 8u);
+    if (HasFailure()) break;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    KillNineOfFour, CrashMatrixTest,
+    ::testing::Values(CrashCase{"ready", "n2"}, CrashCase{"send", "n2"},
+                      CrashCase{"reduce", "n1"}, CrashCase{"all_gather", "n3"},
+                      // The coordinator itself, after all are done but
+                      // before anyone was told to commit.
+                      CrashCase{"commit", "n0"}),
+    [](const auto& info) { return std::string(info.param.point); });
+
+// A joiner fetches the state from a donor that dies half-way through the
+// transfer (five times): it resumes from another donor, takes part from the
+// next round on with the swarm's hashes, and the run ends in agreement.
+TEST(ElasticTest, JoinSurvivesDonorDyingMidTransfer) {
+  for (int run = 0; run < 5; ++run) {
+    SCOPED_TRACE(absl::StrCat("run ", run));
+    Swarm s(absl::StrCat("donor-", run), 400, 10);
+    // n0 is everyone's first donor (donors are tried in id order).
+    s.Start("n0", 0, 4, 3, "--test_crash_at=donate");
+    s.Start("n1", 1, 4, 3);
+    s.Start("n2", 2, 4, 3);
+    ASSERT_TRUE(WaitForText(s.Events("n1"), "\"round\":4", absl::Seconds(60)))
+        << s.LogText("n1");
+    s.StartVia("n3", "n1", 3, 4);
+    EXPECT_EQ(s.Wait("n0"), 128 + SIGKILL) << s.LogText("n0");
+    for (const char* id : {"n1", "n2", "n3"}) {
+      EXPECT_EQ(s.Wait(id), 0) << id << ":\n" << s.LogText(id);
+    }
+    auto transfers = s.Events_("n3", "state_transfer");
+    ASSERT_FALSE(transfers.empty()) << s.LogText("n3");
+    EXPECT_NE(Field(transfers.back(), "from").string_value(), "n0");
+    EXPECT_GE(Field(transfers.back(), "retries").number_value(), 1);
+    EXPECT_EQ(s.FinalHash("n3"), s.FinalHash("n1"));
+    EXPECT_EQ(s.FinalHash("n2"), s.FinalHash("n1"));
+    ExpectRoundsAgree(s, {"n1", "n2", "n3"});
+    // From the round after the one it joined at, the joiner took part.
+    const int joined =
+        static_cast<int>(Field(transfers.front(), "round").number_value());
+    std::map<int, std::string> mine = s.RoundHashes("n3");
+    ASSERT_FALSE(mine.empty());
+    EXPECT_LE(mine.begin()->first, joined + 1);
+    EXPECT_EQ(mine.rbegin()->first, 39);
+    if (HasFailure()) break;
+  }
+}
+
+// A corrupt state chunk is caught by its checksum and fetched again.
+TEST(ElasticTest, CorruptStateChunkIsFetchedAgain) {
+  Swarm s("corrupt", 160, 10);
+  s.Start("n0", 0, 3, 2, "--test_crash_at=corrupt_state");
+  s.Start("n1", 1, 3, 2);
+  ASSERT_TRUE(WaitForText(s.Events("n1"), "\"round\":3", absl::Seconds(60)));
+  s.Start("n2", 2, 3, 1);
+  for (const char* id : {"n0", "n1", "n2"}) {
+    EXPECT_EQ(s.Wait(id), 0) << id << ":\n" << s.LogText(id);
+  }
+  auto transfers = s.Events_("n2", "state_transfer");
+  ASSERT_FALSE(transfers.empty());
+  EXPECT_GE(Field(transfers.front(), "retries").number_value(), 1);
+  EXPECT_NE(s.LogText("n2").find("checksum"), std::string::npos)
+      << s.LogText("n2");
+  EXPECT_EQ(s.FinalHash("n2"), s.FinalHash("n0"));
+  ExpectRoundsAgree(s, {"n0", "n1", "n2"});
+}
+
+// SIGTERM: the node leaves at once (goodbye + checkpoint), the others drop
+// it without waiting for a failure timeout, and it can come back with
+// --resume and catch up.
+TEST(ElasticTest, GracefulLeaveCostsNoTimeoutAndRestartCatchesUp) {
+  Swarm s("leave", 300, 10);
+  // A long suspicion timeout: if the leave were noticed by the failure
+  // detector, the round would take at least 10 s.
+  const std::string slow_detector = "--suspect_timeout=10";
+  s.Start("n0", 0, 3, 3, slow_detector);
+  s.Start("n1", 1, 3, 3, slow_detector);
+  s.Start("n2", 2, 3, 3, slow_detector);
+  ASSERT_TRUE(WaitForText(s.Events("n2"), "\"round\":5", absl::Seconds(60)));
+  s.Signal("n2", SIGTERM);
+  EXPECT_EQ(s.Wait("n2"), 1) << s.LogText("n2");
+  EXPECT_NE(s.LogText("n2").find("left the swarm"), std::string::npos);
+  ASSERT_FALSE(s.Events_("n2", "leave").empty());
+  // Back with --resume while the others are still running.
+  s.Start("n2", 2, 3, 1, absl::StrCat(slow_detector, " --resume"));
+  for (const char* id : {"n0", "n1", "n2"}) {
+    EXPECT_EQ(s.Wait(id), 0) << id << ":\n" << s.LogText(id);
+  }
+  // No round of the others took a failure-detector timeout.
+  for (const auto& ev : s.Events_("n0", "round")) {
+    EXPECT_LT(Field(ev, "seconds").number_value(), 8.0)
+        << "round " << Field(ev, "round").number_value();
+  }
+  EXPECT_FALSE(s.Events_("n2", "state_transfer").empty()) << s.LogText("n2");
+  EXPECT_EQ(s.FinalHash("n2"), s.FinalHash("n0"));
+  EXPECT_EQ(s.FinalHash("n1"), s.FinalHash("n0"));
+  ExpectRoundsAgree(s, {"n0", "n1", "n2"});
+}
+
+// Two halves that cannot reach each other both continue; after the
+// partition heals one lineage survives and everybody converges to it.
+TEST(ElasticTest, PartitionHealsToOneLineage) {
+  Swarm s("partition", 1500, 10);
+  const std::string file = s.dir() + "/partition";
+  ASSERT_TRUE(WriteFileAtomic(file, "").ok());
+  const std::string extra = "--partition_file=" + file;
+  for (int k = 0; k < 4; ++k) s.Start(absl::StrCat("n", k), k, 4, 4, extra);
+  ASSERT_TRUE(WaitForText(s.Events("n3"), "\"round\":3", absl::Seconds(60)));
+  ASSERT_TRUE(WriteFileAtomic(file, "n0,n1|n2,n3\n").ok());
+  // Both halves make progress on their own.
+  absl::SleepFor(absl::Seconds(3));
+  ASSERT_TRUE(WriteFileAtomic(file, "").ok());
+  for (int k = 0; k < 4; ++k) {
+    std::string id = absl::StrCat("n", k);
+    EXPECT_EQ(s.Wait(id), 0) << id << ":\n" << s.LogText(id);
+  }
+  std::set<std::string> finals;
+  for (int k = 0; k < 4; ++k) finals.insert(s.FinalHash(absl::StrCat("n", k)));
+  EXPECT_EQ(finals.size(), 1u);
+  // Some rounds were run by a half only, and one half adopted the other's
+  // state after the heal.
+  bool half_round = false, transfer = false;
+  for (int k = 0; k < 4; ++k) {
+    std::string id = absl::StrCat("n", k);
+    for (const auto& ev : s.Events_(id, "round")) {
+      half_round |= Field(ev, "members").list_value().values_size() == 2;
+    }
+    transfer |= !s.Events_(id, "state_transfer").empty();
+  }
+  EXPECT_TRUE(half_round);
+  EXPECT_TRUE(transfer);
+}
+
+// A joiner with another model or run id is refused with the reason, on both
+// sides, and the swarm is not disturbed.
+TEST(ElasticTest, MismatchedJoinerIsRefusedOnBothSides) {
+  Swarm s("mismatch", 200, 10);
+  s.Start("n0", 0, 2, 1);
+  ASSERT_TRUE(WaitForText(s.Events("n0"), "\"start\"", absl::Seconds(60)));
+  s.StartVia("bad", "n0", 1, 2, "--width=48");
+  EXPECT_EQ(s.Wait("bad"), 2);
+  EXPECT_NE(s.LogText("bad").find("refused this node"), std::string::npos)
+      << s.LogText("bad");
+  EXPECT_NE(s.LogText("bad").find("model architecture differs"),
+            std::string::npos);
+  EXPECT_EQ(s.Wait("n0"), 0) << s.LogText("n0");
+  EXPECT_NE(s.LogText("n0").find("refused joiner bad"), std::string::npos)
+      << s.LogText("n0");
+}
+
+// A forged death notice at an old incarnation (and one in the current
+// incarnation, which the victim refutes) does not evict a live member.
+TEST(ElasticTest, ForgedOrStaleDeathNoticeDoesNotEvict) {
+  Swarm s("forged", 300, 10);
+  s.Start("n0", 0, 3, 3);
+  s.Start("n1", 1, 3, 3);
+  s.Start("n2", 2, 3, 3);
+  ASSERT_TRUE(WaitForText(s.Events("n0"), "\"round\":2", absl::Seconds(60)));
+  auto stub = peer::v1::Swarm::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", s.port("n0")),
+                          grpc::InsecureChannelCredentials()));
+  for (int64_t incarnation : {int64_t{1}, int64_t{0}}) {
+    peer::v1::GossipRequest req;
+    req.set_run_id("forged");
+    req.set_from("mallory");
+    peer::v1::MemberEntry* e = req.add_members();
+    e->set_id("n1");
+    e->set_address(absl::StrCat("127.0.0.1:", s.port("n1")));
+    e->set_incarnation(incarnation);
+    e->set_state(peer::v1::MEMBER_DEAD);
+    grpc::ClientContext ctx;
+    peer::v1::GossipResponse resp;
+    grpc::Status st = stub->Gossip(&ctx, req, &resp);
+    EXPECT_TRUE(st.ok() || st.error_code() == grpc::INVALID_ARGUMENT)
+        << st.error_message();
+    // n0 still lists n1 alive at a newer incarnation.
+    for (const auto& m : resp.members()) {
+      if (m.id() == "n1") {
+        EXPECT_EQ(m.state(), peer::v1::MEMBER_ALIVE);
+        EXPECT_GT(m.incarnation(), 1);
+      }
+    }
+  }
+  for (const char* id : {"n0", "n1", "n2"}) {
+    EXPECT_EQ(s.Wait(id), 0) << id << ":\n" << s.LogText(id);
+  }
+  // n1 was in every round.
+  for (const auto& ev : s.Events_("n0", "round")) {
+    std::set<std::string> members;
+    for (const auto& m : Field(ev, "members").list_value().values()) {
+      members.insert(m.string_value());
+    }
+    EXPECT_TRUE(members.count("n1")) << Field(ev, "round").number_value();
+  }
+  EXPECT_EQ(s.FinalHash("n1"), s.FinalHash("n0"));
+}
+
+// Eight nodes started at random moments within 5 s, all given the same seed
+// peer, form one swarm (never two).
+TEST(ElasticTest, EightStaggeredNodesFormOneSwarm) {
+  Swarm s("eight", 150, 10);
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> delay_ms(0, 700);
+  s.Start("n0", 0, 8, 8);
+  for (int k = 1; k < 8; ++k) {
+    absl::SleepFor(absl::Milliseconds(delay_ms(rng)));
+    s.Start(absl::StrCat("n", k), k, 8, 8);
+  }
+  std::vector<std::string> ids;
+  for (int k = 0; k < 8; ++k) {
+    ids.push_back(absl::StrCat("n", k));
+    EXPECT_EQ(s.Wait(ids.back()), 0) << ids.back() << ":\n"
+                                     << s.LogText(ids.back());
+  }
+  std::set<std::string> finals;
+  for (const std::string& id : ids) finals.insert(s.FinalHash(id));
+  EXPECT_EQ(finals.size(), 1u);
+  ExpectRoundsAgree(s, ids);
+  // The last rounds had all eight.
+  auto rounds = s.Events_("n0", "round");
+  ASSERT_FALSE(rounds.empty());
+  EXPECT_EQ(Field(rounds.back(), "members").list_value().values_size(), 8);
+}
+
+}  // namespace
+}  // namespace starling
