@@ -1,5 +1,6 @@
 #include "node/report.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +30,65 @@ std::string Html(absl::string_view s) {
     }
   }
   return out;
+}
+
+// Text for a single-quoted gnuplot string.
+std::string GnuplotText(absl::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (c != '\'' && c != '\\') out += c;
+  }
+  return out;
+}
+
+// The membership-over-time chart: members of each round against wall time,
+// with a dashed vertical line and a label at each fault carried out.
+std::string MembershipOverTime(const ReportData& d) {
+  double xmax = 0;
+  int most = 0;
+  for (const auto& r : d.rounds) {
+    xmax = std::max(xmax, r.wall_seconds);
+    most = std::max(most, r.members);
+  }
+  std::string script =
+      "set xlabel 'wall seconds since the sim started'; set ylabel 'members';"
+      "set yrange [0:*]; set offsets 0, 0, 1, 0;";
+  if (most <= 16) absl::StrAppend(&script, "set ytics 1;");
+  for (const auto& f : d.faults) {
+    if (!f.skipped.empty()) continue;
+    xmax = std::max(xmax, f.wall_seconds);
+    const char* color = f.kind == "kill"                            ? "#c00000"
+                        : f.kind == "leave"                         ? "#d07000"
+                        : (f.kind == "join" || f.kind == "restart") ? "#008000"
+                                                                    : "#0050c0";
+    absl::StrAppendFormat(
+        &script,
+        "set arrow from first %.3f, graph 0 to first %.3f, graph 1 nohead "
+        "lc rgb '%s' dt 2 lw 1.5;"
+        "set label '%s %s' at first %.3f, graph 0.97 right rotate by 90 "
+        "offset -0.7,0 noenhanced font ',8' tc rgb '%s';",
+        f.wall_seconds, f.wall_seconds, color, GnuplotText(f.kind),
+        GnuplotText(f.node), f.wall_seconds, color);
+  }
+  // Shade each partition from its start to its end.
+  double partition_start = -1;
+  for (const auto& f : d.faults) {
+    if (!f.skipped.empty()) continue;
+    if (f.kind == "partition_start") partition_start = f.wall_seconds;
+    if (f.kind == "partition_end" && partition_start >= 0) {
+      absl::StrAppendFormat(&script,
+                            "set object rect from first %.3f, graph 0 to "
+                            "first %.3f, graph 1 behind fc rgb '#0050c0' "
+                            "fs transparent solid 0.08 noborder;",
+                            partition_start, f.wall_seconds);
+      partition_start = -1;
+    }
+  }
+  absl::StrAppendFormat(&script, "set xrange [0:%.3f];", xmax * 1.05 + 1);
+  absl::StrAppend(&script,
+                  "plot 'rounds.csv' using 4:6 with linespoints lw 2 pt 7 ps "
+                  "0.6 title 'members of each round'");
+  return script;
 }
 
 struct Chart {
@@ -61,6 +121,14 @@ absl::Status WriteReport(const std::string& dir, const ReportData& d) {
   STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/val_loss.csv", val));
   STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/rounds.csv", rounds));
   STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/nodes.csv", nodes));
+  std::string faults = "wall_seconds,kind,node,skipped\n";
+  for (const auto& f : d.faults) {
+    absl::StrAppendFormat(&faults, "%.3f,%s,\"%s\",\"%s\"\n", f.wall_seconds,
+                          f.kind, f.node, f.skipped);
+  }
+  if (!d.faults.empty()) {
+    STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/faults.csv", faults));
+  }
 
   const std::vector<Chart> charts = {
       {"val_loss_vs_time.png", "Validation loss vs wall time",
@@ -85,6 +153,10 @@ absl::Status WriteReport(const std::string& dir, const ReportData& d) {
       {"membership.png", "Members per round",
        "set xlabel 'round'; set ylabel 'members'; set yrange [0:*];"
        "plot 'rounds.csv' using 1:6 with steps lw 2 title 'members'"},
+      {"membership_over_time.png",
+       d.faults.empty() ? "Membership over time"
+                        : "Membership over time, with the injected faults",
+       MembershipOverTime(d)},
   };
   std::string script;
   for (const Chart& c : charts) {
@@ -124,6 +196,20 @@ absl::Status WriteReport(const std::string& dir, const ReportData& d) {
                     "</td></tr>\n");
   }
   absl::StrAppend(&html, "</table>\n");
+  if (!d.faults.empty()) {
+    absl::StrAppend(&html,
+                    "<h2>Fault events</h2>\n<table>\n<tr><th>wall "
+                    "seconds</th><th>event</th><th>node</th><th>outcome</th>"
+                    "</tr>\n");
+    for (const auto& f : d.faults) {
+      absl::StrAppendFormat(
+          &html, "<tr><td>%.1f</td><td>%s</td><td>%s</td><td>%s</td></tr>\n",
+          f.wall_seconds, Html(f.kind), Html(f.node),
+          f.skipped.empty() ? std::string("carried out")
+                            : Html(absl::StrCat("skipped: ", f.skipped)));
+    }
+    absl::StrAppend(&html, "</table>\n");
+  }
   for (const Chart& c : charts) {
     absl::StrAppend(&html, "<h2>", Html(c.title), "</h2>\n");
     if (charts_status.ok()) {
@@ -138,8 +224,9 @@ absl::Status WriteReport(const std::string& dir, const ReportData& d) {
       &html,
       "<p>Data: <a href=\"report/rounds.csv\">rounds.csv</a>, <a "
       "href=\"report/val_loss.csv\">val_loss.csv</a>, <a "
-      "href=\"report/nodes.csv\">nodes.csv</a>, <a "
-      "href=\"summary.json\">summary.json</a>.</p>\n</body></html>\n");
+      "href=\"report/nodes.csv\">nodes.csv</a>, ",
+      d.faults.empty() ? "" : "<a href=\"report/faults.csv\">faults.csv</a>, ",
+      "<a href=\"summary.json\">summary.json</a>.</p>\n</body></html>\n");
   STARLING_RETURN_IF_ERROR(WriteFileAtomic(dir + "/report.html", html));
   return charts_status;
 }

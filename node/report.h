@@ -1,5 +1,6 @@
 // report.html for a `starling sim` run: gnuplot charts (PNG) rendered from
-// CSV files, plus a table of the final figures. Thread-compatible.
+// CSV files, a table of the final figures and, when the sim injected faults,
+// a table of them (also marked on the membership chart). Thread-compatible.
 #ifndef STARLING_NODE_REPORT_H_
 #define STARLING_NODE_REPORT_H_
 
@@ -12,7 +13,8 @@ namespace starling {
 
 struct ReportData {
   std::string title;
-  // (wall seconds, validation loss) from rank 0's evaluations.
+  // (wall seconds, validation loss) from the nodes' evaluations. Wall
+  // seconds count from the start of the sim.
   std::vector<std::pair<double, double>> val_vs_time;
   // Per round: cumulative bytes sent by all nodes, mean train loss, wall
   // seconds at its end, whether all members' model hashes agreed, members.
@@ -34,6 +36,15 @@ struct ReportData {
   std::vector<Node> nodes;
   // Rows of the summary table: (label, value).
   std::vector<std::pair<std::string, std::string>> facts;
+  // Fault events the sim carried out or skipped, in time order. Carried-out
+  // ones are marked on the membership-over-time chart.
+  struct Fault {
+    double wall_seconds;  // when it was carried out (or skipped)
+    std::string kind;     // "kill", "restart", "join", "leave", ...
+    std::string node;     // node id, or the groups of a partition
+    std::string skipped;  // why it was skipped; empty when carried out
+  };
+  std::vector<Fault> faults;
 };
 
 // Writes DIR/report.html and DIR/report/*.{csv,png}. Without gnuplot the

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 
 #include "absl/flags/commandlineflag.h"
@@ -21,16 +22,38 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "core/checkpoint.h"
 #include "core/file_util.h"
 #include "core/json.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "node/faults.h"
 #include "node/node_command.h"
 #include "node/report.h"
 #include "node/run_output.h"
 #include "node/train_command.h"
 
 ABSL_FLAG(int, nodes, 4, "sim: number of node processes");
+ABSL_FLAG(std::string, kill, "",
+          "sim: SIGKILL nodes (a crash): ID@TIME[,ID@TIME...], e.g. n2@30s. "
+          "TIME counts from the start of the sim and needs a unit: 30s, "
+          "1.5s, 2m, 500ms");
+ABSL_FLAG(std::string, restart, "",
+          "sim: start stopped nodes again with the same id, port and "
+          "directory (with --resume when it holds a checkpoint): "
+          "ID@TIME[,...], e.g. n2@60s. A node still running then is "
+          "skipped with a warning");
+ABSL_FLAG(std::string, join, "",
+          "sim: start new nodes, each with its own port, directory and data "
+          "shard: ID@TIME[,...], e.g. n5@45s. IDs must differ from n0 .. "
+          "n{nodes-1}");
+ABSL_FLAG(std::string, leave, "",
+          "sim: SIGTERM nodes (a graceful leave: the node says goodbye, "
+          "checkpoints and exits 1): ID@TIME[,...], e.g. n1@50s");
+ABSL_FLAG(std::string, partition, "",
+          "sim: from START to END the groups cannot reach each other: "
+          "IDS|IDS[|IDS...]@START-END[;...], IDS = ID[,ID...], e.g. "
+          "n0,n1|n2,n3@20s-40s. One partition at a time");
 
 namespace starling {
 namespace {
@@ -82,7 +105,9 @@ absl::StatusOr<Struct> ReadJsonFile(const std::string& path) {
   return s;
 }
 
+// JSON text of `v`; null when it is unset (a missing field).
 std::string ToJson(const Value& v) {
+  if (v.kind_case() == Value::KIND_NOT_SET) return "null";
   std::string out;
   google::protobuf::util::JsonPrintOptions o;
   o.preserve_proto_field_names = true;
@@ -90,190 +115,424 @@ std::string ToJson(const Value& v) {
   return out;
 }
 
+// Calls `fn` with each complete, parseable line of JSON-lines `text`.
+// Returns the length of the complete lines (what a follower has consumed).
+size_t ForEachEvent(absl::string_view text,
+                    const std::function<void(const Struct&)>& fn) {
+  size_t end = text.rfind('\n');
+  if (end == absl::string_view::npos) return 0;  // no complete line yet
+  for (absl::string_view line :
+       absl::StrSplit(text.substr(0, end), '\n', absl::SkipEmpty())) {
+    Struct ev;
+    if (google::protobuf::util::JsonStringToMessage(std::string(line), &ev)
+            .ok()) {
+      fn(ev);
+    }
+  }
+  return end + 1;
+}
+
+// A member id from a "members" list: a string id, or an int rank ("nK")
+// from nodes that predate elastic membership.
+std::string MemberId(const Value& v) {
+  return v.kind_case() == Value::kStringValue
+             ? v.string_value()
+             : absl::StrCat("n", static_cast<int64_t>(v.number_value()));
+}
+
 // Live view of the nodes' progress, from the tail of their events.jsonl.
 class Progress {
  public:
-  Progress(const std::string& dir, int nodes, int total_steps)
+  Progress(const std::string& dir, std::vector<std::string> ids,
+           int total_steps, bool show_members)
       : dir_(dir),
-        offsets_(nodes, 0),
-        step_(nodes, 0),
-        loss_(nodes, 0),
-        sent_(nodes, 0),
-        total_steps_(total_steps) {}
+        ids_(std::move(ids)),
+        offsets_(ids_.size(), 0),
+        step_(ids_.size(), 0),
+        loss_(ids_.size(), 0),
+        sent_(ids_.size(), 0),
+        rounds_(ids_.size(), 0),
+        counted_(ids_.size(), false),
+        total_steps_(total_steps),
+        show_members_(show_members) {}
+
+  // Whether node `i` counts for the step, loss and ETA: from its start
+  // (a joiner: from its first round) until the sim stops it.
+  void SetCounted(size_t i, bool counted) { counted_[i] = counted; }
 
   // Reads only what each node appended since the last poll.
   void Poll() {
-    for (size_t i = 0; i < offsets_.size(); ++i) {
+    for (size_t i = 0; i < ids_.size(); ++i) {
       absl::StatusOr<std::string> text =
-          ReadFileFrom(absl::StrCat(dir_, "/n", i, "/events.jsonl"),
+          ReadFileFrom(absl::StrCat(dir_, "/", ids_[i], "/events.jsonl"),
                        static_cast<int64_t>(offsets_[i]));
       if (!text.ok()) continue;
-      size_t end = text->rfind('\n');
-      if (end == std::string::npos) continue;  // no complete line yet
-      for (absl::string_view line :
-           absl::StrSplit(absl::string_view(*text).substr(0, end), '\n',
-                          absl::SkipEmpty())) {
-        Struct ev;
-        if (!google::protobuf::util::JsonStringToMessage(std::string(line), &ev)
-                 .ok()) {
-          continue;
-        }
+      offsets_[i] += ForEachEvent(*text, [&](const Struct& ev) {
         const std::string kind = Get(ev, "event").string_value();
         if (kind == "round") {
-          round_ =
-              std::max<int64_t>(round_, Get(ev, "round").number_value() + 1);
+          const int64_t r = Get(ev, "round").number_value();
+          if (r + 1 >= round_) {
+            round_ = r + 1;
+            members_ = Get(ev, "members").list_value().values_size();
+          }
           step_[i] = static_cast<int>(Get(ev, "step").number_value());
           loss_[i] = Get(ev, "train_loss").number_value();
           sent_[i] += Get(ev, "bytes").number_value();
+          ++rounds_[i];
         } else if (kind == "eval") {
           val_ = Get(ev, "val_loss").number_value();
         }
-      }
-      offsets_[i] += end + 1;
+      });
     }
   }
 
   std::string Line(double elapsed) const {
-    int min_step = *std::min_element(step_.begin(), step_.end());
+    int min_step = -1, counted = 0;
     double loss = 0, sent = 0;
     for (size_t i = 0; i < step_.size(); ++i) {
-      loss += loss_[i];
       sent += sent_[i];
+      if (!counted_[i]) continue;
+      min_step = min_step < 0 ? step_[i] : std::min(min_step, step_[i]);
+      loss += loss_[i];
+      ++counted;
     }
-    loss /= step_.size();
+    min_step = std::max(min_step, 0);
+    if (counted > 0) loss /= counted;
     double eta =
         min_step > 0 ? elapsed * (total_steps_ - min_step) / min_step : NAN;
     return absl::StrFormat(
-        "sim | round %d | step %d/%d | loss %s | val %s | sent %s | %s | eta "
-        "%s",
-        round_, min_step, total_steps_,
+        "sim | round %d%s | step %d/%d | loss %s | val %s | sent %s | %s | "
+        "eta %s",
+        round_, show_members_ ? absl::StrFormat(" | members %d", members_) : "",
+        min_step, total_steps_,
         min_step > 0 ? absl::StrFormat("%.4f", loss) : "-",
         std::isnan(val_) ? "-" : absl::StrFormat("%.4f", val_),
         FormatBytes(sent), FormatDuration(elapsed), FormatDuration(eta));
   }
 
+  // Whether node `i` has logged a round since the sim started.
+  bool HasRound(size_t i) const { return rounds_[i] > 0; }
+
  private:
   std::string dir_;
+  std::vector<std::string> ids_;
   std::vector<size_t> offsets_;
   std::vector<int> step_;
   std::vector<double> loss_;
   std::vector<double> sent_;
+  std::vector<int> rounds_;
+  std::vector<bool> counted_;
   int total_steps_;
+  bool show_members_;
   int64_t round_ = 0;
+  int members_ = 0;
   double val_ = NAN;
 };
 
 std::atomic<int> g_sim_signal{0};
 void OnSimSignal(int sig) { g_sim_signal.store(sig); }
 
-// Merges the nodes' summaries into the sim's summary.json and report.html.
-absl::Status MergeOutputs(const std::string& dir, int n,
-                          const TrainConfig& config, const JsonObject& sim_cfg,
-                          double wall) {
-  std::vector<Struct> sums;
-  for (int i = 0; i < n; ++i) {
-    STARLING_ASSIGN_OR_RETURN(
-        Struct s, ReadJsonFile(absl::StrCat(dir, "/n", i, "/summary.json")));
-    sums.push_back(std::move(s));
+// What MergeOutputs needs besides the config.
+struct MergeInput {
+  std::string dir;
+  std::vector<std::string> ids;                // every node the sim started
+  absl::Time start;                            // when the sim started its nodes
+  double wall = 0;                             // seconds the sim ran
+  JsonArray faults;                            // summary.json's "faults"
+  std::vector<ReportData::Fault> fault_marks;  // seconds since `start`
+  std::vector<std::string> left;               // ids that left via --leave
+  std::vector<std::string> killed;  // ids killed and not restarted since
+};
+
+bool IsPartition(const FaultEvent& ev) {
+  return ev.kind == FaultKind::kPartitionStart ||
+         ev.kind == FaultKind::kPartitionEnd;
+}
+
+// What a fault event acts on: its node, or a partition's groups.
+std::string FaultTarget(const FaultEvent& ev) {
+  return IsPartition(ev) ? PartitionLine(ev.groups) : ev.node;
+}
+
+// Records `ev` for summary.json and the report: carried out at `t` seconds
+// after the start, or skipped (then `t` is when, or < 0 when it never came
+// due because every node had stopped).
+void RecordFault(const FaultEvent& ev, double t, const std::string& skipped,
+                 MergeInput* merge) {
+  const double planned = absl::ToDoubleSeconds(ev.at);
+  JsonObject o;
+  o.Add("kind", FaultKindName(ev.kind))
+      .Add(IsPartition(ev) ? "groups" : "node", FaultTarget(ev))
+      .Add("planned_seconds", planned);
+  if (t >= 0) o.Add("at_seconds", t);
+  if (!skipped.empty()) o.Add("skipped", skipped);
+  merge->faults.Push(o);
+  merge->fault_marks.push_back({t >= 0 ? t : planned,
+                                std::string(FaultKindName(ev.kind)),
+                                FaultTarget(ev), skipped});
+}
+
+// One node's record of one round.
+struct RoundSeen {
+  Value members;
+  std::string hash;
+  double train_loss = 0;
+  Value val_loss;
+  double bytes = 0;
+  double seconds = 0;
+  double unix_seconds = NAN;  // from the event's "time"; NaN: unknown
+  double wall_seconds = NAN;  // the node's own clock
+};
+
+RoundSeen RoundFrom(const Struct& r) {
+  RoundSeen s;
+  s.members = Get(r, "members");
+  s.hash = Get(r, "model_hash").string_value();
+  s.train_loss = Get(r, "train_loss").number_value();
+  s.val_loss = Get(r, "val_loss");
+  s.bytes = Get(r, "bytes").number_value();
+  s.seconds = Get(r, "seconds").number_value();
+  return s;
+}
+
+double UnixSeconds(const Struct& ev) {
+  absl::Time t;
+  std::string err;
+  if (!absl::ParseTime(absl::RFC3339_full, Get(ev, "time").string_value(), &t,
+                       &err)) {
+    return NAN;
   }
+  return absl::ToDoubleSeconds(t - absl::UnixEpoch());
+}
+
+struct NodeRecord {
+  std::string id;
+  bool has_summary = false;
+  Struct summary;
+  std::map<int64_t, RoundSeen> rounds;  // by round; the last record wins
+  struct Eval {
+    int64_t step;
+    double val_loss, unix_seconds, wall_seconds;
+  };
+  std::vector<Eval> evals;
+  // The summary's nodes[0] and final (empty without a summary).
+  const Struct& node() const {
+    const auto& l = Get(summary, "nodes").list_value();
+    return l.values_size() > 0 ? l.values(0).struct_value()
+                               : Get(summary, "nodes").struct_value();
+  }
+  const Struct& final_figures() const {
+    return Get(summary, "final").struct_value();
+  }
+  double steps() const {
+    const Value& v = Get(final_figures(), "inner_steps");
+    return v.kind_case() == Value::kNumberValue
+               ? v.number_value()
+               : Get(node(), "inner_steps").number_value();
+  }
+};
+
+NodeRecord ReadNode(const std::string& dir, const std::string& id) {
+  NodeRecord n;
+  n.id = id;
+  const std::string nd = absl::StrCat(dir, "/", id);
+  if (absl::StatusOr<Struct> s = ReadJsonFile(nd + "/summary.json"); s.ok()) {
+    n.has_summary = true;
+    n.summary = std::move(*s);
+  }
+  if (absl::StatusOr<std::string> text = ReadFile(nd + "/events.jsonl");
+      text.ok()) {
+    ForEachEvent(*text, [&](const Struct& ev) {
+      const std::string kind = Get(ev, "event").string_value();
+      if (kind == "round") {
+        RoundSeen r = RoundFrom(ev);
+        r.unix_seconds = UnixSeconds(ev);
+        r.wall_seconds = Get(ev, "wall_seconds").number_value();
+        n.rounds[static_cast<int64_t>(Get(ev, "round").number_value())] =
+            std::move(r);
+      } else if (kind == "eval") {
+        n.evals.push_back({static_cast<int64_t>(Get(ev, "step").number_value()),
+                           Get(ev, "val_loss").number_value(), UnixSeconds(ev),
+                           Get(ev, "wall_seconds").number_value()});
+      }
+    });
+  }
+  // Rounds the summary holds that the events lost.
+  for (const Value& v : Get(n.summary, "rounds").list_value().values()) {
+    const int64_t round = Get(v.struct_value(), "round").number_value();
+    if (!n.rounds.count(round)) n.rounds[round] = RoundFrom(v.struct_value());
+  }
+  return n;
+}
+
+// Merges the nodes' outputs into the sim's summary.json and report.html.
+// Nodes may have joined late, left, or been killed (no summary.json): rounds
+// are merged by round number over every node that logged them.
+absl::Status MergeOutputs(const MergeInput& in, const TrainConfig& config,
+                          const JsonObject& sim_cfg) {
+  std::vector<NodeRecord> recs;
+  for (const std::string& id : in.ids) recs.push_back(ReadNode(in.dir, id));
+  // Wall seconds count from the sim's start, or from the first event a
+  // resumed run logged before it.
+  double origin = absl::ToDoubleSeconds(in.start - absl::UnixEpoch());
+  for (const NodeRecord& n : recs) {
+    for (const auto& [round, r] : n.rounds) {
+      if (!std::isnan(r.unix_seconds))
+        origin = std::min(origin, r.unix_seconds);
+    }
+  }
+  auto sim_seconds = [&](double unix_seconds, double node_wall) {
+    return std::isnan(unix_seconds) ? node_wall : unix_seconds - origin;
+  };
+  const double start_offset =
+      absl::ToDoubleSeconds(in.start - absl::UnixEpoch()) - origin;
+
   JsonArray nodes;
   double total_bytes = 0, equivalent = 0, compute = 0, node_wall = 0;
   double before = 0, after = 0;
   std::string compression;
   ReportData report;
-  for (int i = 0; i < n; ++i) {
-    const Struct& node =
-        Get(sums[i], "nodes").list_value().values(0).struct_value();
-    nodes.PushRaw(ToJson(Get(sums[i], "nodes").list_value().values(0)));
+  const NodeRecord* first_summary = nullptr;
+  const NodeRecord* evaluated = nullptr;  // highest step with a val_loss
+  double max_steps = -1;
+  for (const NodeRecord& n : recs) {
+    if (!n.has_summary) {
+      JsonObject o;
+      o.Add("id", n.id).Add("status", "killed");
+      nodes.Push(o);
+      double sent = 0;
+      for (const auto& [round, r] : n.rounds) sent += r.bytes;
+      total_bytes += sent;
+      report.nodes.push_back({n.id, sent, 0, 0});
+      continue;
+    }
+    if (first_summary == nullptr) first_summary = &n;
+    const Struct& node = n.node();
+    Struct with_status = node;
+    const bool interrupted = Get(n.final_figures(), "interrupted").bool_value();
+    auto listed = [&](const std::vector<std::string>& ids) {
+      return std::find(ids.begin(), ids.end(), n.id) != ids.end();
+    };
+    // A killed node's summary is from an earlier life.
+    (*with_status.mutable_fields())["status"].set_string_value(
+        listed(in.killed) ? "killed"
+        : !interrupted    ? "finished"
+        : listed(in.left) ? "left"
+                          : "interrupted");
+    Value v;
+    *v.mutable_struct_value() = with_status;
+    nodes.PushRaw(ToJson(v));
     total_bytes += Get(node, "bytes_sent").number_value();
     before += Get(node, "bytes_before_compression").number_value();
     after += Get(node, "bytes_after_compression").number_value();
-    compression = Get(node, "compression").string_value();
+    if (compression.empty()) {
+      compression = Get(node, "compression").string_value();
+    }
     compute += Get(node, "compute_seconds").number_value();
     node_wall += Get(node, "wall_seconds").number_value();
     equivalent +=
-        Get(Get(sums[i], "final").struct_value(), "allreduce_equivalent_bytes")
-            .number_value();
+        Get(n.final_figures(), "allreduce_equivalent_bytes").number_value();
     double w = Get(node, "wall_seconds").number_value();
     report.nodes.push_back(
-        {Get(node, "id").string_value(), Get(node, "bytes_sent").number_value(),
+        {n.id, Get(node, "bytes_sent").number_value(),
          Get(node, "bytes_received").number_value(),
          w > 0 ? Get(node, "compute_seconds").number_value() / w : 0});
+    max_steps = std::max(max_steps, n.steps());
+    if (Get(n.final_figures(), "val_loss").kind_case() == Value::kNumberValue &&
+        (evaluated == nullptr || n.steps() > evaluated->steps())) {
+      evaluated = &n;
+    }
   }
-  // Rounds: every node logged the same rounds; they must agree on the hash.
-  const auto& r0 = Get(sums[0], "rounds").list_value();
+
+  // Rounds, by round number over every node that logged them.
+  std::map<int64_t, std::vector<const NodeRecord*>> by_round;
+  for (const NodeRecord& n : recs) {
+    for (const auto& [round, r] : n.rounds) by_round[round].push_back(&n);
+  }
   JsonArray rounds;
   bool all_agree = true;
   double cumulative = 0;
-  for (int k = 0; k < r0.values_size(); ++k) {
-    const Struct& a = r0.values(k).struct_value();
-    const std::string hash = Get(a, "model_hash").string_value();
-    bool agree = true;
-    double loss = 0, bytes = 0, seconds = 0;
-    JsonArray hashes;
-    for (int i = 0; i < n; ++i) {
-      const auto& ri = Get(sums[i], "rounds").list_value();
-      if (k >= ri.values_size()) {
-        agree = false;
-        hashes.Push(absl::string_view(""));
-        continue;
-      }
-      const Struct& b = ri.values(k).struct_value();
-      agree = agree && Get(b, "model_hash").string_value() == hash;
-      hashes.Push(Get(b, "model_hash").string_value());
-      loss += Get(b, "train_loss").number_value() / n;
-      bytes += Get(b, "bytes").number_value();
-      seconds = std::max(seconds, Get(b, "seconds").number_value());
+  std::vector<std::string> last_members;
+  for (const auto& [round, seen] : by_round) {
+    std::map<std::string, int> votes;
+    double loss = 0, bytes = 0, seconds = 0, t = 0;
+    JsonArray hashes, reported_by;
+    const RoundSeen* first = nullptr;
+    Value val_loss;
+    for (const NodeRecord* n : seen) {
+      const RoundSeen& r = n->rounds.at(round);
+      if (first == nullptr) first = &r;
+      ++votes[r.hash];
+      hashes.Push(r.hash);
+      reported_by.Push(n->id);
+      loss += r.train_loss / seen.size();
+      bytes += r.bytes;
+      seconds = std::max(seconds, r.seconds);
+      t = std::max(t, sim_seconds(r.unix_seconds, r.wall_seconds));
+      if (val_loss.kind_case() != Value::kNumberValue) val_loss = r.val_loss;
     }
+    // The hash most nodes report (the first such in id order on a tie).
+    std::string hash = first->hash;
+    for (const auto& [h, count] : votes) {
+      if (count > votes[hash]) hash = h;
+    }
+    // Members as the first node holding that hash saw them.
+    const RoundSeen* ref = first;
+    for (const NodeRecord* n : seen) {
+      if (n->rounds.at(round).hash == hash) {
+        ref = &n->rounds.at(round);
+        break;
+      }
+    }
+    const bool agree = votes.size() == 1;
     all_agree = all_agree && agree;
     cumulative += bytes;
+    last_members.clear();
+    for (const Value& m : ref->members.list_value().values()) {
+      last_members.push_back(MemberId(m));
+    }
     JsonObject o;
-    o.Add("round", static_cast<int64_t>(Get(a, "round").number_value()))
-        .AddRaw("members", ToJson(Get(a, "members")))
+    o.Add("round", round)
+        .AddRaw("members", ToJson(ref->members))
         .Add("model_hash", hash)
         .Add("hashes_agree", agree)
         .Add("node_hashes", hashes)
+        .Add("reported_by", reported_by)
         .Add("train_loss", loss)
-        .AddRaw("val_loss", ToJson(Get(a, "val_loss")))
+        .AddRaw("val_loss", ToJson(val_loss))
         .Add("bytes", bytes)
-        .Add("seconds", seconds);
+        .Add("seconds", seconds)
+        .Add("wall_seconds", t);
     rounds.Push(o);
-    report.rounds.push_back(
-        {static_cast<int64_t>(Get(a, "round").number_value()), cumulative, loss,
-         0.0, agree, Get(a, "members").list_value().values_size()});
+    report.rounds.push_back({round, cumulative, loss, t, agree,
+                             ref->members.list_value().values_size()});
   }
-  // Wall time at each round end, from n0's events.
-  absl::StatusOr<std::string> ev0 =
-      ReadFile(absl::StrCat(dir, "/n0/events.jsonl"));
-  if (ev0.ok()) {
-    size_t k = 0;
-    for (absl::string_view line :
-         absl::StrSplit(*ev0, '\n', absl::SkipEmpty())) {
-      Struct ev;
-      if (!google::protobuf::util::JsonStringToMessage(std::string(line), &ev)
-               .ok()) {
-        continue;
-      }
-      const std::string kind = Get(ev, "event").string_value();
-      double t = Get(ev, "wall_seconds").number_value();
-      if (kind == "round" && k < report.rounds.size()) {
-        report.rounds[k++].wall_seconds = t;
-      } else if (kind == "eval") {
-        report.val_vs_time.push_back({t, Get(ev, "val_loss").number_value()});
-      }
+  // Validation loss over time: each evaluated step once.
+  std::map<int64_t, std::pair<double, double>> evals;  // step -> (t, loss)
+  for (const NodeRecord& n : recs) {
+    for (const auto& e : n.evals) {
+      evals.emplace(e.step,
+                    std::make_pair(sim_seconds(e.unix_seconds, e.wall_seconds),
+                                   e.val_loss));
     }
   }
-  const Struct& f0 = Get(sums[0], "final").struct_value();
-  std::string final_hash = Get(f0, "model_hash").string_value();
-  for (int i = 1; i < n; ++i) {
-    all_agree =
-        all_agree && Get(Get(sums[i], "final").struct_value(), "model_hash")
-                             .string_value() == final_hash;
+  for (const auto& [step, point] : evals) report.val_vs_time.push_back(point);
+  std::sort(report.val_vs_time.begin(), report.val_vs_time.end());
+
+  // The final model: every node that ran to the end holds the same one.
+  std::string final_hash;
+  for (const NodeRecord& n : recs) {
+    if (!n.has_summary || n.steps() != max_steps) continue;
+    const std::string h = Get(n.final_figures(), "model_hash").string_value();
+    if (final_hash.empty()) final_hash = h;
+    all_agree = all_agree && h == final_hash;
   }
+  static const Struct* empty = new Struct();
+  const Struct& fe = evaluated ? evaluated->final_figures() : *empty;
   JsonObject fin;
-  fin.AddRaw("val_loss", ToJson(Get(f0, "val_loss")));
-  if (f0.fields().count("val_accuracy")) {
-    fin.AddRaw("val_accuracy", ToJson(Get(f0, "val_accuracy")));
+  fin.AddRaw("val_loss", ToJson(evaluated ? Get(fe, "val_loss") : Value()));
+  if (fe.fields().count("val_accuracy")) {
+    fin.AddRaw("val_accuracy", ToJson(Get(fe, "val_accuracy")));
   }
   fin.Add("total_bytes", total_bytes)
       .Add("allreduce_equivalent_bytes", equivalent);
@@ -287,36 +546,48 @@ absl::Status MergeOutputs(const std::string& dir, int n,
   } else {
     fin.AddNull("comm_reduction");
   }
+  JsonArray members_at_end;
+  for (const std::string& m : last_members) members_at_end.Push(m);
   fin.Add("utilization", node_wall > 0 ? compute / node_wall : 0.0)
       .Add("model_hash", final_hash)
       .Add("all_hashes_agree", all_agree)
-      .Add("rounds", static_cast<int64_t>(r0.values_size()))
-      .Add("wall_seconds", wall);
+      .Add("rounds", static_cast<int64_t>(by_round.size()))
+      .Add("members_at_end", members_at_end)
+      .Add("wall_seconds", in.wall);
+  const Value no_model;
+  const Value& model =
+      first_summary ? Get(first_summary->summary, "model") : no_model;
   JsonObject summary;
   summary.Add("command", "sim")
       .AddRaw("config", ConfigJson(config))
       .Add("sim", sim_cfg)
-      .AddRaw("model", ToJson(Get(sums[0], "model")))
+      .AddRaw("model", ToJson(model))
       .Add("nodes", nodes)
       .Add("rounds", rounds)
+      .Add("faults", in.faults)
       .Add("final", fin);
   STARLING_RETURN_IF_ERROR(
-      WriteFileAtomic(dir + "/summary.json", summary.Dump() + "\n"));
+      WriteFileAtomic(in.dir + "/summary.json", summary.Dump() + "\n"));
 
+  const int joiners =
+      static_cast<int>(in.ids.size()) - absl::GetFlag(FLAGS_nodes);
   report.title =
-      absl::StrCat("Starling sim: ", n, " nodes, ", absl::GetFlag(FLAGS_algo));
+      absl::StrCat("Starling sim: ", absl::GetFlag(FLAGS_nodes), " nodes",
+                   joiners > 0 ? absl::StrCat(" (+", joiners, " joining)") : "",
+                   ", ", absl::GetFlag(FLAGS_algo));
   auto num = [](const Value& v, const char* fmt) {
     return v.kind_case() == Value::kNumberValue
                ? absl::StrFormat(fmt, v.number_value())
                : std::string("-");
   };
+  const std::string architecture =
+      Get(model.struct_value(), "architecture").string_value();
   report.facts = {
-      {"run directory", dir},
-      {"model", Get(Get(sums[0], "model").struct_value(), "architecture")
-                    .string_value()},
+      {"run directory", in.dir},
+      {"model", architecture.empty() ? config.model() : architecture},
       {"algorithm", absl::GetFlag(FLAGS_algo)},
-      {"final validation loss", num(Get(f0, "val_loss"), "%.4f")},
-      {"rounds", absl::StrCat(r0.values_size())},
+      {"final validation loss", num(Get(fe, "val_loss"), "%.4f")},
+      {"rounds", absl::StrCat(by_round.size())},
       {"pseudo-gradient compression",
        compression.empty()
            ? std::string("-")
@@ -332,20 +603,50 @@ absl::Status MergeOutputs(const std::string& dir, int n,
        absl::StrFormat("%.1f%%",
                        node_wall > 0 ? 100 * compute / node_wall : 0)},
       {"model hashes agree every round", all_agree ? "yes" : "NO"},
-      {"wall time", FormatDuration(wall)},
+      {"wall time", FormatDuration(in.wall)},
   };
-  absl::Status rs = WriteReport(dir, report);
+  if (!in.fault_marks.empty()) {
+    report.facts.push_back({"fault events", absl::StrCat(in.fault_marks.size(),
+                                                         " (table below)")});
+    report.facts.push_back(
+        {"members at the end", absl::StrJoin(last_members, ", ")});
+  }
+  for (ReportData::Fault f : in.fault_marks) {
+    f.wall_seconds += start_offset;
+    report.faults.push_back(std::move(f));
+  }
+  absl::Status rs = WriteReport(in.dir, report);
   if (!rs.ok()) STARLING_LOG(WARNING) << "report: " << rs.message();
   return absl::OkStatus();
+}
+
+// Whether `starling node` accepts --NAME (the sim runs the same binary).
+bool NodeAccepts(absl::string_view name) {
+  const std::vector<std::string>& names = NodeFlagNames();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+// Flags of `starling sim` itself, never passed to the nodes.
+const std::vector<std::string>& SimOnlyFlagNames() {
+  static const auto* names = new std::vector<std::string>{
+      "nodes", "kill", "restart", "join", "leave", "partition"};
+  return *names;
+}
+
+// The node flags the sim sets per node.
+bool SetPerNode(absl::string_view name) {
+  return name == "listen" || name == "peers" || name == "node_id" ||
+         name == "min_members" || name == "partition_file" ||
+         name == "test_crash_at";
 }
 
 }  // namespace
 
 const Subcommand& SimSubcommand() {
   static const Subcommand* sub = [] {
-    std::vector<std::string> flags = {"nodes"};
+    std::vector<std::string> flags = SimOnlyFlagNames();
     for (const std::string& f : NodeFlagNames()) {
-      if (f != "listen" && f != "peers") flags.push_back(f);
+      if (!SetPerNode(f)) flags.push_back(f);
     }
     for (const std::string& f : TrainFlagNames()) {
       if (f != "shard") flags.push_back(f);
@@ -360,11 +661,21 @@ const Subcommand& SimSubcommand() {
         "if a node fails the others are stopped and its log is named. The "
         "training and node flags are passed to every node; --threads "
         "defaults to 1 per node.\n\n"
+        "Fault injection (elastic membership): --kill, --restart, --join, "
+        "--leave and --partition carry out events at times counted from the "
+        "start of the sim. Node ids are n0 .. n{nodes-1}, plus the ids that "
+        "--join names; joiners get their own shard (--shard=K/S with S = "
+        "nodes + joiners). Killed and leaving nodes are expected to stop; "
+        "any other failure still stops the sim. summary.json lists the "
+        "events as carried out under \"faults\", and the report marks them "
+        "on the membership-over-time chart.\n\n"
         "Default: 4 nodes, DiLoCo with H=50 (16 rounds), the small gpt on "
         "KJV, 800 inner steps per node.\n"
         "  starling sim\n"
         "  starling sim --algo=ddp --out=runs/ddp\n"
-        "  starling sim --inner_steps=10 --steps=800 --seed=1",
+        "  starling sim --inner_steps=10 --steps=800 --seed=1\n"
+        "  starling sim --kill=n2@30s --restart=n2@60s --join=n4@45s "
+        "--leave=n1@50s --partition='n0,n1|n2,n3@20s-40s'",
         flags};
   }();
   return *sub;
@@ -377,6 +688,29 @@ int RunSimCommand() {
                     absl::StrCat("--nodes=", n, ": must be in [1, 64]")),
                 2);
   }
+  std::vector<std::string> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(absl::StrCat("n", i));
+  absl::StatusOr<FaultPlan> plan =
+      ParseFaultPlan({absl::GetFlag(FLAGS_kill), absl::GetFlag(FLAGS_restart),
+                      absl::GetFlag(FLAGS_join), absl::GetFlag(FLAGS_leave),
+                      absl::GetFlag(FLAGS_partition)},
+                     ids);
+  if (!plan.ok()) return Fail(plan.status(), 2);
+  // Nodes learn their id, quorum and partition file once `starling node`
+  // has elastic membership; fault injection needs it.
+  const bool elastic = NodeAccepts("node_id") && NodeAccepts("min_members") &&
+                       NodeAccepts("partition_file");
+  if (!plan->empty() && !elastic) {
+    return Fail(absl::InvalidArgumentError(
+                    "--kill/--restart/--join/--leave/--partition: this "
+                    "`starling node` has no elastic membership (--node_id, "
+                    "--min_members, --partition_file), so it cannot survive "
+                    "faults"),
+                2);
+  }
+  for (const std::string& j : plan->joiners) ids.push_back(j);
+  const int total = static_cast<int>(ids.size());
+
   TrainConfig config = ConfigFromFlags();
   if (absl::Status s = ResolveTrainConfig(&config); !s.ok()) return Fail(s, 2);
   if (config.out().empty()) {
@@ -394,7 +728,13 @@ int RunSimCommand() {
                 2);
   }
   if (absl::Status s = MakeDirs(dir); !s.ok()) return Fail(s, 2);
-  absl::StatusOr<std::vector<int>> ports = PickPorts(n);
+  const std::string partition_file = dir + "/partition";
+  if (elastic) {
+    if (absl::Status s = WriteFileAtomic(partition_file, ""); !s.ok()) {
+      return Fail(s, 1);
+    }
+  }
+  absl::StatusOr<std::vector<int>> ports = PickPorts(total);
   if (!ports.ok()) return Fail(ports.status(), 1);
   std::vector<std::string> addrs;
   for (int p : *ports) addrs.push_back(absl::StrCat("127.0.0.1:", p));
@@ -406,9 +746,10 @@ int RunSimCommand() {
   }
   // Flags every child gets: the current value of each training/node flag.
   std::vector<std::string> common;
+  const std::vector<std::string>& sim_only = SimOnlyFlagNames();
   for (const std::string& name : SimSubcommand().flags) {
-    if (name == "nodes" || name == "out" || name == "run_id" ||
-        name == "threads") {
+    if (std::find(sim_only.begin(), sim_only.end(), name) != sim_only.end() ||
+        name == "out" || name == "run_id" || name == "threads") {
       continue;
     }
     absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
@@ -427,11 +768,20 @@ int RunSimCommand() {
       "starling sim: %d nodes (%s), %s on %s, %d steps per node, run %s -> %s",
       n, absl::GetFlag(FLAGS_algo), config.model(), config.data(),
       config.steps(), run_id, dir));
+  if (!plan->empty()) {
+    WriteStderrLine(absl::StrFormat(
+        "starling sim: %d fault events planned; joiners: %s",
+        plan->events.size(),
+        plan->joiners.empty() ? "none" : absl::StrJoin(plan->joiners, ", ")));
+  }
   const auto start = absl::Now();
-  std::vector<pid_t> pids(n, -1);
-  for (int i = 0; i < n; ++i) {
-    const std::string node_dir = absl::StrCat(dir, "/n", i);
-    if (absl::Status s = MakeDirs(node_dir); !s.ok()) return Fail(s, 1);
+  std::vector<pid_t> pids(total, -1);
+  std::vector<bool> leaving(total, false);
+  // Starts node i. A restart (or a joiner) resumes from its checkpoint when
+  // it has one and joins a running swarm, so it waits for no quorum.
+  auto start_node = [&](int i, bool restart) -> absl::Status {
+    const std::string node_dir = absl::StrCat(dir, "/", ids[i]);
+    STARLING_RETURN_IF_ERROR(MakeDirs(node_dir));
     std::vector<std::string> args = {"starling", "node"};
     args.push_back(absl::StrCat("--listen=", addrs[i]));
     std::vector<std::string> others;
@@ -439,15 +789,32 @@ int RunSimCommand() {
       if (j != i) others.push_back(addrs[j]);
     }
     args.push_back(absl::StrCat("--peers=", absl::StrJoin(others, ",")));
-    args.push_back(absl::StrCat("--shard=", i, "/", n));
+    const bool late = restart || i >= n;
+    if (elastic) {
+      args.push_back(absl::StrCat("--node_id=", ids[i]));
+      args.push_back(absl::StrCat("--min_members=", late ? 1 : n));
+      args.push_back(absl::StrCat("--partition_file=", partition_file));
+    }
+    args.push_back(absl::StrCat("--shard=", i, "/", total));
     args.push_back(absl::StrCat("--out=", node_dir));
     for (const std::string& a : common) args.push_back(a);
+    if (late) {
+      args.push_back(absl::StrCat(
+          "--resume=",
+          FileExists(CheckpointPathInRunDir(node_dir)) ? "true" : "false"));
+    }
     const std::string log = node_dir + "/node.log";
+    if (restart) {
+      (void)AppendLine(
+          log, absl::StrCat("--- starling sim: restarting ", ids[i], " ---"));
+    }
     pid_t pid = ::fork();
-    if (pid < 0) return Fail(absl::InternalError("fork failed"), 1);
+    if (pid < 0) return absl::InternalError("fork failed");
     if (pid == 0) {
       ::setpgid(0, 0);  // a terminal's Ctrl-C reaches only the sim
-      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int fd =
+          ::open(log.c_str(),
+                 O_WRONLY | O_CREAT | (restart ? O_APPEND : O_TRUNC), 0644);
       if (fd >= 0) {
         ::dup2(fd, STDOUT_FILENO);
         ::dup2(fd, STDERR_FILENO);
@@ -460,12 +827,25 @@ int RunSimCommand() {
       _exit(127);
     }
     pids[i] = pid;
+    leaving[i] = false;
+    return absl::OkStatus();
+  };
+  std::vector<std::string> started;  // ids, in the order first started
+  for (int i = 0; i < n; ++i) {
+    if (absl::Status s = start_node(i, false); !s.ok()) return Fail(s, 1);
+    started.push_back(ids[i]);
   }
 
-  Progress progress(dir, n, config.steps());
+  Progress progress(dir, ids, config.steps(), !plan->empty());
+  for (int i = 0; i < n; ++i) progress.SetCounted(i, true);
   const bool tty = ::isatty(STDERR_FILENO);
   auto last_print = absl::InfinitePast();
   std::string last_line;
+  // A line of its own, clear of the live progress line.
+  auto say = [&](const std::string& msg) {
+    if (tty) std::fprintf(stderr, "\r%-110s\r", "");
+    WriteStderrLine(msg);
+  };
   int running = n;
   int failed = -1, failed_code = 0;
   // When to SIGKILL whatever is still running: nodes finish their round
@@ -476,24 +856,120 @@ int RunSimCommand() {
       if (p > 0) ::kill(p, sig);
     }
   };
-  while (running > 0) {
+  auto index_of = [&](const std::string& id) {
+    return static_cast<int>(std::find(ids.begin(), ids.end(), id) -
+                            ids.begin());
+  };
+
+  // The fault plan, carried out from the wait loop.
+  size_t next_event = 0;
+  MergeInput merge;
+  auto carry_out = [&](const FaultEvent& ev, double t) {
+    const std::string what = FaultTarget(ev);
+    const int i = IsPartition(ev) ? -1 : index_of(ev.node);
+    std::string skipped;
+    switch (ev.kind) {
+      case FaultKind::kKill:
+        if (pids[i] <= 0) {
+          skipped = "not running";
+        } else {
+          ::kill(pids[i], SIGKILL);
+          int status = 0;
+          ::waitpid(pids[i], &status, 0);  // at once, so a restart can follow
+          pids[i] = -1;
+          --running;
+          merge.killed.push_back(ev.node);
+          progress.SetCounted(i, false);
+        }
+        break;
+      case FaultKind::kLeave:
+        if (pids[i] <= 0) {
+          skipped = "not running";
+        } else {
+          ::kill(pids[i], SIGTERM);
+          leaving[i] = true;
+          merge.left.push_back(ev.node);
+          progress.SetCounted(i, false);
+        }
+        break;
+      case FaultKind::kRestart:
+      case FaultKind::kJoin:
+        if (pids[i] > 0) {
+          skipped = "still running";
+        } else if (absl::Status s =
+                       start_node(i, ev.kind == FaultKind::kRestart);
+                   !s.ok()) {
+          skipped = std::string(s.message());
+        } else {
+          ++running;
+          merge.killed.erase(
+              std::remove(merge.killed.begin(), merge.killed.end(), ev.node),
+              merge.killed.end());
+          if (std::find(started.begin(), started.end(), ev.node) ==
+              started.end()) {
+            started.push_back(ev.node);
+          }
+          // A joiner counts once it has a round; a restarted node at once.
+          progress.SetCounted(
+              i, ev.kind == FaultKind::kRestart || progress.HasRound(i));
+        }
+        break;
+      case FaultKind::kPartitionStart:
+      case FaultKind::kPartitionEnd:
+        if (absl::Status s = WriteFileAtomic(
+                partition_file, ev.kind == FaultKind::kPartitionStart
+                                    ? what + "\n"
+                                    : std::string());
+            !s.ok()) {
+          skipped = std::string(s.message());
+        }
+        break;
+    }
+    RecordFault(ev, t, skipped, &merge);
+    say(absl::StrFormat(
+        "starling sim: %.1fs: %s %s%s", t, FaultKindName(ev.kind), what,
+        skipped.empty() ? "" : absl::StrCat(" skipped (", skipped, ")")));
+  };
+  auto stopping = [&] { return failed >= 0 || g_sim_signal.load() != 0; };
+  // A restart or join still to come keeps the sim waiting.
+  auto starts_pending = [&] {
+    for (size_t k = next_event; k < plan->events.size(); ++k) {
+      const FaultKind kind = plan->events[k].kind;
+      if (kind == FaultKind::kRestart || kind == FaultKind::kJoin) return true;
+    }
+    return false;
+  };
+
+  while (running > 0 || (!stopping() && starts_pending())) {
     int status = 0;
     pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid > 0) {
       int idx = static_cast<int>(std::find(pids.begin(), pids.end(), pid) -
                                  pids.begin());
-      if (idx < n) {
+      if (idx < total) {
         pids[idx] = -1;
         --running;
-        bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        const int code =
+            WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        bool ok = WIFEXITED(status) && code == 0;
+        // A node that was asked to leave exits 1 ("interrupted").
+        if (leaving[idx] && (code == 1 || code == 128 + SIGTERM)) {
+          ok = true;
+          say(absl::StrCat("starling sim: ", ids[idx], " left (exit ", code,
+                           ")"));
+        }
         if (!ok && failed < 0 && g_sim_signal.load() == 0) {
           failed = idx;
-          failed_code =
-              WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+          failed_code = code;
           stop_all(SIGTERM);
         }
       }
       continue;
+    }
+    const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+    while (!stopping() && next_event < plan->events.size() &&
+           absl::ToDoubleSeconds(plan->events[next_event].at) <= elapsed) {
+      carry_out(plan->events[next_event++], elapsed);
     }
     if (g_sim_signal.load() != 0 && kill_at == absl::InfiniteFuture()) {
       WriteStderrLine("\nstarling sim: stopping all nodes");
@@ -505,7 +981,11 @@ int RunSimCommand() {
     }
     if (absl::Now() > kill_at) stop_all(SIGKILL);
     progress.Poll();
-    const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+    for (int i = n; i < total; ++i) {
+      if (pids[i] > 0 && !leaving[i] && progress.HasRound(i)) {
+        progress.SetCounted(i, true);
+      }
+    }
     std::string line = progress.Line(elapsed);
     if (tty) {
       std::fprintf(stderr, "\r%-110s", line.c_str());
@@ -516,9 +996,22 @@ int RunSimCommand() {
       last_print = absl::Now();
       last_line = line;
     }
-    absl::SleepFor(absl::Milliseconds(250));
+    absl::Duration nap = absl::Milliseconds(250);
+    if (!stopping() && next_event < plan->events.size()) {
+      nap = std::min(
+          nap, std::max(absl::ZeroDuration(),
+                        plan->events[next_event].at - (absl::Now() - start)));
+    }
+    absl::SleepFor(nap);
   }
   if (tty) std::fprintf(stderr, "\n");
+  // Events that never came due: every node had stopped before them.
+  if (!stopping()) {
+    for (; next_event < plan->events.size(); ++next_event) {
+      RecordFault(plan->events[next_event], -1, "every node had stopped",
+                  &merge);
+    }
+  }
   const double wall = absl::ToDoubleSeconds(absl::Now() - start);
   if (g_sim_signal.load() != 0) {
     WriteStderrLine(
@@ -528,7 +1021,7 @@ int RunSimCommand() {
     return 1;
   }
   if (failed >= 0) {
-    const std::string log = absl::StrCat(dir, "/n", failed, "/node.log");
+    const std::string log = absl::StrCat(dir, "/", ids[failed], "/node.log");
     std::string last;
     if (absl::StatusOr<std::string> text = ReadFile(log); text.ok()) {
       for (absl::string_view l :
@@ -536,7 +1029,7 @@ int RunSimCommand() {
         last = std::string(l);
       }
     }
-    WriteStderrLine(absl::StrCat("starling sim: node n", failed,
+    WriteStderrLine(absl::StrCat("starling sim: node ", ids[failed],
                                  " failed (exit ", failed_code, "): ", last,
                                  "\n  its log: ", log));
     return 1;
@@ -550,7 +1043,21 @@ int RunSimCommand() {
       .Add("outer_lr", absl::GetFlag(FLAGS_outer_lr))
       .Add("outer_momentum", absl::GetFlag(FLAGS_outer_momentum))
       .Add("run_id", run_id);
-  if (absl::Status s = MergeOutputs(dir, n, config, sim_cfg, wall); !s.ok()) {
+  if (!plan->empty()) {
+    JsonArray joiners;
+    for (const std::string& j : plan->joiners) joiners.Push(j);
+    sim_cfg.Add("joiners", joiners)
+        .Add("kill", absl::GetFlag(FLAGS_kill))
+        .Add("restart", absl::GetFlag(FLAGS_restart))
+        .Add("join", absl::GetFlag(FLAGS_join))
+        .Add("leave", absl::GetFlag(FLAGS_leave))
+        .Add("partition", absl::GetFlag(FLAGS_partition));
+  }
+  merge.dir = dir;
+  merge.ids = started;
+  merge.start = start;
+  merge.wall = wall;
+  if (absl::Status s = MergeOutputs(merge, config, sim_cfg); !s.ok()) {
     return Fail(s, 1);
   }
   absl::StatusOr<Struct> summary = ReadJsonFile(dir + "/summary.json");

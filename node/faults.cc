@@ -1,0 +1,273 @@
+#include "node/faults.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "core/status.h"
+
+namespace starling {
+namespace {
+
+// Errors name the flag, its whole value and the entry at fault.
+class SpecError {
+ public:
+  SpecError(absl::string_view flag, absl::string_view value)
+      : flag_(flag), value_(value) {}
+
+  absl::Status operator()(absl::string_view entry,
+                          absl::string_view why) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag_, "=", value_, ": in '", entry, "': ", why));
+  }
+
+ private:
+  std::string flag_;
+  std::string value_;
+};
+
+// A duration with a unit ("30s", "1.5s", "2m", "500ms"), >= 0 and finite.
+absl::StatusOr<absl::Duration> ParseTime(absl::string_view text) {
+  absl::Duration d;
+  if (text.empty() || !absl::ascii_isalpha(text.back()) ||
+      !absl::ParseDuration(text, &d) || d == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad time '", text, "' (want a duration with a unit: 30s, 1.5s, 2m, ",
+        "500ms)"));
+  }
+  if (d < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("time '", text, "' is negative"));
+  }
+  return d;
+}
+
+absl::Status CheckIdSyntax(absl::string_view id) {
+  bool ok = !id.empty() && id.size() <= 32;
+  for (char c : id) {
+    ok = ok && (absl::ascii_isalnum(c) || c == '_' || c == '-');
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad node id '", id, "' (want 1 to 32 of A-Z a-z 0-9 _ -, e.g. n5)"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<absl::string_view> Entries(absl::string_view value, char sep) {
+  std::vector<absl::string_view> out;
+  for (absl::string_view e : absl::StrSplit(value, sep)) {
+    out.push_back(absl::StripAsciiWhitespace(e));
+  }
+  return out;
+}
+
+struct IdAt {
+  std::string entry;  // as given
+  std::string id;
+  absl::Duration at;
+};
+
+// "ID@TIME,ID@TIME...". Checks syntax only.
+absl::StatusOr<std::vector<IdAt>> ParseIdTimes(const SpecError& error,
+                                               absl::string_view value) {
+  std::vector<IdAt> out;
+  if (absl::StripAsciiWhitespace(value).empty()) return out;
+  for (absl::string_view entry : Entries(value, ',')) {
+    if (entry.empty()) return error(entry, "empty entry (stray comma?)");
+    std::vector<absl::string_view> parts = absl::StrSplit(entry, '@');
+    if (parts.size() != 2) return error(entry, "want ID@TIME, e.g. n2@30s");
+    absl::string_view id = absl::StripAsciiWhitespace(parts[0]);
+    if (absl::Status s = CheckIdSyntax(id); !s.ok()) {
+      return error(entry, s.message());
+    }
+    absl::StatusOr<absl::Duration> at =
+        ParseTime(absl::StripAsciiWhitespace(parts[1]));
+    if (!at.ok()) return error(entry, at.status().message());
+    out.push_back({std::string(entry), std::string(id), *at});
+  }
+  return out;
+}
+
+std::string KnownIds(const std::vector<std::string>& initial,
+                     const std::vector<std::string>& joiners) {
+  std::string out = absl::StrJoin(initial, ", ");
+  if (!joiners.empty()) {
+    absl::StrAppend(&out, "; joiners: ", absl::StrJoin(joiners, ", "));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::string_view FaultKindName(FaultKind kind) {
+  switch (kind) {
+    case FaultKind::kKill:
+      return "kill";
+    case FaultKind::kLeave:
+      return "leave";
+    case FaultKind::kRestart:
+      return "restart";
+    case FaultKind::kJoin:
+      return "join";
+    case FaultKind::kPartitionStart:
+      return "partition_start";
+    case FaultKind::kPartitionEnd:
+      return "partition_end";
+  }
+  return "unknown";
+}
+
+std::string PartitionLine(const std::vector<std::vector<std::string>>& groups) {
+  return absl::StrJoin(groups, "|",
+                       [](std::string* out, const std::vector<std::string>& g) {
+                         absl::StrAppend(out, absl::StrJoin(g, ","));
+                       });
+}
+
+absl::StatusOr<FaultPlan> ParseFaultPlan(
+    const FaultFlags& flags, const std::vector<std::string>& initial_ids) {
+  FaultPlan plan;
+  const std::set<std::string> initial(initial_ids.begin(), initial_ids.end());
+  // Joins first: the other flags may name joiners.
+  const SpecError join_error("join", flags.join);
+  STARLING_ASSIGN_OR_RETURN(std::vector<IdAt> joins,
+                            ParseIdTimes(join_error, flags.join));
+  std::map<std::string, absl::Duration> join_at;
+  for (const IdAt& j : joins) {
+    const std::string& entry = j.entry;
+    if (initial.count(j.id)) {
+      return join_error(
+          entry, absl::StrCat("node ", j.id, " already exists (initial nodes: ",
+                              absl::StrJoin(initial_ids, ", "),
+                              "); pick a new id, e.g. n", initial_ids.size()));
+    }
+    if (join_at.count(j.id)) {
+      return join_error(entry, absl::StrCat(j.id,
+                                            " joins twice; use --restart "
+                                            "to start it again"));
+    }
+    join_at[j.id] = j.at;
+    plan.joiners.push_back(j.id);
+    plan.events.push_back({FaultKind::kJoin, j.id, j.at, {}, {}});
+  }
+  auto known = [&](const std::string& id) {
+    return initial.count(id) > 0 || join_at.count(id) > 0;
+  };
+
+  const struct {
+    const char* name;
+    const std::string* value;
+    FaultKind kind;
+  } node_flags[] = {{"kill", &flags.kill, FaultKind::kKill},
+                    {"restart", &flags.restart, FaultKind::kRestart},
+                    {"leave", &flags.leave, FaultKind::kLeave}};
+  for (const auto& f : node_flags) {
+    const SpecError error(f.name, *f.value);
+    STARLING_ASSIGN_OR_RETURN(std::vector<IdAt> items,
+                              ParseIdTimes(error, *f.value));
+    for (const IdAt& item : items) {
+      const std::string& entry = item.entry;
+      if (!known(item.id)) {
+        return error(entry,
+                     absl::StrCat("unknown node ", item.id, " (nodes: ",
+                                  KnownIds(initial_ids, plan.joiners), ")"));
+      }
+      auto j = join_at.find(item.id);
+      if (j != join_at.end() && item.at < j->second) {
+        return error(entry, absl::StrCat(item.id, " joins only at ",
+                                         absl::FormatDuration(j->second)));
+      }
+      plan.events.push_back({f.kind, item.id, item.at, {}, {}});
+    }
+  }
+
+  const SpecError part_error("partition", flags.partition);
+  std::vector<std::pair<std::string, FaultEvent>> partitions;  // entry, event
+  if (!absl::StripAsciiWhitespace(flags.partition).empty()) {
+    for (absl::string_view entry : Entries(flags.partition, ';')) {
+      if (entry.empty()) return part_error(entry, "empty entry (stray ';'?)");
+      std::vector<absl::string_view> parts = absl::StrSplit(entry, '@');
+      if (parts.size() != 2) {
+        return part_error(entry,
+                          "want GROUP|GROUP@START-END, e.g. "
+                          "n0,n1|n2,n3@20s-40s");
+      }
+      std::vector<absl::string_view> span =
+          absl::StrSplit(absl::StripAsciiWhitespace(parts[1]), '-');
+      if (span.size() != 2) {
+        return part_error(entry, "want a time span START-END, e.g. 20s-40s");
+      }
+      FaultEvent ev;
+      ev.kind = FaultKind::kPartitionStart;
+      absl::StatusOr<absl::Duration> start =
+          ParseTime(absl::StripAsciiWhitespace(span[0]));
+      if (!start.ok()) return part_error(entry, start.status().message());
+      absl::StatusOr<absl::Duration> end =
+          ParseTime(absl::StripAsciiWhitespace(span[1]));
+      if (!end.ok()) return part_error(entry, end.status().message());
+      if (*end <= *start) {
+        return part_error(entry, "the end must be after the start");
+      }
+      ev.at = *start;
+      ev.until = *end;
+      std::set<std::string> seen;
+      for (absl::string_view group : Entries(parts[0], '|')) {
+        std::vector<std::string> ids;
+        for (absl::string_view id : Entries(group, ',')) {
+          if (absl::Status s = CheckIdSyntax(id); !s.ok()) {
+            return part_error(entry,
+                              group.empty() ? "empty group" : s.message());
+          }
+          std::string sid(id);
+          if (!known(sid)) {
+            return part_error(
+                entry, absl::StrCat("unknown node ", sid, " (nodes: ",
+                                    KnownIds(initial_ids, plan.joiners), ")"));
+          }
+          if (!seen.insert(sid).second) {
+            return part_error(entry,
+                              absl::StrCat("node ", sid, " is in two groups"));
+          }
+          ids.push_back(std::move(sid));
+        }
+        ev.groups.push_back(std::move(ids));
+      }
+      if (ev.groups.size() < 2) {
+        return part_error(entry, "want at least two groups separated by '|'");
+      }
+      partitions.emplace_back(std::string(entry), std::move(ev));
+    }
+  }
+  std::stable_sort(
+      partitions.begin(), partitions.end(),
+      [](const auto& a, const auto& b) { return a.second.at < b.second.at; });
+  for (size_t i = 0; i + 1 < partitions.size(); ++i) {
+    if (partitions[i + 1].second.at < partitions[i].second.until) {
+      return part_error(
+          partitions[i + 1].first,
+          absl::StrCat("overlaps in time with '", partitions[i].first,
+                       "'; one partition at a time"));
+    }
+  }
+  for (const auto& entry_event : partitions) {
+    const FaultEvent& p = entry_event.second;
+    plan.events.push_back(p);
+    FaultEvent end = p;
+    end.kind = FaultKind::kPartitionEnd;
+    end.at = p.until;
+    plan.events.push_back(std::move(end));
+  }
+  std::stable_sort(plan.events.begin(), plan.events.end(),
+                   [](const FaultEvent& a, const FaultEvent& b) {
+                     if (a.at != b.at) return a.at < b.at;
+                     return a.kind < b.kind;
+                   });
+  return plan;
+}
+
+}  // namespace starling

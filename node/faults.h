@@ -1,0 +1,74 @@
+// Fault injection for `starling sim`: parses the --kill, --restart, --join,
+// --leave and --partition specs into a FaultPlan, a time-ordered list of
+// events that the sim carries out while its nodes run. Pure functions over
+// plain values: thread-compatible, no I/O.
+#ifndef STARLING_NODE_FAULTS_H_
+#define STARLING_NODE_FAULTS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace starling {
+
+enum class FaultKind {
+  // Declaration order is the order of events due at the same time: a
+  // partition heals first, then nodes go, then nodes come.
+  kPartitionEnd,    // the partition file is emptied
+  kKill,            // SIGKILL
+  kLeave,           // SIGTERM: graceful leave
+  kRestart,         // start a stopped node again, same id, port and dir
+  kJoin,            // start a new node
+  kPartitionStart,  // the groups cannot reach each other until `until`
+};
+
+// "kill", "leave", "restart", "join", "partition_start", "partition_end".
+absl::string_view FaultKindName(FaultKind kind);
+
+struct FaultEvent {
+  FaultKind kind = FaultKind::kKill;
+  std::string node;   // node id; empty for partition events
+  absl::Duration at;  // after the sim started
+  // Partition events: the groups (node ids) and when the partition heals.
+  std::vector<std::vector<std::string>> groups;
+  absl::Duration until;
+};
+
+// The partition file's line for `groups`: "n0,n1|n2,n3".
+std::string PartitionLine(const std::vector<std::vector<std::string>>& groups);
+
+// The sim's fault flags, as given ("" = none). Syntax:
+//   kill, restart, join, leave: ID@TIME[,ID@TIME...]
+//   partition: IDS|IDS[|IDS...]@START-END[;...], IDS = ID[,ID...]
+// TIME is a duration with a unit: 30s, 1.5s, 2m, 500ms.
+struct FaultFlags {
+  std::string kill;
+  std::string restart;
+  std::string join;
+  std::string leave;
+  std::string partition;
+};
+
+struct FaultPlan {
+  std::vector<FaultEvent> events;    // sorted by `at`, then by kind
+  std::vector<std::string> joiners;  // --join ids, in the order given
+  bool empty() const { return events.empty(); }
+};
+
+// Parses and checks `flags` against the ids of the nodes started at time 0.
+// InvalidArgument naming the flag and the bad part for: malformed syntax, a
+// time without a unit or negative, an id that is not [A-Za-z0-9_-]{1,32},
+// an unknown id (kill/restart/leave/partition may name initial nodes and
+// joiners), a join id that already exists or joins twice, a kill/leave/
+// restart of a joiner before it joins, a node in two groups of one
+// partition, fewer than two groups, an end not after the start, and
+// partitions that overlap in time.
+absl::StatusOr<FaultPlan> ParseFaultPlan(
+    const FaultFlags& flags, const std::vector<std::string>& initial_ids);
+
+}  // namespace starling
+
+#endif  // STARLING_NODE_FAULTS_H_

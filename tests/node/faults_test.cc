@@ -1,0 +1,201 @@
+// Unit tests of the `starling sim` fault plan parser (node/faults.h).
+#include "node/faults.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace starling {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+const std::vector<std::string>& Four() {
+  static const auto* ids = new std::vector<std::string>{"n0", "n1", "n2", "n3"};
+  return *ids;
+}
+
+absl::StatusOr<FaultPlan> Parse(const FaultFlags& flags) {
+  return ParseFaultPlan(flags, Four());
+}
+
+// The error message for `flags`, which must be InvalidArgument.
+std::string Error(const FaultFlags& flags) {
+  absl::StatusOr<FaultPlan> plan = Parse(flags);
+  EXPECT_FALSE(plan.ok());
+  if (plan.ok()) return "";
+  EXPECT_TRUE(absl::IsInvalidArgument(plan.status())) << plan.status();
+  return std::string(plan.status().message());
+}
+
+FaultFlags Kill(std::string spec) {
+  FaultFlags f;
+  f.kill = std::move(spec);
+  return f;
+}
+
+FaultFlags Partition(std::string spec) {
+  FaultFlags f;
+  f.partition = std::move(spec);
+  return f;
+}
+
+TEST(FaultPlanTest, NoFlagsIsAnEmptyPlan) {
+  absl::StatusOr<FaultPlan> plan = Parse({});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->empty());
+  EXPECT_TRUE(plan->joiners.empty());
+}
+
+TEST(FaultPlanTest, EveryKindSortedByTime) {
+  FaultFlags f;
+  f.kill = "n2@30s,n3@1.5s";
+  f.restart = "n2@1m";
+  f.join = "n5@45s";
+  f.leave = "n1@50s";
+  f.partition = "n0,n1|n2,n3@20s-40s";
+  absl::StatusOr<FaultPlan> plan = Parse(f);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(plan->joiners, ElementsAre("n5"));
+  std::vector<std::string> got;
+  for (const FaultEvent& e : plan->events) {
+    got.push_back(absl::StrCat(FaultKindName(e.kind), " ", e.node, "@",
+                               absl::FormatDuration(e.at)));
+  }
+  EXPECT_THAT(got, ElementsAre("kill n3@1.5s", "partition_start @20s",
+                               "kill n2@30s", "partition_end @40s",
+                               "join n5@45s", "leave n1@50s", "restart n2@1m"));
+  const FaultEvent& p = plan->events[1];
+  EXPECT_EQ(p.until, absl::Seconds(40));
+  EXPECT_THAT(p.groups,
+              ElementsAre(ElementsAre("n0", "n1"), ElementsAre("n2", "n3")));
+  EXPECT_EQ(PartitionLine(p.groups), "n0,n1|n2,n3");
+  EXPECT_EQ(PartitionLine(plan->events[3].groups), "n0,n1|n2,n3");
+}
+
+TEST(FaultPlanTest, TimeUnitsAndWhitespace) {
+  absl::StatusOr<FaultPlan> plan = Parse(Kill(" n0@500ms , n1@2m,n2@0s "));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->events.size(), 3u);
+  EXPECT_EQ(plan->events[0].at, absl::ZeroDuration());
+  EXPECT_EQ(plan->events[1].at, absl::Milliseconds(500));
+  EXPECT_EQ(plan->events[2].at, absl::Minutes(2));
+}
+
+TEST(FaultPlanTest, SameTimeHealsThenStopsThenStarts) {
+  FaultFlags f;
+  f.kill = "n2@30s";
+  f.restart = "n2@30s";
+  f.partition = "n0|n1@10s-30s;n2|n3@30s-35s";
+  absl::StatusOr<FaultPlan> plan = Parse(f);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<FaultKind> kinds;
+  for (const FaultEvent& e : plan->events) kinds.push_back(e.kind);
+  EXPECT_THAT(
+      kinds, ElementsAre(FaultKind::kPartitionStart, FaultKind::kPartitionEnd,
+                         FaultKind::kKill, FaultKind::kRestart,
+                         FaultKind::kPartitionStart, FaultKind::kPartitionEnd));
+}
+
+TEST(FaultPlanTest, JoinersMayBeKilledLeftAndPartitionedAfterJoining) {
+  FaultFlags f;
+  f.join = "n4@10s,n7@20s";
+  f.kill = "n4@15s";
+  f.restart = "n4@25s";
+  f.leave = "n7@30s";
+  f.partition = "n0,n1,n2,n3|n4,n7@40s-50s";
+  absl::StatusOr<FaultPlan> plan = Parse(f);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(plan->joiners, ElementsAre("n4", "n7"));
+  EXPECT_EQ(plan->events.size(), 7u);
+}
+
+TEST(FaultPlanTest, MalformedEntries) {
+  EXPECT_THAT(Error(Kill("n2")),
+              AllOf(HasSubstr("--kill=n2"), HasSubstr("in 'n2'"),
+                    HasSubstr("want ID@TIME")));
+  EXPECT_THAT(Error(Kill("n2@30s@40s")), HasSubstr("want ID@TIME"));
+  EXPECT_THAT(Error(Kill("n2@30s,")), HasSubstr("empty entry"));
+  EXPECT_THAT(Error(Kill("@30s")), HasSubstr("bad node id ''"));
+  EXPECT_THAT(Error(Kill("n/2@30s")), HasSubstr("bad node id 'n/2'"));
+  FaultFlags leave;
+  leave.leave = "n1@soon";
+  EXPECT_THAT(Error(leave), AllOf(HasSubstr("--leave=n1@soon"),
+                                  HasSubstr("bad time 'soon'")));
+}
+
+TEST(FaultPlanTest, TimesNeedAUnitAndMustBeFiniteAndNonNegative) {
+  EXPECT_THAT(Error(Kill("n2@30")),
+              AllOf(HasSubstr("--kill=n2@30"), HasSubstr("bad time '30'"),
+                    HasSubstr("with a unit")));
+  EXPECT_THAT(Error(Kill("n2@0")), HasSubstr("bad time '0'"));
+  EXPECT_THAT(Error(Kill("n2@inf")), HasSubstr("bad time 'inf'"));
+  EXPECT_THAT(Error(Kill("n2@-1s")), HasSubstr("'-1s' is negative"));
+  EXPECT_THAT(Error(Kill("n2@3x")), HasSubstr("bad time '3x'"));
+}
+
+TEST(FaultPlanTest, UnknownNodes) {
+  EXPECT_THAT(Error(Kill("n9@30s")),
+              AllOf(HasSubstr("--kill=n9@30s"), HasSubstr("unknown node n9"),
+                    HasSubstr("n0, n1, n2, n3")));
+  FaultFlags restart;
+  restart.restart = "n4@30s";
+  EXPECT_THAT(Error(restart), AllOf(HasSubstr("--restart=n4@30s"),
+                                    HasSubstr("unknown node n4")));
+  FaultFlags leave;
+  leave.leave = "n1@5s,x@6s";
+  leave.join = "n6@1s";
+  EXPECT_THAT(Error(leave),
+              AllOf(HasSubstr("--leave=n1@5s,x@6s"), HasSubstr("in 'x@6s'"),
+                    HasSubstr("unknown node x"), HasSubstr("joiners: n6")));
+  EXPECT_THAT(Error(Partition("n0,n1|n2,n8@20s-40s")),
+              AllOf(HasSubstr("--partition="), HasSubstr("unknown node n8")));
+}
+
+TEST(FaultPlanTest, JoinIdsMustBeNew) {
+  FaultFlags f;
+  f.join = "n3@45s";
+  EXPECT_THAT(Error(f),
+              AllOf(HasSubstr("--join=n3@45s"),
+                    HasSubstr("node n3 already exists"), HasSubstr("e.g. n4")));
+  f.join = "n5@45s,n5@50s";
+  EXPECT_THAT(Error(f),
+              AllOf(HasSubstr("in 'n5@50s'"), HasSubstr("n5 joins twice")));
+}
+
+TEST(FaultPlanTest, JoinerActsOnlyAfterJoining) {
+  FaultFlags f;
+  f.join = "n5@45s";
+  f.kill = "n5@10s";
+  EXPECT_THAT(Error(f), AllOf(HasSubstr("--kill=n5@10s"),
+                              HasSubstr("n5 joins only at 45s")));
+}
+
+TEST(FaultPlanTest, BadPartitions) {
+  EXPECT_THAT(Error(Partition("n0,n1|n1,n2@20s-40s")),
+              AllOf(HasSubstr("--partition=n0,n1|n1,n2@20s-40s"),
+                    HasSubstr("node n1 is in two groups")));
+  EXPECT_THAT(Error(Partition("n0,n1|n2,n3@40s-20s")),
+              HasSubstr("the end must be after the start"));
+  EXPECT_THAT(Error(Partition("n0,n1|n2,n3@20s-20s")),
+              HasSubstr("the end must be after the start"));
+  EXPECT_THAT(Error(Partition("n0,n1,n2@20s-40s")),
+              HasSubstr("at least two groups"));
+  EXPECT_THAT(Error(Partition("n0||n2@20s-40s")), HasSubstr("empty group"));
+  EXPECT_THAT(Error(Partition("n0|n2@20s")),
+              HasSubstr("want a time span START-END"));
+  EXPECT_THAT(Error(Partition("n0|n2")), HasSubstr("want GROUP|GROUP@"));
+  EXPECT_THAT(Error(Partition("n0|n2@20-40s")), HasSubstr("bad time '20'"));
+  EXPECT_THAT(Error(Partition("n0|n1@20s-40s;")), HasSubstr("empty entry"));
+  EXPECT_THAT(Error(Partition("n0|n1@20s-40s;n2|n3@30s-50s")),
+              AllOf(HasSubstr("in 'n2|n3@30s-50s'"),
+                    HasSubstr("overlaps in time with 'n0|n1@20s-40s'")));
+}
+
+}  // namespace
+}  // namespace starling
