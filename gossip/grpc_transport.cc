@@ -35,6 +35,12 @@ std::chrono::system_clock::time_point ToChrono(absl::Time t) {
 
 }  // namespace
 
+void SetReconnectBackoff(grpc::ChannelArguments& args) {
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+}
+
 peer::v1::ModelFingerprint MakeFingerprint(const std::string& architecture,
                                            int64_t parameters,
                                            const std::string& init_hash) {
@@ -348,6 +354,7 @@ class GrpcTransport::Peer {
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(64 << 20);
     args.SetMaxReceiveMessageSize(64 << 20);
+    SetReconnectBackoff(args);
     stub = peer::v1::Peer::NewStub(grpc::CreateCustomChannel(
         address, grpc::InsecureChannelCredentials(), args));
   }

@@ -21,6 +21,7 @@
 #include "starling/peer/v1/peer.pb.h"
 
 namespace grpc {
+class ChannelArguments;
 class Server;
 class Service;
 }  // namespace grpc
@@ -112,6 +113,10 @@ class GrpcTransport : public Transport {
 // otherwise a message naming every field that differs.
 std::string HandshakeMismatch(const peer::v1::HandshakeRequest& theirs,
                               const PeerIdentity& mine);
+
+// Peers come and go: reconnect after 100 ms, backing off to 1 s at most
+// (gRPC's default starts at 1 s and grows to 2 min).
+void SetReconnectBackoff(grpc::ChannelArguments& args);
 
 // Fingerprint fields for a flat fp32 model.
 peer::v1::ModelFingerprint MakeFingerprint(const std::string& architecture,

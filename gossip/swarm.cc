@@ -59,6 +59,7 @@ struct Swarm::Stub {
   explicit Stub(const std::string& address) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
+    SetReconnectBackoff(args);
     stub = peer::v1::Swarm::NewStub(grpc::CreateCustomChannel(
         address, grpc::InsecureChannelCredentials(), args));
   }
@@ -343,7 +344,10 @@ std::string Swarm::CoordinatorId() const {
 }
 
 absl::Status Swarm::JoinSwarm(absl::Time deadline) {
-  if (options_.seeds.empty()) return absl::OkStatus();
+  if (options_.seeds.empty()) {
+    joined_ = true;  // the first member
+    return absl::OkStatus();
+  }
   JoinRequest req;
   peer::v1::HandshakeRequest* hello = req.mutable_hello();
   hello->set_protocol_version(kProtocolVersion);
@@ -373,6 +377,7 @@ absl::Status Swarm::JoinSwarm(absl::Time deadline) {
         (void)membership_->Merge(ToVector(resp.members()), absl::Now());
         STARLING_LOG(INFO) << options_.node_id << " joined through " << seed
                            << " (" << resp.members_size() << " members known)";
+        joined_ = true;
         return absl::OkStatus();
       }
       if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
@@ -387,6 +392,12 @@ absl::Status Swarm::JoinSwarm(absl::Time deadline) {
         return absl::FailedPreconditionError(
             absl::StrCat("this node refused peer ", seed, ": ", it->second));
       }
+    }
+    if (joined_.load()) {
+      // Nobody had joined yet and this node has the smallest id: it
+      // admitted the others and founds the swarm.
+      STARLING_LOG(INFO) << options_.node_id << " founds the swarm";
+      return absl::OkStatus();
     }
     if (absl::Now() + backoff >= deadline) break;
     absl::SleepFor(backoff);
@@ -473,11 +484,20 @@ absl::Status Swarm::OnJoin(const JoinRequest& req, JoinResponse* resp) {
     refused_[req.hello().address()] = why;
     return absl::FailedPreconditionError(why);
   }
+  // A node that is still looking for the swarm itself admits only joiners
+  // with larger ids: nodes that all start (or resume) together form one
+  // swarm around the smallest id, and two that look for each other do not
+  // pair up in both directions.
+  if (!joined_.load() && req.self().id() < options_.node_id) {
+    return absl::UnavailableError(
+        absl::StrCat(options_.node_id, " has not joined the swarm itself yet"));
+  }
   if (req.self().id() == options_.node_id) {
     return absl::FailedPreconditionError(
         absl::StrCat("node id '", req.self().id(), "' is this node's own"));
   }
   STARLING_RETURN_IF_ERROR(membership_->Merge({req.self()}, absl::Now()));
+  joined_ = true;
   for (const MemberEntry& e : membership_->Snapshot()) {
     *resp->add_members() = e;
   }
@@ -619,11 +639,18 @@ absl::StatusOr<ControlAck> Swarm::SendControl(const std::string& to_id,
     return absl::UnavailableError(
         absl::StrCat(to_id, " is across a network partition"));
   }
-  grpc::ClientContext ctx;
-  ctx.set_deadline(Deadline(absl::Seconds(3)));
   ControlAck ack;
-  control_bytes_ += static_cast<int64_t>(m.ByteSizeLong());
-  grpc::Status s = StubFor(e->address())->stub->Control(&ctx, m, &ack);
+  grpc::Status s;
+  // A channel that failed to connect earlier (the peer was not up yet)
+  // fails fast until its reconnect backoff ends: try once more shortly.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (attempt > 0) absl::SleepFor(absl::Milliseconds(150));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(absl::Seconds(3)));
+    control_bytes_ += static_cast<int64_t>(m.ByteSizeLong());
+    s = StubFor(e->address())->stub->Control(&ctx, m, &ack);
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+  }
   if (!s.ok()) {
     return absl::UnavailableError(
         absl::StrCat(to_id, " at ", e->address(), ": ", s.error_message()));

@@ -190,6 +190,7 @@ class Swarm {
   std::unique_ptr<Coordinator> coord_;
   std::unique_ptr<Inbox> inbox_;
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> joined_{false};  // part of a swarm (see OnJoin)
   std::atomic<int64_t> control_bytes_{0};
   std::thread gossip_thread_;
   std::thread coord_thread_;

@@ -7,9 +7,11 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <iostream>
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -408,6 +410,74 @@ TEST(ElasticTest, ForgedOrStaleDeathNoticeDoesNotEvict) {
     EXPECT_TRUE(members.count("n1")) << Field(ev, "round").number_value();
   }
   EXPECT_EQ(s.FinalHash("n1"), s.FinalHash("n0"));
+}
+
+// Bytes per second through a loopback TCP connection (256 MiB).
+double LoopbackBytesPerSecond() {
+  int server = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ::bind(server, reinterpret_cast<sockaddr*>(&addr), len);
+  ::getsockname(server, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::listen(server, 1);
+  int client = ::socket(AF_INET, SOCK_STREAM, 0);
+  ::connect(client, reinterpret_cast<sockaddr*>(&addr), len);
+  int conn = ::accept(server, nullptr, nullptr);
+  const int64_t total = int64_t{256} << 20;
+  const absl::Time start = absl::Now();
+  std::thread writer([&] {
+    std::string buf(1 << 20, 'x');
+    for (int64_t sent = 0; sent < total;) {
+      ssize_t n = ::write(client, buf.data(), buf.size());
+      if (n <= 0) break;
+      sent += n;
+    }
+  });
+  std::string buf(1 << 20, 0);
+  int64_t got = 0;
+  while (got < total) {
+    ssize_t n = ::read(conn, buf.data(), buf.size());
+    if (n <= 0) break;
+    got += n;
+  }
+  writer.join();
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  ::close(conn);
+  ::close(client);
+  ::close(server);
+  return static_cast<double>(got) / seconds;
+}
+
+// A joiner's state transfer runs close to loopback speed: at most 1.5x the
+// model's bytes over the measured loopback throughput, plus half a second
+// (connection set-up, decoding).
+TEST(ElasticTest, StateTransferRunsAtLoopbackSpeed) {
+  const double loopback = LoopbackBytesPerSecond();
+  Swarm s("transfer", 100000, 2);
+  const std::string big =
+      "--width=256 --layers=2 --heads=4 --chunk_bytes=1048576";
+  s.Start("n0", 0, 2, 1, big);
+  ASSERT_TRUE(WaitForText(s.Events("n0"), "\"round\":1", absl::Seconds(60)))
+      << s.LogText("n0");
+  s.Start("n1", 1, 2, 1, big);
+  ASSERT_TRUE(WaitForText(s.Events("n1"), "state_transfer", absl::Seconds(60)))
+      << s.LogText("n1");
+  auto transfers = s.Events_("n1", "state_transfer");
+  ASSERT_FALSE(transfers.empty());
+  const double bytes = Field(transfers.front(), "bytes").number_value();
+  const double seconds = Field(transfers.front(), "seconds").number_value();
+  const double bound = 1.5 * bytes / loopback + 0.5;
+  std::cout << "state transfer: " << bytes << " bytes in " << seconds
+            << " s; loopback " << loopback / 1e6 << " MB/s, so bytes/"
+            << "throughput = " << bytes / loopback << " s; bound " << bound
+            << " s\n";
+  RecordProperty("transfer_seconds", absl::StrCat(seconds));
+  RecordProperty("transfer_bytes", absl::StrCat(bytes));
+  RecordProperty("loopback_bytes_per_second", absl::StrCat(loopback));
+  EXPECT_GT(bytes, 4e6);  // the model is about 6 MB
+  EXPECT_LE(seconds, bound);
 }
 
 // Eight nodes started at random moments within 5 s, all given the same seed
