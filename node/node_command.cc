@@ -44,7 +44,8 @@ ABSL_FLAG(double, outer_momentum, 0.9, "diloco: outer Nesterov momentum");
 ABSL_FLAG(int, connect_timeout, 60,
           "seconds to keep retrying (with backoff) to reach every peer");
 ABSL_FLAG(int, round_timeout, 300,
-          "seconds one ring step of a round may wait for a peer");
+          "seconds one ring step of a round may wait for a peer (diloco: "
+          "also the longest one attempt of a round may run)");
 ABSL_FLAG(int, chunk_bytes, 1 << 20,
           "tensor stream chunk size in bytes (1 MiB; at most 4 MiB)");
 ABSL_FLAG(std::string, compression, "fp32",
@@ -272,6 +273,26 @@ struct NodeRun {
     WriteStderrLine(absl::StrFormat("eval  step %d/%d | val_loss %.4f", step,
                                     config.steps(), eval.loss));
     return absl::OkStatus();
+  }
+
+  // The run's last event and its summary.json. Only a member that
+  // evaluated the final step reports a final val_loss.
+  absl::Status Finish(EventLog& events, const NodeTotals& totals, int rank,
+                      int world, int per_round, bool stopped) {
+    events.Write(stopped ? "interrupted" : "end",
+                 JsonObject()
+                     .Add("step", static_cast<int64_t>(trainer->state().step()))
+                     .Add("round", round)
+                     .Add("bytes_sent", totals.bytes_sent));
+    JsonObject extra;
+    extra.Add("algo", algo)
+        .Add("rank", static_cast<int64_t>(rank))
+        .Add("world", static_cast<int64_t>(world))
+        .Add("inner_steps_per_round", static_cast<int64_t>(per_round));
+    EvalResult final_eval = eval;
+    if (evaluated_step != trainer->state().step()) final_eval = EvalResult();
+    return WriteNodeSummary(out, "node", *trainer, final_eval, totals, rounds,
+                            stopped, extra);
   }
 
   NodeTotals Totals(const std::string& id, int64_t sent, int64_t received,
@@ -667,21 +688,8 @@ int RunDiloco(NodeRun& run) {
   }
   NodeTotals totals = run.Totals(node_id, bytes_sent(), bytes_received(),
                                  events.WallSeconds(), last_world);
-  JsonObject extra;
-  extra.Add("algo", "diloco")
-      .Add("rank", static_cast<int64_t>(last_rank))
-      .Add("world", static_cast<int64_t>(last_world))
-      .Add("inner_steps_per_round", static_cast<int64_t>(run.h));
-  events.Write(left ? "interrupted" : "end",
-               JsonObject()
-                   .Add("step", static_cast<int64_t>(trainer.state().step()))
-                   .Add("round", run.round)
-                   .Add("bytes_sent", totals.bytes_sent));
-  // Only the evaluating member reports a final val_loss.
-  EvalResult final_eval = run.eval;
-  if (run.evaluated_step != trainer.state().step()) final_eval = EvalResult();
-  if (absl::Status s = WriteNodeSummary(run.out, "node", trainer, final_eval,
-                                        totals, run.rounds, left, extra);
+  if (absl::Status s =
+          run.Finish(events, totals, last_rank, last_world, run.h, left);
       !s.ok()) {
     return Fail(s, 1);
   }
@@ -851,20 +859,7 @@ int RunDdp(NodeRun& run) {
   }
   NodeTotals totals = run.Totals(node_id, bytes_sent(), bytes_received(),
                                  events.WallSeconds(), world);
-  JsonObject extra;
-  extra.Add("algo", "ddp")
-      .Add("rank", static_cast<int64_t>(rank))
-      .Add("world", static_cast<int64_t>(world))
-      .Add("inner_steps_per_round", static_cast<int64_t>(1));
-  events.Write(interrupted ? "interrupted" : "end",
-               JsonObject()
-                   .Add("step", static_cast<int64_t>(trainer.state().step()))
-                   .Add("round", run.round)
-                   .Add("bytes_sent", totals.bytes_sent));
-  EvalResult final_eval = run.eval;
-  if (run.evaluated_step != trainer.state().step()) final_eval = EvalResult();
-  if (absl::Status s = WriteNodeSummary(run.out, "node", trainer, final_eval,
-                                        totals, run.rounds, interrupted, extra);
+  if (absl::Status s = run.Finish(events, totals, rank, world, 1, interrupted);
       !s.ok()) {
     return Fail(s, 1);
   }
