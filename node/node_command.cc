@@ -275,6 +275,20 @@ struct NodeRun {
     return absl::OkStatus();
   }
 
+  // Evaluates (when `evaluator` and an --eval_every boundary was crossed or
+  // this is the last step), then logs the round and keeps it for summary.json.
+  absl::Status RecordRound(RoundRecord& rec, bool evaluator, int prev_step,
+                           EventLog& events) {
+    if (evaluator) {
+      STARLING_RETURN_IF_ERROR(
+          MaybeEvaluate(rec.step == config.steps(), prev_step, events));
+    }
+    if (evaluated_step == rec.step) rec.val_loss = eval.loss;
+    events.Write("round", RoundJson(rec));
+    rounds.push_back(rec);
+    return absl::OkStatus();
+  }
+
   // The run's last event and its summary.json. Only a member that
   // evaluated the final step reports a final val_loss.
   absl::Status Finish(EventLog& events, const NodeTotals& totals, int rank,
@@ -638,16 +652,12 @@ int RunDiloco(NodeRun& run) {
     swarm.SetProgress(run.round, lineage, /*joining=*/false);
     serve();
     // The round's first member evaluates.
-    if (!res->members.empty() && res->members[0] == node_id) {
-      if (absl::Status s =
-              run.MaybeEvaluate(rec.step == total, prev_step, events);
-          !s.ok()) {
-        return Fail(s, 1);
-      }
+    if (absl::Status s = run.RecordRound(
+            rec, !res->members.empty() && res->members[0] == node_id, prev_step,
+            events);
+        !s.ok()) {
+      return Fail(s, 1);
     }
-    if (run.evaluated_step == rec.step) rec.val_loss = run.eval.loss;
-    events.Write("round", RoundJson(rec));
-    run.rounds.push_back(rec);
     double elapsed = events.WallSeconds();
     double eta = rec.step > 0 ? elapsed * (total - rec.step) / rec.step : 0;
     WriteStderrLine(absl::StrFormat(
@@ -817,16 +827,10 @@ int RunDdp(NodeRun& run) {
     rec.bytes = bytes_sent() - sent_before;
     rec.seconds = absl::ToDoubleSeconds(absl::Now() - round_start);
     ++run.round;
-    if (rank == 0) {
-      if (absl::Status s =
-              run.MaybeEvaluate(rec.step == total, prev_step, events);
-          !s.ok()) {
-        return Fail(s, 1);
-      }
+    if (absl::Status s = run.RecordRound(rec, rank == 0, prev_step, events);
+        !s.ok()) {
+      return Fail(s, 1);
     }
-    if (run.evaluated_step == rec.step) rec.val_loss = run.eval.loss;
-    events.Write("round", RoundJson(rec));
-    run.rounds.push_back(rec);
     if ((config.log_every() > 0 && rec.step % config.log_every() == 0) ||
         rec.step == total) {
       double elapsed = events.WallSeconds();
