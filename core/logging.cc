@@ -6,18 +6,33 @@
 #include <cstring>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/json.h"
 
 namespace starling {
 namespace {
 
 std::atomic<int> min_level{0};
+std::atomic<int> log_format{0};
+std::atomic<int64_t> log_round{-1};
+std::atomic<int64_t> log_step{-1};
 
 absl::Mutex& StderrMutex() {
   static absl::Mutex* mu = new absl::Mutex();
   return *mu;
+}
+
+absl::Mutex& NodeMutex() {
+  static absl::Mutex* mu = new absl::Mutex();
+  return *mu;
+}
+
+std::string& LogNode() {
+  static std::string* node = new std::string();
+  return *node;
 }
 
 const char* LevelName(LogLevel level) {
@@ -32,13 +47,19 @@ const char* LevelName(LogLevel level) {
   return "?";
 }
 
-}  // namespace
-
-void SetMinLogLevel(LogLevel level) {
-  min_level.store(static_cast<int>(level));
+const char* LevelWord(LogLevel level) {
+  switch (level) {
+    case LogLevel::kInfo:
+      return "info";
+    case LogLevel::kWarning:
+      return "warning";
+    case LogLevel::kError:
+      return "error";
+  }
+  return "?";
 }
 
-void WriteStderrLine(const std::string& line) {
+void WriteRaw(const std::string& line) {
   absl::MutexLock lock(&StderrMutex());
   std::string out = line;
   if (out.empty() || out.back() != '\n') out.push_back('\n');
@@ -50,17 +71,126 @@ void WriteStderrLine(const std::string& line) {
   }
 }
 
+std::string Node() {
+  absl::MutexLock lock(&NodeMutex());
+  return LogNode();
+}
+
+// " node=N round=R step=S" for text lines; empty without a node.
+std::string TextContext() {
+  std::string node = Node();
+  if (node.empty()) return "";
+  std::string out = absl::StrCat(" node=", node);
+  if (int64_t r = log_round.load(); r >= 0) absl::StrAppend(&out, " round=", r);
+  if (int64_t s = log_step.load(); s >= 0) absl::StrAppend(&out, " step=", s);
+  return out;
+}
+
+std::string JsonLine(LogLevel level, absl::string_view event,
+                     absl::string_view message, const LogFields& fields,
+                     absl::string_view source) {
+  std::string out = absl::StrCat(
+      "{\"time\":",
+      JsonQuote(absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(),
+                                 absl::UTCTimeZone())),
+      ",\"level\":\"", LevelWord(level), "\"");
+  if (std::string node = Node(); !node.empty()) {
+    absl::StrAppend(&out, ",\"node\":", JsonQuote(node));
+  }
+  if (int64_t r = log_round.load(); r >= 0) {
+    absl::StrAppend(&out, ",\"round\":", r);
+  }
+  if (int64_t s = log_step.load(); s >= 0) {
+    absl::StrAppend(&out, ",\"step\":", s);
+  }
+  absl::StrAppend(&out, ",\"event\":", JsonQuote(event));
+  for (const auto& [k, v] : fields) {
+    absl::StrAppend(&out, ",", JsonQuote(k), ":", JsonQuote(v));
+  }
+  if (!source.empty()) absl::StrAppend(&out, ",\"source\":", JsonQuote(source));
+  absl::StrAppend(&out, ",\"msg\":", JsonQuote(message), "}");
+  return out;
+}
+
+std::string TextTime() {
+  return absl::FormatTime("%H:%M:%E3S", absl::Now(), absl::LocalTimeZone());
+}
+
+}  // namespace
+
+void SetMinLogLevel(LogLevel level) {
+  min_level.store(static_cast<int>(level));
+}
+
+void SetLogFormat(LogFormat format) {
+  log_format.store(static_cast<int>(format));
+}
+
+LogFormat GetLogFormat() { return static_cast<LogFormat>(log_format.load()); }
+
+absl::Status ParseLogFormat(absl::string_view text, LogFormat* format) {
+  if (text == "text") {
+    *format = LogFormat::kText;
+  } else if (text == "json") {
+    *format = LogFormat::kJson;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log_format=", text, ": expected text or json"));
+  }
+  return absl::OkStatus();
+}
+
+void SetLogNode(const std::string& node) {
+  absl::MutexLock lock(&NodeMutex());
+  LogNode() = node;
+}
+
+void SetLogPosition(int64_t round, int64_t step) {
+  log_round.store(round);
+  log_step.store(step);
+}
+
+void LogEvent(LogLevel level, absl::string_view event,
+              absl::string_view message, const LogFields& fields) {
+  if (static_cast<int>(level) < min_level.load()) return;
+  if (GetLogFormat() == LogFormat::kJson) {
+    WriteRaw(JsonLine(level, event, message, fields, ""));
+    return;
+  }
+  std::string line =
+      absl::StrCat(LevelName(level), " ", TextTime(), TextContext());
+  // Text lines carry the peer; the other fields are in the message.
+  for (const auto& [k, v] : fields) {
+    if (k == "peer") absl::StrAppend(&line, " ", k, "=", v);
+  }
+  absl::StrAppend(&line, " ", message);
+  WriteRaw(line);
+}
+
+void WriteStderrLine(const std::string& line) {
+  if (GetLogFormat() == LogFormat::kJson) {
+    std::string msg = line;
+    while (!msg.empty() && msg.back() == '\n') msg.pop_back();
+    WriteRaw(JsonLine(LogLevel::kInfo, "progress", msg, {}, ""));
+    return;
+  }
+  WriteRaw(line);
+}
+
 LogMessage::LogMessage(LogLevel level, const char* file, int line)
     : level_(level) {
   const char* base = std::strrchr(file, '/');
-  stream_ << LevelName(level) << " "
-          << absl::FormatTime("%H:%M:%E3S", absl::Now(), absl::LocalTimeZone())
-          << " " << (base ? base + 1 : file) << ":" << line << "] ";
+  source_ = absl::StrCat(base ? base + 1 : file, ":", line);
 }
 
 LogMessage::~LogMessage() {
   if (static_cast<int>(level_) < min_level.load()) return;
-  WriteStderrLine(stream_.str());
+  if (GetLogFormat() == LogFormat::kJson) {
+    WriteRaw(JsonLine(level_, "log", stream_.str(), {}, source_));
+    return;
+  }
+  WriteRaw(absl::StrCat(LevelName(level_), " ", TextTime(), " ", source_, "]",
+                        TextContext(), " ", stream_.str()));
 }
 
 }  // namespace starling
