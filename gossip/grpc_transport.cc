@@ -421,6 +421,7 @@ absl::Status GrpcTransport::Connect(const std::vector<std::string>& members,
           ToChrono(std::min(deadline, absl::Now() + absl::Seconds(5))));
       HandshakeResponse resp;
       last = peers_[r]->stub->Handshake(&ctx, req, &resp);
+      rpc_errors_.Record(last.error_code());
       ++attempts;
       if (last.ok()) {
         if (resp.rank() != r) {
@@ -536,11 +537,25 @@ absl::Status GrpcTransport::SendOnce(int to, const Message& m,
   writer->WritesDone();
   grpc::Status s = writer->Finish();
   if (!s.ok()) {
+    rpc_errors_.Record(s.error_code());
     absl::Status st = FromGrpc(s);
     return absl::Status(st.code(), absl::StrCat("peer ", peers_[to]->address,
                                                 ": ", st.message()));
   }
   return absl::OkStatus();
+}
+
+void RpcErrorCounter::Record(int code) {
+  if (code == 0) return;
+  std::string name =
+      absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+  absl::MutexLock lock(&mu_);
+  ++counts_[name];
+}
+
+std::map<std::string, int64_t> RpcErrorCounter::Snapshot() const {
+  absl::MutexLock lock(&mu_);
+  return counts_;
 }
 
 int64_t GrpcTransport::bytes_received() const { return service_->received(); }

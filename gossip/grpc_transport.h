@@ -51,6 +51,19 @@ struct GrpcTransportOptions {
   std::function<bool(const std::string& address)> blocked;
 };
 
+// Failed client RPCs by gRPC status code name ("UNAVAILABLE", ...), for the
+// node's metrics. Thread-safe.
+class RpcErrorCounter {
+ public:
+  // Counts `code` (a grpc::StatusCode value) unless it is OK.
+  void Record(int code);
+  std::map<std::string, int64_t> Snapshot() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<std::string, int64_t> counts_ ABSL_GUARDED_BY(mu_);
+};
+
 class GrpcTransport : public Transport {
  public:
   // Starts the Peer server. Unavailable naming the address if it cannot bind.
@@ -83,6 +96,8 @@ class GrpcTransport : public Transport {
   Mailbox& mailbox() override { return *mailbox_; }
   int64_t bytes_sent() const override { return sent_.load(); }
   int64_t bytes_received() const override;
+  // Failed client calls of this transport (and of services that share it).
+  RpcErrorCounter& rpc_errors() { return rpc_errors_; }
 
   // Stops the server (waits for in-flight calls up to a short deadline).
   void Shutdown();
@@ -107,6 +122,7 @@ class GrpcTransport : public Transport {
   bool elastic_ = false;
   std::shared_ptr<Mailbox> mailbox_;
   std::atomic<int64_t> sent_{0};
+  RpcErrorCounter rpc_errors_;
 };
 
 // Why `theirs` may not join a run with `mine`: empty when compatible,

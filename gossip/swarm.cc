@@ -341,6 +341,19 @@ bool Swarm::Blocked(const std::string& address) const {
          mine->second != theirs->second;
 }
 
+bool Swarm::IsSelfSeed(const std::string& seed) const {
+  if (seed == address()) return true;
+  absl::MutexLock lock(&state_mu_);
+  return self_seeds_.count(seed) > 0;
+}
+
+bool Swarm::HasSelfSeed() const {
+  for (const std::string& seed : options_.seeds) {
+    if (IsSelfSeed(seed)) return true;
+  }
+  return false;
+}
+
 std::string Swarm::CoordinatorId() const {
   for (const MemberEntry& e : membership_->Live()) {
     if (e.state() == peer::v1::MEMBER_ALIVE && !e.joining()) return e.id();
@@ -365,9 +378,10 @@ absl::Status Swarm::JoinSwarm(absl::Time deadline) {
   absl::Duration backoff = absl::Milliseconds(100);
   std::string last_error = "no answer";
   int attempts = 0;
+  const absl::Time start = absl::Now();
   while (!stopping_.load()) {
     for (const std::string& seed : options_.seeds) {
-      if (seed == address()) continue;
+      if (IsSelfSeed(seed)) continue;
       std::vector<MemberEntry> self = membership_->Snapshot();
       for (const MemberEntry& e : self) {
         if (e.id() == options_.node_id) *req.mutable_self() = e;
@@ -378,8 +392,22 @@ absl::Status Swarm::JoinSwarm(absl::Time deadline) {
       JoinResponse resp;
       grpc::Status s = StubFor(seed)->stub->Join(&ctx, req, &resp);
       ++attempts;
+      if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+        // The seed is this node under another name (its DNS name).
+        absl::MutexLock lock(&state_mu_);
+        self_seeds_.insert(seed);
+        continue;
+      }
+      transport_->rpc_errors().Record(s.error_code());
       if (s.ok()) {
-        (void)membership_->Merge(ToVector(resp.members()), absl::Now());
+        std::vector<MembershipChange> changes;
+        (void)membership_->Merge(ToVector(resp.members()), absl::Now(),
+                                 &changes);
+        if (options_.on_member_change) {
+          for (const MembershipChange& c : changes) {
+            options_.on_member_change(c);
+          }
+        }
         STARLING_LOG(INFO) << options_.node_id << " joined through " << seed
                            << " (" << resp.members_size() << " members known)";
         joined_ = true;
@@ -402,6 +430,17 @@ absl::Status Swarm::JoinSwarm(absl::Time deadline) {
       // Nobody had joined yet and this node has the smallest id: it
       // admitted the others and founds the swarm.
       STARLING_LOG(INFO) << options_.node_id << " founds the swarm";
+      return absl::OkStatus();
+    }
+    if (HasSelfSeed() && absl::Now() - start >= options_.found_after) {
+      // This node is a seed itself and no other seed answered: it founds
+      // the swarm alone. The gossip loop keeps calling the seeds, so swarms
+      // founded apart merge (the better lineage wins) once they meet.
+      joined_ = true;
+      STARLING_LOG(INFO) << options_.node_id
+                         << " is one of the seeds and no other answered in "
+                         << absl::FormatDuration(options_.found_after)
+                         << ": it founds the swarm";
       return absl::OkStatus();
     }
     if (absl::Now() + backoff >= deadline) break;
@@ -497,6 +536,10 @@ absl::Status Swarm::OnJoin(const JoinRequest& req, JoinResponse* resp) {
     return absl::UnavailableError(
         absl::StrCat(options_.node_id, " has not joined the swarm itself yet"));
   }
+  if (req.self().id() == options_.node_id &&
+      req.hello().address() == address()) {
+    return absl::AlreadyExistsError("this is the node itself");
+  }
   if (req.self().id() == options_.node_id) {
     return absl::FailedPreconditionError(
         absl::StrCat("node id '", req.self().id(), "' is this node's own"));
@@ -514,6 +557,9 @@ absl::Status Swarm::OnGossip(const GossipRequest& req, GossipResponse* resp) {
     return absl::FailedPreconditionError(absl::StrCat(
         "gossip for run '", req.run_id(), "'; this node is in run '",
         options_.identity.run_id, "'"));
+  }
+  if (req.from() == options_.node_id) {
+    return absl::AlreadyExistsError("this is the node itself");
   }
   std::vector<MembershipChange> changes;
   absl::Status s =
@@ -541,6 +587,12 @@ absl::StatusOr<GossipResponse> Swarm::CallGossip(const std::string& address,
   GossipResponse resp;
   control_bytes_ += static_cast<int64_t>(req.ByteSizeLong());
   grpc::Status s = StubFor(address)->stub->Gossip(&ctx, req, &resp);
+  if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+    absl::MutexLock lock(&state_mu_);
+    self_seeds_.insert(address);  // this node under another name
+  } else {
+    transport_->rpc_errors().Record(s.error_code());
+  }
   if (!s.ok()) {
     return absl::UnavailableError(s.error_message());
   }
@@ -576,8 +628,12 @@ void Swarm::GossipLoop() {
     if (!others.empty() && coin(rng) < 5) {
       targets.push_back(others[rng() % others.size()]);
     }
-    if (live.empty() && !options_.seeds.empty() && coin(rng) < 3) {
-      targets.push_back(options_.seeds[rng() % options_.seeds.size()]);
+    // With nobody live, often; otherwise every ~2 s: a seed, so that
+    // swarms founded apart (seeds that could not see each other at start)
+    // meet and merge.
+    if (!options_.seeds.empty() && coin(rng) < (live.empty() ? 3 : 1)) {
+      const std::string& seed = options_.seeds[rng() % options_.seeds.size()];
+      if (!IsSelfSeed(seed)) targets.push_back(seed);
     }
     GossipRequest req;
     req.set_run_id(options_.identity.run_id);
@@ -654,6 +710,7 @@ absl::StatusOr<ControlAck> Swarm::SendControl(const std::string& to_id,
     ctx.set_deadline(Deadline(absl::Seconds(3)));
     control_bytes_ += static_cast<int64_t>(m.ByteSizeLong());
     s = StubFor(e->address())->stub->Control(&ctx, m, &ack);
+    transport_->rpc_errors().Record(s.error_code());
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
   }
   if (!s.ok()) {
@@ -1112,6 +1169,7 @@ absl::StatusOr<SwarmState> Swarm::FetchState(
         continue;  // same donor, from next_offset()
       }
       grpc::Status s = reader->Finish();
+      transport_->rpc_errors().Record(s.error_code());
       if (assembler.complete()) {
         absl::StatusOr<SwarmState> state = assembler.Finish();
         if (state.ok() && at_least != nullptr &&

@@ -45,7 +45,9 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,9 +65,15 @@ namespace starling {
 struct SwarmOptions {
   std::string node_id;  // unique in the swarm
   std::string listen = "127.0.0.1:0";
-  std::vector<std::string> seeds;  // addresses of any live members
-  PeerIdentity identity;           // identity.world is ignored
-  int64_t chunk_bytes = 1 << 20;   // tensor and state chunks
+  // Addresses of any live members. A node may list itself (under any name
+  // that reaches it, such as its DNS name): see found_after.
+  std::vector<std::string> seeds;
+  // A node that is itself one of the seeds founds the swarm alone when no
+  // other seed admitted it within this time (a StatefulSet whose pods all
+  // list the first ordinals).
+  absl::Duration found_after = absl::InfiniteDuration();
+  PeerIdentity identity;          // identity.world is ignored
+  int64_t chunk_bytes = 1 << 20;  // tensor and state chunks
   absl::Duration rpc_timeout = absl::Seconds(60);
   absl::Duration gossip_interval = absl::Milliseconds(200);
   absl::Duration suspect_after = absl::Seconds(3);
@@ -94,8 +102,9 @@ class Swarm {
   const std::string& address() const { return transport_->address(); }
 
   // Joins through the seeds, trying each until one admits this node. OK at
-  // once without seeds. FailedPrecondition with the seed's reason when it
-  // refuses (run id, model, ...); Unavailable when none answered in time.
+  // once without seeds, or after found_after when this node is a seed.
+  // FailedPrecondition with the seed's reason when it refuses (run id, model,
+  // ...); Unavailable when none answered in time.
   absl::Status JoinSwarm(absl::Time deadline);
 
   // Waits until at least `n` members (this one included) are live.
@@ -157,6 +166,10 @@ class Swarm {
   std::vector<peer::v1::MemberEntry> Members() const;
   int64_t bytes_sent() const;
   int64_t bytes_received() const;
+  // Failed client RPCs (gossip, control, join, state, tensors) by code.
+  std::map<std::string, int64_t> rpc_errors() const {
+    return transport_->rpc_errors().Snapshot();
+  }
 
   class Service;  // public for the .cc's reactors
 
@@ -178,6 +191,8 @@ class Swarm {
   void CancelAttemptIfMembersGone();
   bool Blocked(const std::string& address) const;
   std::string CoordinatorId() const;
+  bool IsSelfSeed(const std::string& seed) const;
+  bool HasSelfSeed() const;
   absl::StatusOr<peer::v1::ControlAck> SendControl(
       const std::string& to_id, const peer::v1::ControlMessage& m);
   absl::StatusOr<peer::v1::GossipResponse> CallGossip(
@@ -202,6 +217,8 @@ class Swarm {
   std::string partition_text_ ABSL_GUARDED_BY(state_mu_);
   // Why this node refused joiners, by their address.
   std::map<std::string, std::string> refused_ ABSL_GUARDED_BY(state_mu_);
+  // Seeds that turned out to be this node.
+  std::set<std::string> self_seeds_ ABSL_GUARDED_BY(state_mu_);
   // Stubs by address.
   struct Stub;
   std::map<std::string, std::shared_ptr<Stub>> stubs_
