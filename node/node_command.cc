@@ -1,18 +1,25 @@
 #include "node/node_command.h"
 
+#include <grpc/support/log.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
+#include <fstream>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "compression/codec.h"
 #include "compression/tensor_policy.h"
 #include "core/checkpoint.h"
+#include "core/file_util.h"
 #include "core/flat_params.h"
 #include "core/logging.h"
 #include "core/status.h"
@@ -20,6 +27,8 @@
 #include "gossip/grpc_transport.h"
 #include "gossip/ring_allreduce.h"
 #include "gossip/swarm.h"
+#include "node/health.h"
+#include "node/metrics.h"
 #include "node/run_output.h"
 #include "node/train_command.h"
 #include "outer_opt/outer_optimizer.h"
@@ -81,6 +90,37 @@ ABSL_FLAG(std::string, test_crash_at, "",
           "(ready|send|reduce|all_gather|donate|commit[@ROUND]), or "
           "corrupt_state to flip a bit in one served state chunk");
 
+ABSL_FLAG(int, health_port, -1,
+          "serve grpc.health.v1.Health (services readiness and liveness, for "
+          "Kubernetes gRPC probes) on this port of the --listen host; 0 = any "
+          "free port (logged), -1 = off");
+ABSL_FLAG(int, metrics_port, -1,
+          "serve Prometheus metrics (GET /metrics) on this port of the "
+          "--listen host; 0 = any free port (logged), -1 = off");
+ABSL_FLAG(std::string, log_format, "text",
+          "stderr lines: text | json (one JSON object per line with time, "
+          "level, node, round, step, event, peer and msg)");
+ABSL_FLAG(std::string, hosts, "",
+          "a hosts(5)-style file (\"ADDRESS NAME...\" per line) that maps "
+          "host names in --peers to addresses before DNS: for machines "
+          "without the cluster's DNS");
+ABSL_FLAG(double, found_after, 10,
+          "diloco: seconds a node that is itself one of --peers (e.g. by its "
+          "DNS name) waits for another seed to admit it before it founds the "
+          "swarm alone");
+ABSL_FLAG(bool, resume_if_exists, false,
+          "continue from the checkpoint in --out when there is one (as "
+          "--resume), start fresh otherwise: for restarting containers");
+ABSL_FLAG(double, watchdog_multiple, 100,
+          "liveness turns NOT_SERVING when no inner step completes within "
+          "this many expected step times (measured)...");
+ABSL_FLAG(double, watchdog_min_seconds, 60,
+          "...and never sooner than this many seconds (waits for a round's "
+          "sync or a state transfer get their own timeouts on top)");
+ABSL_FLAG(std::string, test_stall, "",
+          "testing only: STEP:SECONDS stalls the training loop after inner "
+          "step STEP for SECONDS (liveness must notice)");
+
 namespace starling {
 namespace {
 
@@ -88,7 +128,8 @@ constexpr char kPseudoGrad[] = "pseudo_grad";
 constexpr char kGrad[] = "grad";
 
 int Fail(const absl::Status& s, int code) {
-  WriteStderrLine(absl::StrCat("starling node: error: ", s.message()));
+  LogEvent(LogLevel::kError, "error",
+           absl::StrCat("starling node: error: ", s.message()));
   return code;
 }
 
@@ -156,30 +197,164 @@ absl::Status UnflattenGrads(const std::vector<float>& flat,
   return Unflatten(flat, grads);
 }
 
+// "host" of "host:port" ("[::1]:7070" -> "::1"); empty for ":port".
+std::string HostOf(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+// Reads a hosts(5)-style file into name -> address.
+absl::StatusOr<std::map<std::string, std::string>> ReadHosts(
+    const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--hosts=", path, ": cannot read it"));
+  }
+  std::map<std::string, std::string> names;
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    line = line.substr(0, line.find('#'));
+    std::vector<std::string> words =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    if (words.empty()) continue;
+    if (words.size() < 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--hosts=", path, ":", n, ": expected ADDRESS NAME..."));
+    }
+    for (size_t i = 1; i < words.size(); ++i) names[words[i]] = words[0];
+  }
+  return names;
+}
+
+// The node's operational side: health (with its watchdog) and metrics,
+// each off when its port flag is -1, and the test-only stall.
+struct NodeOps {
+  std::unique_ptr<Watchdog> watchdog;
+  std::unique_ptr<HealthServer> health;
+  std::unique_ptr<NodeMetrics> metrics;
+  int stall_step = -1;
+  double stall_seconds = 0;
+
+  void Step(const StepResult& r, int step) {
+    if (step == stall_step) {
+      LogEvent(
+          LogLevel::kWarning, "test_stall",
+          absl::StrCat("--test_stall: stalling for ", stall_seconds, " s"));
+      absl::SleepFor(absl::Seconds(stall_seconds));
+    }
+    watchdog->Step(absl::Seconds(r.seconds));
+    if (metrics) {
+      metrics->InnerStep(r.seconds, r.tokens, r.loss);
+      metrics->SetInnerLr(r.lr);
+    }
+  }
+  void SetReady(bool ready) {
+    if (health) health->SetReady(ready);
+  }
+};
+
+absl::Status StartOps(const std::string& node_id, const std::string& algo,
+                      const std::string& device, NodeOps* ops) {
+  WatchdogOptions wo;
+  wo.multiple = absl::GetFlag(FLAGS_watchdog_multiple);
+  const double min_s = absl::GetFlag(FLAGS_watchdog_min_seconds);
+  if (!(wo.multiple > 0) || !(min_s >= 0)) {
+    return absl::InvalidArgumentError(
+        "--watchdog_multiple must be > 0 and --watchdog_min_seconds >= 0");
+  }
+  wo.min_allowance = absl::Seconds(min_s);
+  ops->watchdog = std::make_unique<Watchdog>(wo);
+  if (std::string stall = absl::GetFlag(FLAGS_test_stall); !stall.empty()) {
+    std::pair<std::string, std::string> parts = absl::StrSplit(stall, ':');
+    if (!absl::SimpleAtoi(parts.first, &ops->stall_step) ||
+        !absl::SimpleAtod(parts.second, &ops->stall_seconds) ||
+        ops->stall_step < 1 || !(ops->stall_seconds > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--test_stall=", stall, ": expected STEP:SECONDS, e.g. 20:5"));
+    }
+  }
+  const std::string host = HostOf(absl::GetFlag(FLAGS_listen));
+  const int health_port = absl::GetFlag(FLAGS_health_port);
+  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  for (auto [name, port] :
+       {std::pair<const char*, int>{"health_port", health_port},
+        {"metrics_port", metrics_port}}) {
+    if (port < -1 || port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", name, "=", port, ": expected a port, 0 (any) or -1 (off)"));
+    }
+  }
+  if (health_port >= 0) {
+    STARLING_ASSIGN_OR_RETURN(
+        ops->health,
+        HealthServer::Start(host, health_port, ops->watchdog.get()));
+    LogEvent(LogLevel::kInfo, "health",
+             absl::StrCat("health checks (readiness, liveness) on ",
+                          ops->health->address()),
+             {{"address", ops->health->address()}});
+  }
+  if (metrics_port >= 0) {
+    BuildInfo info;
+    info.version = STARLING_VERSION;
+    info.torch = TORCH_VERSION;
+    info.device = device;
+    info.algo = algo;
+    info.node_id = node_id;
+    absl::StatusOr<std::unique_ptr<NodeMetrics>> m =
+        NodeMetrics::Start(host, metrics_port, info);
+    if (!m.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("--metrics_port: ", m.status().message()));
+    }
+    ops->metrics = std::move(m).value();
+    LogEvent(LogLevel::kInfo, "metrics",
+             absl::StrCat("Prometheus metrics on http://",
+                          ops->metrics->address(), "/metrics"),
+             {{"address", ops->metrics->address()}});
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const std::vector<std::string>& NodeFlagNames() {
-  static const auto* names = new std::vector<std::string>{"listen",
-                                                          "peers",
-                                                          "run_id",
-                                                          "algo",
-                                                          "inner_steps",
-                                                          "outer",
-                                                          "outer_lr",
-                                                          "outer_momentum",
-                                                          "connect_timeout",
-                                                          "round_timeout",
-                                                          "chunk_bytes",
-                                                          "compression",
-                                                          "error_feedback",
-                                                          "small_tensor_elems",
-                                                          "small_tensor_codec",
-                                                          "node_id",
-                                                          "min_members",
-                                                          "suspect_timeout",
-                                                          "round_deadline",
-                                                          "partition_file",
-                                                          "test_crash_at"};
+  static const auto* names =
+      new std::vector<std::string>{"listen",
+                                   "peers",
+                                   "run_id",
+                                   "algo",
+                                   "inner_steps",
+                                   "outer",
+                                   "outer_lr",
+                                   "outer_momentum",
+                                   "connect_timeout",
+                                   "round_timeout",
+                                   "chunk_bytes",
+                                   "compression",
+                                   "error_feedback",
+                                   "small_tensor_elems",
+                                   "small_tensor_codec",
+                                   "node_id",
+                                   "min_members",
+                                   "suspect_timeout",
+                                   "round_deadline",
+                                   "partition_file",
+                                   "test_crash_at",
+                                   "health_port",
+                                   "metrics_port",
+                                   "log_format",
+                                   "hosts",
+                                   "found_after",
+                                   "resume_if_exists",
+                                   "watchdog_multiple",
+                                   "watchdog_min_seconds",
+                                   "test_stall"};
   return *names;
 }
 
@@ -207,6 +382,10 @@ const Subcommand& NodeSubcommand() {
         "--resume rejoins and catches up. The first member of each round "
         "evaluates. --algo=ddp all-reduces gradients every step over the "
         "fixed --peers list instead (every member lists all others).\n\n"
+        "Operations: --health_port serves gRPC health checks (readiness, "
+        "liveness) for Kubernetes probes, --metrics_port Prometheus "
+        "/metrics, --log_format=json one JSON object per stderr line; "
+        "deploy/ runs nodes as a Kubernetes StatefulSet.\n\n"
         "Example, two members on one machine:\n"
         "  starling node --node_id=a --listen=127.0.0.1:7001 --shard=0/2 "
         "--out=runs/a\n"
@@ -228,6 +407,7 @@ struct NodeRun {
   int chunk = 1 << 20;
   std::string out, ckpt_path;
   Trainer* trainer = nullptr;
+  NodeOps* ops = nullptr;
   std::vector<torch::Tensor> params;
   int64_t n_params = 0;
   std::unique_ptr<OuterOptimizer> outer;
@@ -255,7 +435,13 @@ struct NodeRun {
          absl::StrCat(sent, ",", received, ",", prior[2] + ring_stats.raw_bytes,
                       ",", prior[3] + ring_stats.wire_bytes)}};
     if (feedback) extra["error_feedback"] = feedback->SaveState();
-    return trainer->SaveCheckpoint(ckpt_path, extra);
+    const absl::Time start = absl::Now();
+    STARLING_RETURN_IF_ERROR(trainer->SaveCheckpoint(ckpt_path, extra));
+    if (ops->metrics) {
+      ops->metrics->Checkpoint(absl::ToDoubleSeconds(absl::Now() - start),
+                               absl::Now());
+    }
+    return absl::OkStatus();
   }
 
   // Evaluates when an --eval_every boundary was crossed or when forced.
@@ -270,8 +456,10 @@ struct NodeRun {
     f.Add("step", static_cast<int64_t>(step)).Add("val_loss", eval.loss);
     if (eval.accuracy >= 0) f.Add("val_accuracy", eval.accuracy);
     events.Write("eval", f);
-    WriteStderrLine(absl::StrFormat("eval  step %d/%d | val_loss %.4f", step,
-                                    config.steps(), eval.loss));
+    LogEvent(LogLevel::kInfo, "eval",
+             absl::StrFormat("eval  step %d/%d | val_loss %.4f", step,
+                             config.steps(), eval.loss),
+             {{"val_loss", absl::StrFormat("%.6f", eval.loss)}});
     return absl::OkStatus();
   }
 
@@ -349,6 +537,12 @@ int RunDiloco(NodeRun& run) {
   std::string node_id = absl::GetFlag(FLAGS_node_id);
   const std::string listen = absl::GetFlag(FLAGS_listen);
   if (node_id.empty()) node_id = listen;
+  std::map<std::string, std::string> hosts;
+  if (std::string path = absl::GetFlag(FLAGS_hosts); !path.empty()) {
+    absl::StatusOr<std::map<std::string, std::string>> h = ReadHosts(path);
+    if (!h.ok()) return Fail(h.status(), 2);
+    hosts = std::move(h).value();
+  }
   std::vector<std::string> seeds;
   for (absl::string_view p :
        absl::StrSplit(absl::GetFlag(FLAGS_peers), ',', absl::SkipEmpty())) {
@@ -357,7 +551,17 @@ int RunDiloco(NodeRun& run) {
                       absl::StrCat("--peers: '", p, "' is not host:port")),
                   2);
     }
-    seeds.emplace_back(p);
+    std::string seed(p);
+    if (auto it = hosts.find(HostOf(seed)); it != hosts.end()) {
+      seed = absl::StrCat(it->second, seed.substr(seed.rfind(':')));
+    }
+    seeds.push_back(seed);
+  }
+  const double found_after = absl::GetFlag(FLAGS_found_after);
+  if (!(found_after >= 0)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--found_after=", found_after, ": must be >= 0")),
+                2);
   }
   if (!ValidHostPort(listen)) {
     return Fail(absl::InvalidArgumentError(
@@ -406,6 +610,7 @@ int RunDiloco(NodeRun& run) {
   so.suspect_after = absl::Seconds(suspect);
   so.round_deadline = absl::Seconds(deadline_s);
   so.partition_file = absl::GetFlag(FLAGS_partition_file);
+  so.found_after = absl::Seconds(found_after);
   so.mailbox.run_id = so.identity.run_id;
   so.mailbox.tensors = {{kPseudoGrad, run.n_params + 2}};
   if (run.ring_codec != nullptr) {
@@ -437,7 +642,9 @@ int RunDiloco(NodeRun& run) {
                                  .Add("id", c.id)
                                  .Add("state", to)
                                  .Add("incarnation", c.incarnation));
-      STARLING_LOG(INFO) << "member " << c.id << " is " << to;
+      LogEvent(LogLevel::kInfo, "member",
+               absl::StrCat("member ", c.id, " is ", to),
+               {{"peer", c.id}, {"state", to}});
     }
   };
   // Not joining: a fresh node starts on the initial lineage with the others;
@@ -449,6 +656,44 @@ int RunDiloco(NodeRun& run) {
                      << " parameters, data " << trainer.dataset().Describe();
   const absl::Duration connect =
       absl::Seconds(absl::GetFlag(FLAGS_connect_timeout));
+  NodeOps& ops = *run.ops;
+  ops.watchdog->Waiting(2 * connect);
+  // Metrics that change outside the training thread: traffic, peers, RPC
+  // errors, refreshed every second.
+  std::atomic<int64_t> before_compression{run.prior[2]};
+  std::atomic<int64_t> after_compression{run.prior[3]};
+  std::atomic<bool> poll_stop{false};
+  std::thread poller;
+  if (ops.metrics) {
+    poller = std::thread([&] {
+      while (!poll_stop.load()) {
+        ops.metrics->SetTraffic(bytes_sent(), bytes_received(),
+                                before_compression.load(),
+                                after_compression.load());
+        int known = 0, connected = 0;
+        for (const peer::v1::MemberEntry& e : swarm.Members()) {
+          if (e.id() == node_id) continue;
+          if (e.state() == peer::v1::MEMBER_ALIVE) ++connected;
+          if (e.state() == peer::v1::MEMBER_ALIVE ||
+              e.state() == peer::v1::MEMBER_SUSPECT) {
+            ++known;
+          }
+        }
+        ops.metrics->SetPeers(known, connected);
+        ops.metrics->SetRpcErrors(swarm.rpc_errors());
+        absl::SleepFor(absl::Seconds(1));
+      }
+    });
+  }
+  struct PollerJoin {
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~PollerJoin() {
+      stop = true;
+      if (t.joinable()) t.join();
+    }
+  } poller_join{poll_stop, poller};
+  if (ops.metrics) ops.metrics->SetOuterLr(absl::GetFlag(FLAGS_outer_lr));
   if (absl::Status s = swarm.JoinSwarm(absl::Now() + connect); !s.ok()) {
     events.Write("error", JsonObject().Add("message", s.message()));
     return Fail(s, absl::IsFailedPrecondition(s) ? 2 : 1);
@@ -479,6 +724,7 @@ int RunDiloco(NodeRun& run) {
   // Catches up with the best lineage in the swarm (a joiner, a restarted
   // node, a member that missed a round, the losing side of a partition).
   auto catch_up = [&](const Swarm::Lineage& best) -> absl::Status {
+    ops.watchdog->Waiting(so.rpc_timeout);
     swarm.SetProgress(run.round, lineage, /*joining=*/true);
     Swarm::FetchStats stats;
     absl::StatusOr<SwarmState> st = swarm.FetchState(
@@ -504,10 +750,13 @@ int RunDiloco(NodeRun& run) {
                      .Add("seconds", stats.seconds)
                      .Add("retries", static_cast<int64_t>(stats.retries))
                      .Add("model_hash", lineage));
-    WriteStderrLine(absl::StrFormat(
-        "%s caught up: round %d, step %d from %s (%s in %.2f s)", node_id,
-        run.round, st->step, stats.donor,
-        FormatBytes(static_cast<double>(stats.bytes)), stats.seconds));
+    SetLogPosition(run.round, st->step);
+    LogEvent(LogLevel::kInfo, "state_transfer",
+             absl::StrFormat(
+                 "%s caught up: round %d, step %d from %s (%s in %.2f s)",
+                 node_id, run.round, st->step, stats.donor,
+                 FormatBytes(static_cast<double>(stats.bytes)), stats.seconds),
+             {{"peer", stats.donor}});
     serve();
     swarm.SetProgress(run.round, lineage, /*joining=*/false);
     return absl::OkStatus();
@@ -523,13 +772,16 @@ int RunDiloco(NodeRun& run) {
     Swarm::Lineage best = swarm.Best();
     if (Swarm::Ahead(best, run.round, lineage) && !best.donors.empty()) {
       if (absl::Status s = catch_up(best); !s.ok()) {
-        WriteStderrLine(absl::StrCat(node_id, ": catching up failed (",
-                                     s.message(), "); retrying"));
+        LogEvent(LogLevel::kWarning, "state_transfer",
+                 absl::StrCat(node_id, ": catching up failed (", s.message(),
+                              "); retrying"));
         absl::SleepFor(absl::Seconds(1));
       }
       continue;
     }
     swarm.SetProgress(run.round, lineage, /*joining=*/false);
+    // On the best lineage, with the model: ready (and it stays so).
+    ops.SetReady(StopSignal() == 0);
     const auto round_start = absl::Now();
     const int64_t sent_before = bytes_sent();
     const int prev_step = trainer.state().step();
@@ -553,6 +805,8 @@ int RunDiloco(NodeRun& run) {
       }
       loss_sum += r->loss;
       samples += r->samples;
+      SetLogPosition(run.round, trainer.state().step());
+      ops.Step(*r, trainer.state().step());
     }
     auto back_to_round_start = [&]() -> absl::Status {
       trainer.set_step(prev_step);
@@ -590,7 +844,10 @@ int RunDiloco(NodeRun& run) {
     input[delta.size() + 1] = StopSignal() != 0 ? 1.0f : 0.0f;
     std::vector<float> work;
     RingStats attempt_stats;
+    int attempts_run = 0;
     Swarm::Reduce reduce = [&](Transport& t, int64_t seq) {
+      ++attempts_run;
+      ops.watchdog->Waiting(so.rpc_timeout * 2);
       work = input;
       attempt_stats = RingStats();
       RingOptions o;
@@ -603,9 +860,27 @@ int RunDiloco(NodeRun& run) {
       last_world = t.world();
       return RingAllReduceSum(t, absl::MakeSpan(work), o);
     };
-    absl::StatusOr<Swarm::RoundResult> res = swarm.SyncRound(
-        run.round, lineage, reduce, [] { return StopSignalCount() >= 2; });
+    const absl::Time sync_start = absl::Now();
+    ops.watchdog->Waiting(so.round_deadline + so.rpc_timeout);
+    absl::StatusOr<Swarm::RoundResult> res =
+        swarm.SyncRound(run.round, lineage, reduce, [&] {
+          // Polled while the protocol waits: the loop is alive.
+          ops.watchdog->Waiting(so.round_deadline + so.rpc_timeout);
+          return StopSignalCount() >= 2;
+        });
     if (!res.ok()) return Fail(res.status(), 1);
+    const double sync_seconds = absl::ToDoubleSeconds(absl::Now() - sync_start);
+    if (ops.metrics) {
+      const bool committed = res->outcome == Swarm::Outcome::kCommitted;
+      for (int i = 0; i < attempts_run - (committed ? 1 : 0); ++i) {
+        ops.metrics->Round("aborted", 0, 0);
+      }
+      ops.metrics->Round(committed ? "committed"
+                         : res->outcome == Swarm::Outcome::kStopped ? "stopped"
+                                                                    : "stale",
+                         absl::ToDoubleSeconds(absl::Now() - round_start),
+                         sync_seconds);
+    }
     if (res->outcome != Swarm::Outcome::kCommitted) {
       if (run.feedback) (void)run.feedback->LoadState(ef_before);
       if (absl::Status s = back_to_round_start(); !s.ok()) return Fail(s, 1);
@@ -615,7 +890,8 @@ int RunDiloco(NodeRun& run) {
       }
       // Stale: the swarm committed this round without us. Wait (briefly)
       // until gossip shows who is ahead, then catch up at the loop's top.
-      WriteStderrLine(
+      LogEvent(
+          LogLevel::kInfo, "stale",
           absl::StrCat(node_id, " missed round ", run.round, "; catching up"));
       const absl::Time until = absl::Now() + absl::Seconds(5);
       while (absl::Now() < until &&
@@ -626,12 +902,19 @@ int RunDiloco(NodeRun& run) {
     }
     run.ring_stats.raw_bytes += attempt_stats.raw_bytes;
     run.ring_stats.wire_bytes += attempt_stats.wire_bytes;
+    before_compression = run.prior[2] + run.ring_stats.raw_bytes;
+    after_compression = run.prior[3] + run.ring_stats.wire_bytes;
     const float weight = work[delta.size()];
     const bool stop_voted = work[delta.size() + 1] > 0;
     if (!(weight > 0)) {
       return Fail(absl::InternalError("the round's weights sum to zero"), 1);
     }
-    for (size_t i = 0; i < delta.size(); ++i) delta[i] = work[i] / weight;
+    double norm2 = 0;
+    for (size_t i = 0; i < delta.size(); ++i) {
+      delta[i] = work[i] / weight;
+      norm2 += static_cast<double>(delta[i]) * delta[i];
+    }
+    if (ops.metrics) ops.metrics->SetPseudoGradientNorm(std::sqrt(norm2));
     if (absl::Status s = run.outer->Step(absl::MakeSpan(theta_global), delta);
         !s.ok()) {
       return Fail(s, 1);
@@ -660,12 +943,16 @@ int RunDiloco(NodeRun& run) {
     }
     double elapsed = events.WallSeconds();
     double eta = rec.step > 0 ? elapsed * (total - rec.step) / rec.step : 0;
-    WriteStderrLine(absl::StrFormat(
-        "%s round %d/%d | step %d/%d | members %d | loss %.4f | sent %s | "
-        "hash %s | eta %s",
-        node_id, run.round, n_rounds, rec.step, total, res->members.size(),
-        rec.train_loss, FormatBytes(static_cast<double>(bytes_sent())),
-        rec.model_hash.substr(0, 8), FormatDuration(eta)));
+    SetLogPosition(run.round, rec.step);
+    LogEvent(LogLevel::kInfo, "round",
+             absl::StrFormat("%s round %d/%d | step %d/%d | members %d | loss "
+                             "%.4f | sent %s | hash %s | eta %s",
+                             node_id, run.round, n_rounds, rec.step, total,
+                             res->members.size(), rec.train_loss,
+                             FormatBytes(static_cast<double>(bytes_sent())),
+                             rec.model_hash.substr(0, 8), FormatDuration(eta)),
+             {{"members", absl::StrJoin(res->members, ",")},
+              {"model_hash", rec.model_hash}});
     if (config.checkpoint_every() > 0 &&
         rec.step / config.checkpoint_every() >
             prev_step / config.checkpoint_every() &&
@@ -682,6 +969,7 @@ int RunDiloco(NodeRun& run) {
     }
   }
   log_changes();
+  ops.SetReady(false);
   // Goodbye first, so that nobody waits for this node, then the checkpoint.
   swarm.Leave();
   if (left) {
@@ -813,10 +1101,19 @@ int RunDdp(NodeRun& run) {
         return UnflattenGrads(g, ps);
       };
     }
+    run.ops->SetReady(StopSignal() == 0);
+    // A step waits for the all-reduce: its timeout on top of the step.
+    run.ops->watchdog->Waiting(ring.step_timeout);
     absl::StatusOr<StepResult> r = trainer.Step(hook);
     if (!r.ok()) {
       events.Write("error", JsonObject().Add("message", r.status().message()));
       return Fail(r.status(), 1);
+    }
+    SetLogPosition(run.round + 1, trainer.state().step());
+    run.ops->Step(*r, trainer.state().step());
+    if (run.ops->metrics) {
+      run.ops->metrics->SetTraffic(bytes_sent(), bytes_received(), 0, 0);
+      run.ops->metrics->Round("committed", r->seconds, 0);
     }
     RoundRecord rec;
     rec.round = run.round;
@@ -856,6 +1153,7 @@ int RunDdp(NodeRun& run) {
       break;
     }
   }
+  run.ops->SetReady(false);
   if (absl::Status s = run.Checkpoint(run.round, bytes_sent(), bytes_received(),
                                       events.WallSeconds());
       !s.ok()) {
@@ -882,7 +1180,29 @@ int RunDdp(NodeRun& run) {
 
 }  // namespace
 
+namespace {
+
+// gRPC's own log lines (connection errors and the like) go through the
+// node's logger, so that --log_format=json keeps every stderr line JSON.
+void LogFromGrpc(gpr_log_func_args* args) {
+  const char* base = std::strrchr(args->file, '/');
+  LogEvent(args->severity == GPR_LOG_SEVERITY_ERROR ? LogLevel::kError
+                                                    : LogLevel::kInfo,
+           "grpc", args->message,
+           {{"source",
+             absl::StrCat(base ? base + 1 : args->file, ":", args->line)}});
+}
+
+}  // namespace
+
 int RunNodeCommand() {
+  LogFormat format;
+  if (absl::Status s = ParseLogFormat(absl::GetFlag(FLAGS_log_format), &format);
+      !s.ok()) {
+    return Fail(s, 2);
+  }
+  SetLogFormat(format);
+  gpr_set_log_function(LogFromGrpc);
   NodeRun run;
   run.config = ConfigFromFlags();
   TrainConfig& config = run.config;
@@ -906,11 +1226,31 @@ int RunNodeCommand() {
             "--chunk_bytes=", run.chunk, ": must be in [1024, 4194304]")),
         2);
   }
+  std::string log_node = absl::GetFlag(FLAGS_node_id);
+  if (log_node.empty()) log_node = absl::GetFlag(FLAGS_listen);
   if (run.algo == "ddp") {
     // Check the member list before any slow setup.
     absl::StatusOr<StaticMembers> m =
         ParseMembers(absl::GetFlag(FLAGS_listen), absl::GetFlag(FLAGS_peers));
     if (!m.ok()) return Fail(m.status(), 2);
+    log_node = absl::StrCat("n", m->rank);
+  }
+  SetLogNode(log_node);
+  // Health and metrics answer from the start (a probe during the data load
+  // sees "not ready", not a refused connection).
+  NodeOps ops;
+  if (absl::Status s = StartOps(log_node, run.algo, config.device(), &ops);
+      !s.ok()) {
+    return Fail(s, absl::IsInvalidArgument(s) ? 2 : 1);
+  }
+  run.ops = &ops;
+  if (absl::GetFlag(FLAGS_resume_if_exists) && !config.resume() &&
+      !config.out().empty() &&
+      FileExists(CheckpointPathInRunDir(config.out()))) {
+    LogEvent(LogLevel::kInfo, "resume",
+             absl::StrCat("--resume_if_exists: continuing the run in ",
+                          config.out()));
+    config.set_resume(true);
   }
   absl::StatusOr<std::unique_ptr<Trainer>> created = StartRun(&config, "node");
   if (!created.ok()) {
