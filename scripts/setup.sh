@@ -1,7 +1,20 @@
 #!/usr/bin/env bash
 # Installs every Debian 12 package that building, running and testing Starling
-# need, including the data sets. Idempotent: installs only what is missing.
+# need, including the data sets, plus two tools for the tests that Debian
+# does not package on its own: promtool (extracted from Debian's prometheus
+# package into .tools/, so that no Prometheus server gets installed and
+# started) and the npm packages that validate deploy/'s manifests
+# (deploy/validate, pinned by its lockfile). Idempotent: does only what is
+# missing. kubectl is not in Debian: without it the manifest test skips.
 set -euo pipefail
+# --no-test-tools: packages only (the container image's build stage).
+TEST_TOOLS=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-test-tools) TEST_TOOLS=0 ;;
+    *) echo "setup: unknown argument $arg (expected --no-test-tools)" >&2; exit 2 ;;
+  esac
+done
 
 PACKAGES=(
   # toolchain
@@ -18,7 +31,12 @@ PACKAGES=(
   python3 python3-torch
   # report.html charts; pgrep for the tests
   gnuplot-nox procps
+  # deploy/ checks: YAML lint, the end-to-end test's YAML and gRPC health
+  # client, Node.js for the manifest validator
+  yamllint python3-yaml python3-grpcio nodejs
 )
+# Node.js from elsewhere (e.g. NodeSource) bundles npm; Debian's does not.
+command -v npm >/dev/null || PACKAGES+=(npm)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -27,17 +45,49 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  SUDO="sudo"
+fi
+need_sudo() {
+  if [ -n "$SUDO" ] && ! command -v sudo >/dev/null; then
+    echo "setup: run as root or install sudo" >&2
+    exit 1
+  fi
+}
+updated=0
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#PACKAGES[@]} packages already installed"
+else
+  need_sudo
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -q
+  updated=1
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if [ "$TEST_TOOLS" -eq 0 ]; then
+  echo "setup: done (packages only)"
   exit 0
 fi
 
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "setup: run as root or install sudo" >&2; exit 1; }
-  SUDO="sudo"
+# promtool: only the binary from Debian's prometheus package.
+cd "$(dirname "$0")/.."
+if [ ! -x .tools/prometheus/usr/bin/promtool ]; then
+  if [ "$updated" -eq 0 ]; then need_sudo; $SUDO apt-get update -q; fi
+  echo "setup: extracting promtool from Debian's prometheus package into .tools/"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && apt-get download -q prometheus)
+  mkdir -p .tools
+  dpkg -x "$tmp"/prometheus_*.deb .tools/prometheus
+  rm -rf "$tmp"
 fi
-echo "setup: installing ${missing[*]}"
-$SUDO apt-get update -q
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+
+# The manifest validator's npm packages, exactly as locked.
+if [ ! -d deploy/validate/node_modules ] ||
+   [ deploy/validate/package-lock.json -nt deploy/validate/node_modules ]; then
+  echo "setup: npm ci in deploy/validate"
+  npm ci --prefix deploy/validate --no-audit --no-fund --loglevel=error
+  touch deploy/validate/node_modules
+fi
 echo "setup: done"
