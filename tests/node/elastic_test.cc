@@ -26,39 +26,13 @@ namespace starling {
 namespace {
 
 using ::starling::testing::Field;
+using ::starling::testing::FreePort;
 using ::starling::testing::ReadJson;
 using ::starling::testing::SpawnStarling;
 using ::starling::testing::TempDir;
 using ::starling::testing::TinyTextFlags;
 using ::starling::testing::WaitForText;
-
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), len);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// Waits for `pid` until `deadline`; SIGKILLs it after. Exit code, 128+signal
-// for a signal, or -1 when it had to be killed.
-int WaitUntil(pid_t pid, absl::Time deadline) {
-  while (absl::Now() < deadline) {
-    int status = 0;
-    pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid) {
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
-  return -1;
-}
+using ::starling::testing::WaitUntil;
 
 // A swarm of node processes in one temporary directory.
 class Swarm {

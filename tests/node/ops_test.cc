@@ -27,38 +27,14 @@ namespace {
 using ::grpc::health::v1::HealthCheckRequest;
 using ::grpc::health::v1::HealthCheckResponse;
 using ::starling::testing::Field;
+using ::starling::testing::FreePort;
 using ::starling::testing::HttpGet;
 using ::starling::testing::ReadJson;
 using ::starling::testing::SpawnStarling;
 using ::starling::testing::TempDir;
 using ::starling::testing::TinyTextFlags;
 using ::starling::testing::WaitForText;
-
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), len);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-int WaitExit(pid_t pid, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) == pid) {
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
-  return -1;
-}
+using ::starling::testing::WaitUntil;
 
 // The "address" of the first log line of `event` (JSON logs), waiting for it.
 std::string EventAddress(const std::string& log, const std::string& event) {
@@ -222,8 +198,10 @@ TEST_F(OpsTest, HealthMetricsAndLogsOfARunningNode) {
   EXPECT_EQ(client.Check("readiness"), kServing);
   EXPECT_TRUE(client.WaitFor("liveness", kServing, absl::Seconds(20)));
 
-  EXPECT_EQ(WaitExit(n0, absl::Seconds(120)), 0) << ReadFile(log0).value_or("");
-  EXPECT_EQ(WaitExit(n1, absl::Seconds(60)), 0) << ReadFile(log1).value_or("");
+  EXPECT_EQ(WaitUntil(n0, absl::Now() + absl::Seconds(120)), 0)
+      << ReadFile(log0).value_or("");
+  EXPECT_EQ(WaitUntil(n1, absl::Now() + absl::Seconds(60)), 0)
+      << ReadFile(log1).value_or("");
 
   // JSON logs: one object per line, each with the node; rounds carry round
   // and step; membership lines name the peer.
@@ -260,7 +238,8 @@ TEST_F(OpsTest, HealthMetricsAndLogsOfARunningNode) {
 
 // Kubernetes-style seeds: every node lists the same host names, its own
 // among them, mapped to addresses by --hosts. The first node finds only
-// itself and, after --found_after, founds the swarm; the second joins it.
+// itself and, after --found_after, founds the swarm; the second joins it
+// (both wait for two members before their first round).
 TEST_F(OpsTest, ANodeThatIsItsOwnSeedFoundsTheSwarmAndOthersJoin) {
   const int p0 = FreePort(), p1 = FreePort();
   const std::string hosts = dir_ + "/hosts";
@@ -272,7 +251,7 @@ TEST_F(OpsTest, ANodeThatIsItsOwnSeedFoundsTheSwarmAndOthersJoin) {
                   .ok());
   const std::string seeds = absl::StrCat(
       " --hosts=", hosts, " --peers=node-0.peers:", p0, ",node-1.peers:", p1,
-      " --found_after=1 --steps=200 --inner_steps=10");
+      " --found_after=1 --steps=200 --inner_steps=10 --min_members=2");
   const std::string log0 = dir_ + "/k0.log", log1 = dir_ + "/k1.log";
   pid_t n0 =
       SpawnStarling(absl::StrCat("node ", common_, seeds, " --node_id=node-0",
@@ -286,8 +265,10 @@ TEST_F(OpsTest, ANodeThatIsItsOwnSeedFoundsTheSwarmAndOthersJoin) {
                                  " --listen=127.0.0.1:", p1,
                                  " --shard=1/2 --out=", dir_, "/k1"),
                     log1);
-  EXPECT_EQ(WaitExit(n0, absl::Seconds(120)), 0) << ReadFile(log0).value_or("");
-  EXPECT_EQ(WaitExit(n1, absl::Seconds(60)), 0) << ReadFile(log1).value_or("");
+  EXPECT_EQ(WaitUntil(n0, absl::Now() + absl::Seconds(120)), 0)
+      << ReadFile(log0).value_or("");
+  EXPECT_EQ(WaitUntil(n1, absl::Now() + absl::Seconds(60)), 0)
+      << ReadFile(log1).value_or("");
   auto s0 = ReadJson(dir_ + "/k0/summary.json");
   auto s1 = ReadJson(dir_ + "/k1/summary.json");
   const std::string h0 =
