@@ -279,7 +279,9 @@ absl::Status StartOps(const std::string& node_id, const std::string& algo,
           "--test_stall=", stall, ": expected STEP:SECONDS, e.g. 20:5"));
     }
   }
-  const std::string host = HostOf(absl::GetFlag(FLAGS_listen));
+  std::string host = HostOf(absl::GetFlag(FLAGS_listen));
+  if (host == "localhost") host = "127.0.0.1";
+  if (host.empty()) host = "0.0.0.0";
   const int health_port = absl::GetFlag(FLAGS_health_port);
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
   for (auto [name, port] :
@@ -309,7 +311,8 @@ absl::Status StartOps(const std::string& node_id, const std::string& algo,
     absl::StatusOr<std::unique_ptr<NodeMetrics>> m =
         NodeMetrics::Start(host, metrics_port, info);
     if (!m.ok()) {
-      return absl::UnavailableError(
+      return absl::Status(
+          m.status().code(),
           absl::StrCat("--metrics_port: ", m.status().message()));
     }
     ops->metrics = std::move(m).value();
