@@ -16,8 +16,9 @@ provides is stood in for:
 Then checks: the pods form one swarm (rounds with all 3 members), answer
 their gRPC readiness probes, serve /metrics, and log JSON; SIGTERM to pod 2
 (a scale-down) makes it leave and checkpoint while the others go on; pod 2
-started again with the same command line (the PVC kept) resumes, catches up,
-and every pod ends on the same model.
+started again with the same command line (the PVC kept) resumes, catches up;
+a new pod starling-3 (a scale-up) joins through the seeds and fetches the
+model; every pod ends on the same model.
 
 Usage: statefulset_e2e_test.py STARLING_BINARY. Exit 0 pass, 1 fail,
 77 skip (a tool is missing, unless STARLING_REQUIRE_DEPLOY_TOOLS=1).
@@ -40,7 +41,7 @@ OVERLAY = os.path.join(ROOT, "deploy", "k8s", "overlays", "cpu")
 BASE = os.path.join(ROOT, "deploy", "k8s", "base")
 REPLICAS = 3
 SHORT_RUN = [
-    "--steps=400", "--inner_steps=20", "--model=gpt", "--layers=1",
+    "--steps=3000", "--inner_steps=20", "--model=gpt", "--layers=1",
     "--width=32", "--heads=2", "--context=32", "--batch=8", "--lr=3e-3",
     "--warmup=5", "--threads=1", "--eval_every=0", "--checkpoint_every=100",
     "--suspect_timeout=2", "--round_deadline=20",
@@ -164,14 +165,14 @@ def main():
     net = None
     for _ in range(20):
         net = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}"
-        if all(free(f"{net}.{k + 1}", ports) for k in range(REPLICAS)):
+        if all(free(f"{net}.{k + 1}", ports) for k in range(REPLICAS + 1)):
             break
         net = None
     if net is None:
         skip(f"no free loopback addresses for ports {ports}")
     hosts = os.path.join(work, "hosts")
     with open(hosts, "w") as f:
-        for k in range(REPLICAS):
+        for k in range(REPLICAS + 1):
             f.write(f"{net}.{k + 1} starling-{k}.starling-peers\n")
 
     def pod_argv(k):
@@ -274,9 +275,12 @@ def main():
         print(f"starling-2 left and checkpointed {left_after:.1f} s after SIGTERM; "
               "the others go on")
 
-        # Scale up again: the same command line, the same volume.
+        # Scale up again: starling-2 with the same command line and volume,
+        # and a new pod starling-3 that joins through the seeds.
         start(victim)
-        for k in range(REPLICAS):
+        datas[REPLICAS] = start(REPLICAS)
+        ev[REPLICAS] = os.path.join(datas[REPLICAS], "run", "events.jsonl")
+        for k in range(REPLICAS + 1):
             try:
                 code = procs[k].wait(timeout=300)
             except subprocess.TimeoutExpired:
@@ -285,8 +289,13 @@ def main():
                 fail(f"starling-{k} exited with {code}", logs)
         if not any(e.get("event") in ("resume",) for e in events(ev[victim])):
             fail("the restarted starling-2 did not resume from its volume", logs)
+        if not events(ev[REPLICAS], "state_transfer"):
+            fail("the new starling-3 did not fetch the model from the swarm", logs)
+        if not any(len(e.get("members", [])) == REPLICAS + 1
+                   for e in events(ev[0], "round")):
+            fail("no round had all four pods", logs)
         hashes = set()
-        for k in range(REPLICAS):
+        for k in range(REPLICAS + 1):
             with open(os.path.join(datas[k], "run", "summary.json")) as f:
                 hashes.add(json.load(f)["final"]["model_hash"])
         if len(hashes) != 1:
@@ -301,7 +310,8 @@ def main():
                         fail(f"{name}: a log line is not JSON: {line!r}", logs)
                     if obj.get("node") != name:
                         fail(f"{name}: log line without its node: {line!r}", logs)
-        print("all pods finished on model", hashes.pop()[:12],
+        print("starling-2 resumed, starling-3 joined; all pods finished on model",
+              hashes.pop()[:12],
               "with JSON logs; PASS")
     finally:
         for p in procs.values():
