@@ -876,7 +876,7 @@ int RunDiloco(NodeRun& run) {
     if (ops.metrics) {
       const bool committed = res->outcome == Swarm::Outcome::kCommitted;
       for (int i = 0; i < attempts_run - (committed ? 1 : 0); ++i) {
-        ops.metrics->Round("aborted", 0, 0);
+        ops.metrics->Round(kRoundAborted, 0, 0);
       }
       ops.metrics->Round(committed ? "committed"
                          : res->outcome == Swarm::Outcome::kStopped ? "stopped"
@@ -1116,7 +1116,7 @@ int RunDdp(NodeRun& run) {
     run.ops->Step(*r, trainer.state().step());
     if (run.ops->metrics) {
       run.ops->metrics->SetTraffic(bytes_sent(), bytes_received(), 0, 0);
-      run.ops->metrics->Round("committed", r->seconds, 0);
+      run.ops->metrics->Round(kRoundCommitted, r->seconds, 0);
     }
     RoundRecord rec;
     rec.round = run.round;
