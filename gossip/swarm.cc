@@ -394,6 +394,7 @@ absl::Status Swarm::JoinSwarm(absl::Time deadline) {
       ++attempts;
       if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
         // The seed is this node under another name (its DNS name).
+        STARLING_LOG(INFO) << "seed " << seed << " is this node";
         absl::MutexLock lock(&state_mu_);
         self_seeds_.insert(seed);
         continue;

@@ -243,10 +243,12 @@ TEST_F(OpsTest, HealthMetricsAndLogsOfARunningNode) {
 TEST_F(OpsTest, ANodeThatIsItsOwnSeedFoundsTheSwarmAndOthersJoin) {
   const int p0 = FreePort(), p1 = FreePort();
   const std::string hosts = dir_ + "/hosts";
-  // node-0 maps to "localhost", not its --listen string: it must learn
-  // from its own answer that the seed is itself.
+  // node-0 listens on 0.0.0.0 and its seed name maps to 127.0.0.1: not
+  // its --listen string, so it must learn from its own answer that the
+  // seed is itself (as a pod does with its DNS name). No "localhost": a
+  // minimal system may have no /etc/hosts.
   ASSERT_TRUE(WriteFileAtomic(hosts,
-                              "# test hosts\nlocalhost node-0.peers\n"
+                              "# test hosts\n127.0.0.1 node-0.peers\n"
                               "127.0.0.1 node-1.peers\n")
                   .ok());
   const std::string seeds = absl::StrCat(
@@ -255,10 +257,14 @@ TEST_F(OpsTest, ANodeThatIsItsOwnSeedFoundsTheSwarmAndOthersJoin) {
   const std::string log0 = dir_ + "/k0.log", log1 = dir_ + "/k1.log";
   pid_t n0 =
       SpawnStarling(absl::StrCat("node ", common_, seeds, " --node_id=node-0",
-                                 " --listen=127.0.0.1:", p0,
+                                 " --listen=0.0.0.0:", p0,
                                  " --shard=0/2 --out=", dir_, "/k0"),
                     log0);
   ASSERT_TRUE(WaitForText(log0, "founds the swarm", absl::Seconds(60)))
+      << ReadFile(log0).value_or("");
+  EXPECT_NE(ReadFile(log0).value_or("").find(
+                absl::StrCat("seed 127.0.0.1:", p0, " is this node")),
+            std::string::npos)
       << ReadFile(log0).value_or("");
   pid_t n1 =
       SpawnStarling(absl::StrCat("node ", common_, seeds, " --node_id=node-1",
