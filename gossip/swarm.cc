@@ -629,12 +629,15 @@ void Swarm::GossipLoop() {
     if (!others.empty() && coin(rng) < 5) {
       targets.push_back(others[rng() % others.size()]);
     }
-    // With nobody live, often; otherwise every ~2 s: a seed, so that
-    // swarms founded apart (seeds that could not see each other at start)
-    // meet and merge.
+    // With nobody live, often; otherwise every ~2 s: a seed that is not a
+    // live member's address (a DNS name), so that swarms founded apart
+    // (seeds that could not see each other at start) meet and merge.
     if (!options_.seeds.empty() && coin(rng) < (live.empty() ? 3 : 1)) {
       const std::string& seed = options_.seeds[rng() % options_.seeds.size()];
-      if (!IsSelfSeed(seed)) targets.push_back(seed);
+      if (!IsSelfSeed(seed) &&
+          std::find(live.begin(), live.end(), seed) == live.end()) {
+        targets.push_back(seed);
+      }
     }
     GossipRequest req;
     req.set_run_id(options_.identity.run_id);
