@@ -31,6 +31,7 @@
 #include "gtest/gtest.h"
 #include "tests/core/test_util.h"
 #include "tests/node/http_get.h"
+#include "tests/node/promtool.h"
 
 namespace starling {
 namespace {
@@ -333,20 +334,9 @@ TEST(NodeMetricsTest, IdleClientIsDroppedAfterTheDeadline) {
   close(idle);
 }
 
-// promtool, from the STARLING_PROMTOOL compile definition; "" when absent.
-std::string Promtool() {
-#ifdef STARLING_PROMTOOL
-  const std::string path = STARLING_PROMTOOL;
-  if (!path.empty() && access(path.c_str(), X_OK) == 0) return path;
-#endif
-  return "";
-}
-
 TEST(NodeMetricsTest, PromtoolAcceptsTheExposition) {
-  const std::string promtool = Promtool();
-  if (promtool.empty()) {
-    const char* require = getenv("STARLING_REQUIRE_PROMTOOL");
-    if (require != nullptr && std::string(require) == "1") {
+  if (starling::testing::PromtoolPath().empty()) {
+    if (starling::testing::PromtoolRequired()) {
       FAIL() << "promtool not found and STARLING_REQUIRE_PROMTOOL=1: run "
                 "scripts/setup.sh (extracts Debian's prometheus package into "
                 ".tools/prometheus) and re-run cmake";
@@ -369,24 +359,11 @@ TEST(NodeMetricsTest, PromtoolAcceptsTheExposition) {
   const std::string text = Scrape(*m);
   ASSERT_FALSE(text.empty());
 
-  const std::string file =
-      absl::StrCat(starling::testing::TempDir(), "/metrics.txt");
-  {
-    std::ofstream out(file);
-    out << text;
-    ASSERT_TRUE(out.good());
-  }
-  const std::string command =
-      absl::StrCat("'", promtool, "' check metrics < '", file, "' 2>&1");
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr) << command;
-  std::string output;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) output.append(buf, n);
-  const int status = pclose(pipe);
-  ASSERT_TRUE(WIFEXITED(status)) << command;
-  EXPECT_EQ(WEXITSTATUS(status), 0) << output << "\n--- scraped:\n" << text;
-  EXPECT_EQ(output, "") << "--- scraped:\n" << text;
+  absl::StatusOr<starling::testing::PromtoolResult> r =
+      starling::testing::PromtoolCheckMetrics(text);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->ok) << r->output << "\n--- scraped:\n" << text;
+  EXPECT_EQ(r->output, "") << "--- scraped:\n" << text;
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "tests/core/run_util.h"
 #include "tests/node/http_get.h"
+#include "tests/node/promtool.h"
 
 namespace starling {
 namespace {
@@ -29,6 +30,9 @@ using ::grpc::health::v1::HealthCheckResponse;
 using ::starling::testing::Field;
 using ::starling::testing::FreePort;
 using ::starling::testing::HttpGet;
+using ::starling::testing::PromtoolCheckMetrics;
+using ::starling::testing::PromtoolRequired;
+using ::starling::testing::PromtoolResult;
 using ::starling::testing::ReadJson;
 using ::starling::testing::SpawnStarling;
 using ::starling::testing::TempDir;
@@ -85,32 +89,6 @@ class HealthClient {
 
 constexpr int kServing = HealthCheckResponse::SERVING;
 constexpr int kNotServing = HealthCheckResponse::NOT_SERVING;
-
-// Runs promtool check metrics on `text`: its output, "" when clean. Skips
-// (or fails with STARLING_REQUIRE_PROMTOOL=1) without promtool.
-std::string Promtool(const std::string& text, bool* ran) {
-  *ran = false;
-#ifdef STARLING_PROMTOOL
-  const std::string promtool = STARLING_PROMTOOL;
-#else
-  const std::string promtool;
-#endif
-  if (promtool.empty() || access(promtool.c_str(), X_OK) != 0) return "";
-  const std::string file = absl::StrCat(TempDir(), "/scraped.txt");
-  EXPECT_TRUE(WriteFileAtomic(file, text).ok());
-  std::string cmd =
-      absl::StrCat("'", promtool, "' check metrics < '", file, "' 2>&1");
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
-  int status = pclose(pipe);
-  *ran = true;
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return out.empty() ? "promtool failed" : out;
-  }
-  return out;
-}
 
 class OpsTest : public ::testing::Test {
  protected:
@@ -181,12 +159,12 @@ TEST_F(OpsTest, HealthMetricsAndLogsOfARunningNode) {
   }
   EXPECT_NE(scraped->find("starling_peers_connected 1"), std::string::npos)
       << *scraped;
-  bool ran = false;
-  EXPECT_EQ(Promtool(*scraped, &ran), "") << *scraped;
-  if (!ran) {
-    const char* require = getenv("STARLING_REQUIRE_PROMTOOL");
-    EXPECT_FALSE(require != nullptr && std::string(require) == "1")
-        << "promtool not found: run scripts/setup.sh and re-run cmake";
+  absl::StatusOr<PromtoolResult> promtool = PromtoolCheckMetrics(*scraped);
+  if (promtool.ok()) {
+    EXPECT_TRUE(promtool->ok) << promtool->output << "\n" << *scraped;
+    EXPECT_EQ(promtool->output, "") << *scraped;
+  } else {
+    EXPECT_FALSE(PromtoolRequired()) << promtool.status();
   }
 
   // The stall: liveness turns NOT_SERVING, readiness stays, and liveness
