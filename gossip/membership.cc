@@ -39,6 +39,7 @@ void CopyProgress(const MemberEntry& from, MemberEntry* to) {
   to->set_round(from.round());
   to->set_lineage(from.lineage());
   to->set_joining(from.joining());
+  to->set_early_sync(from.early_sync());
 }
 
 absl::Status Validate(const MemberEntry& e) {
@@ -61,6 +62,10 @@ absl::Status Validate(const MemberEntry& e) {
   if (e.round() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("negative round ", e.round()));
+  }
+  if (e.early_sync() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("negative early_sync ", e.early_sync()));
   }
   return absl::OkStatus();
 }
@@ -139,6 +144,11 @@ void Membership::SetProgress(int64_t round, const std::string& lineage,
   self.set_round(round);
   self.set_lineage(lineage);
   self.set_joining(joining);
+}
+
+void Membership::RequestEarlySync(int64_t round) {
+  absl::MutexLock lock(&mu_);
+  SelfLocked().entry.set_early_sync(round + 1);
 }
 
 void Membership::Leave() {

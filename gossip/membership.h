@@ -72,6 +72,9 @@ class Membership {
 
   // Sets what this node gossips about its progress.
   void SetProgress(int64_t round, const std::string& lineage, bool joining);
+  // Asks the members (by gossip) to end `round` early: see
+  // MemberEntry.early_sync.
+  void RequestEarlySync(int64_t round);
 
   // Marks this node LEFT (graceful goodbye); Snapshot() then carries it.
   void Leave();

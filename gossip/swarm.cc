@@ -473,6 +473,19 @@ void Swarm::SetProgress(int64_t round, const std::string& lineage,
   membership_->SetProgress(round, lineage, joining);
 }
 
+void Swarm::RequestEarlySync(int64_t round) {
+  membership_->RequestEarlySync(round);
+}
+
+bool Swarm::EarlySyncRequested(int64_t round) const {
+  for (const MemberEntry& e : membership_->Live()) {
+    if (e.state() == peer::v1::MEMBER_ALIVE && e.early_sync() == round + 1) {
+      return true;
+    }
+  }
+  return false;
+}
+
 void Swarm::ServeState(std::shared_ptr<const StateBlob> blob) {
   absl::MutexLock lock(&state_mu_);
   served_ = std::move(blob);

@@ -36,6 +36,12 @@
 //     smallest hash, so after a partition heals every node converges on one
 //     θ_global: the half that completed more rounds; on a tie, the smaller
 //     hash.
+//  6. Adaptive sync. A member whose drift detector or divergence trigger
+//     fires during round r gossips early_sync = r + 1 in its entry
+//     (RequestEarlySync); every member polls EarlySyncRequested(r) between
+//     inner steps and goes to READY at once, so the whole swarm syncs within
+//     a gossip interval or two. Members may thus bring different step
+//     counts to a round; the node weights their Δ accordingly.
 // Thread-safety: all public methods are thread-safe, except that SyncRound
 // and FetchState must be called from one thread (the training thread).
 // Internally one mutex guards the coordinator, one the member inbox; RPCs are
@@ -113,6 +119,11 @@ class Swarm {
 
   // What this node gossips about its progress.
   void SetProgress(int64_t round, const std::string& lineage, bool joining);
+  // Adaptive sync: asks every member, by gossip, to end `round` now (this
+  // node's drift detector or divergence trigger fired), and whether any
+  // live member (this one included) asked so for `round`.
+  void RequestEarlySync(int64_t round);
+  bool EarlySyncRequested(int64_t round) const;
   // The state this node serves to joiners (its last committed round).
   void ServeState(std::shared_ptr<const StateBlob> blob);
 

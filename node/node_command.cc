@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -32,6 +33,8 @@
 #include "node/run_output.h"
 #include "node/train_command.h"
 #include "outer_opt/outer_optimizer.h"
+#include "outer_opt/sync_policy.h"
+#include "outer_opt/weighting.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "host:port this node serves peers on; with --peers it must name a "
@@ -90,6 +93,36 @@ ABSL_FLAG(std::string, test_crash_at, "",
           "(ready|send|reduce|all_gather|donate|commit[@ROUND]), or "
           "corrupt_state to flip a bit in one served state chunk");
 
+ABSL_FLAG(double, round_seconds, 0,
+          "diloco: bound each round by time: a member runs as many inner "
+          "steps as fit in this many seconds (at least 1, at most "
+          "--max_inner_steps when set), so a slow node no longer holds the "
+          "fast ones back; pseudo-gradients are then FedNova-normalized "
+          "(--weighting). 0: rounds of --inner_steps steps");
+ABSL_FLAG(std::string, weighting, "auto",
+          "diloco: how members' pseudo-gradients are averaged: samples "
+          "(weighted by samples processed) or fednova (each Δ normalized by "
+          "its inner steps, weighted by the node's data share, scaled back "
+          "by the mean step count; unbiased when step counts differ). auto: "
+          "fednova when step counts can differ (--round_seconds, or "
+          "--min_inner_steps < --max_inner_steps), else samples");
+ABSL_FLAG(int, min_inner_steps, 0,
+          "diloco: adaptive sync: the shortest H (0: --inner_steps). With "
+          "--min_inner_steps < --max_inner_steps, drift (Page-Hinkley on the "
+          "training loss, or --divergence_threshold) ends the round early "
+          "and sets H to the minimum; quiet rounds double it again, up to "
+          "the maximum");
+ABSL_FLAG(int, max_inner_steps, 0,
+          "diloco: adaptive sync: the longest H (0: --inner_steps); with "
+          "--round_seconds, the most inner steps a round may take");
+ABSL_FLAG(std::string, drift_detector, "auto",
+          "diloco: page_hinkley (a Page-Hinkley test on the de-trended "
+          "training loss asks the swarm for an early sync when the loss "
+          "shifts up), off, or auto (page_hinkley when --min_inner_steps < "
+          "--max_inner_steps)");
+ABSL_FLAG(double, divergence_threshold, 0,
+          "diloco: model-space trigger (dynamic averaging): ask the swarm "
+          "for an early sync when ‖θ_local − θ_global‖² exceeds this; 0: off");
 ABSL_FLAG(int, health_port, -1,
           "serve grpc.health.v1.Health (services readiness and liveness, for "
           "Kubernetes gRPC probes) on this port of the --listen host; 0 = any "
@@ -347,6 +380,12 @@ const std::vector<std::string>& NodeFlagNames() {
                                    "min_members",
                                    "suspect_timeout",
                                    "round_deadline",
+                                   "round_seconds",
+                                   "weighting",
+                                   "min_inner_steps",
+                                   "max_inner_steps",
+                                   "drift_detector",
+                                   "divergence_threshold",
                                    "partition_file",
                                    "test_crash_at",
                                    "health_port",
@@ -401,6 +440,80 @@ const Subcommand& NodeSubcommand() {
 
 namespace {
 
+// DiLoCo's adaptive sync (flags --round_seconds ... --divergence_threshold):
+// how long a round runs on this node and how the members' Δ are averaged.
+struct AdaptiveSync {
+  double round_seconds = 0;  // 0: rounds of H steps
+  int max_steps = 0;         // cap per round with round_seconds (0: none)
+  Weighting weighting = Weighting::kSamples;
+  std::optional<InnerStepController> h;  // H per round
+  std::optional<PageHinkley> detector;
+  std::optional<DivergenceTrigger> divergence;
+};
+
+absl::StatusOr<AdaptiveSync> ParseAdaptiveSync(int h) {
+  AdaptiveSync a;
+  a.round_seconds = absl::GetFlag(FLAGS_round_seconds);
+  if (!(a.round_seconds >= 0) || !std::isfinite(a.round_seconds)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--round_seconds=", a.round_seconds, ": must be >= 0 (0: off)"));
+  }
+  InnerStepOptions io;
+  io.min_steps = absl::GetFlag(FLAGS_min_inner_steps);
+  io.max_steps = absl::GetFlag(FLAGS_max_inner_steps);
+  if (io.min_steps < 0 || io.max_steps < 0) {
+    return absl::InvalidArgumentError(
+        "--min_inner_steps and --max_inner_steps must be >= 0 (0: "
+        "--inner_steps)");
+  }
+  if (io.min_steps == 0)
+    io.min_steps = std::min(h, io.max_steps > 0 ? io.max_steps : h);
+  if (io.max_steps == 0) io.max_steps = std::max(h, io.min_steps);
+  io.initial = std::clamp(h, io.min_steps, io.max_steps);
+  absl::StatusOr<InnerStepController> c = InnerStepController::Create(io);
+  if (!c.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--min_inner_steps=", absl::GetFlag(FLAGS_min_inner_steps),
+        " --max_inner_steps=", absl::GetFlag(FLAGS_max_inner_steps),
+        " (--inner_steps=", h, "): ", c.status().message()));
+  }
+  a.h = std::move(c).value();
+  if (a.round_seconds > 0 && absl::GetFlag(FLAGS_max_inner_steps) > 0) {
+    a.max_steps = io.max_steps;
+  }
+  const bool varying = a.round_seconds > 0 || a.h->adaptive();
+  const std::string weighting = absl::GetFlag(FLAGS_weighting);
+  if (weighting == "auto") {
+    a.weighting = varying ? Weighting::kFedNova : Weighting::kSamples;
+  } else {
+    absl::StatusOr<Weighting> w = ParseWeighting(weighting);
+    if (!w.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--weighting=", weighting, ": expected auto, samples or fednova"));
+    }
+    a.weighting = *w;
+  }
+  const std::string detector = absl::GetFlag(FLAGS_drift_detector);
+  if (detector != "auto" && detector != "page_hinkley" && detector != "off") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--drift_detector=", detector, ": expected auto, page_hinkley or off"));
+  }
+  if (detector == "page_hinkley" || (detector == "auto" && a.h->adaptive())) {
+    a.detector.emplace(PageHinkleyOptions());
+  }
+  const double threshold = absl::GetFlag(FLAGS_divergence_threshold);
+  if (!(threshold >= 0) || !std::isfinite(threshold)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--divergence_threshold=", threshold, ": must be >= 0 (0: off)"));
+  }
+  if (threshold > 0) {
+    DivergenceTriggerOptions d;
+    d.threshold = threshold;
+    a.divergence.emplace(d);
+  }
+  return a;
+}
+
 // What both algorithms share once the flags are checked and the trainer is
 // built (and restored on --resume).
 struct NodeRun {
@@ -418,6 +531,7 @@ struct NodeRun {
   const PolicyCodec* ring_codec = nullptr;
   bool use_ef = false;
   std::unique_ptr<ErrorFeedback> feedback;
+  AdaptiveSync sync;
   int64_t round = 0;
   // Traffic of earlier sessions of a resumed run: sent, received, and the
   // pseudo-gradient bytes before/after compression.
@@ -615,7 +729,7 @@ int RunDiloco(NodeRun& run) {
   so.partition_file = absl::GetFlag(FLAGS_partition_file);
   so.found_after = absl::Seconds(found_after);
   so.mailbox.run_id = so.identity.run_id;
-  so.mailbox.tensors = {{kPseudoGrad, run.n_params + 2}};
+  so.mailbox.tensors = {{kPseudoGrad, run.n_params + kWeightingSlots + 1}};
   if (run.ring_codec != nullptr) {
     so.mailbox.compressed_bytes_per_element = {{kPseudoGrad, 8}};
   }
@@ -788,16 +902,37 @@ int RunDiloco(NodeRun& run) {
     const auto round_start = absl::Now();
     const int64_t sent_before = bytes_sent();
     const int prev_step = trainer.state().step();
-    const int steps = std::min(run.h, total - prev_step);
+    // How many inner steps this round: H (adaptive between
+    // --min_inner_steps and --max_inner_steps), or as many as fit in
+    // --round_seconds. Either way a drift alarm or divergence here, or an
+    // early-sync request from any member, ends the round sooner.
+    AdaptiveSync& sync = run.sync;
+    const bool timed = sync.round_seconds > 0;
+    int cap = total - prev_step;
+    if (!timed) {
+      cap = std::min(cap, sync.h->current());
+    } else if (sync.max_steps > 0) {
+      cap = std::min(cap, sync.max_steps);
+    }
+    const absl::Time budget_end =
+        round_start + absl::Seconds(timed ? sync.round_seconds : 0);
     double loss_sum = 0;
     int64_t samples = 0;
-    bool abandoned = false;
-    for (int i = 0; i < steps; ++i) {
+    int steps = 0;
+    bool abandoned = false, early = false;
+    while (steps < cap) {
       // SIGINT/SIGTERM: finish this round, then leave; a second one: leave
       // now, abandoning the round.
       if (StopSignalCount() >= 2) {
         abandoned = true;
         break;
+      }
+      if (steps > 0) {
+        if (timed && absl::Now() >= budget_end) break;
+        if (swarm.EarlySyncRequested(run.round)) {
+          early = true;
+          break;
+        }
       }
       absl::StatusOr<StepResult> r = trainer.Step();
       if (!r.ok()) {
@@ -806,10 +941,45 @@ int RunDiloco(NodeRun& run) {
         swarm.Leave();
         return Fail(r.status(), 1);
       }
+      ++steps;
       loss_sum += r->loss;
       samples += r->samples;
       SetLogPosition(run.round, trainer.state().step());
       ops.Step(*r, trainer.state().step());
+      if (trainer.state().step() == config.warmup() && sync.detector) {
+        sync.detector->Suppress();  // the LR schedule turns
+      }
+      // Drift: the loss shifted up (Page-Hinkley), or θ strayed too far
+      // from θ_global (dynamic averaging). Ask every member to sync now.
+      const char* trigger = nullptr;
+      double statistic = 0;
+      if (sync.detector && sync.detector->Add(r->loss)) {
+        trigger = "page_hinkley";
+        statistic = sync.detector->statistic();
+      } else if (sync.divergence && sync.divergence->enabled()) {
+        std::vector<float> theta = Flatten(run.params);
+        if (sync.divergence->Exceeded(theta, theta_global, &statistic)) {
+          trigger = "divergence";
+        }
+      }
+      if (trigger != nullptr) {
+        swarm.RequestEarlySync(run.round);
+        events.Write(
+            "drift_detected",
+            JsonObject()
+                .Add("step", static_cast<int64_t>(trainer.state().step()))
+                .Add("round", run.round)
+                .Add("by", trigger)
+                .Add("statistic", statistic)
+                .Add("loss", r->loss));
+        LogEvent(LogLevel::kInfo, "drift_detected",
+                 absl::StrFormat("%s: drift (%s, %.3g) at step %d: asking "
+                                 "for an early sync",
+                                 node_id, trigger, statistic,
+                                 trainer.state().step()));
+        early = true;
+        break;
+      }
     }
     auto back_to_round_start = [&]() -> absl::Status {
       trainer.set_step(prev_step);
@@ -835,16 +1005,32 @@ int RunDiloco(NodeRun& run) {
       if (!enc.ok()) return Fail(enc.status(), 1);
       delta = std::move(sent);
     }
-    // The ring's input: Δ·w, the weight w (samples) and this node's stop
-    // vote. After a round whose votes sum above zero, every member that
-    // has a pending signal leaves: members signalled together (a sim's
-    // Ctrl-C) all stop after the same round and resume exactly, while one
-    // signalled alone leaves and the others go on.
-    const float w = static_cast<float>(samples);
-    std::vector<float> input(delta.size() + 2);
-    for (size_t i = 0; i < delta.size(); ++i) input[i] = delta[i] * w;
-    input[delta.size()] = w;
-    input[delta.size() + 1] = StopSignal() != 0 ? 1.0f : 0.0f;
+    // The ring's input: this node's weighted Δ and its weights
+    // (outer_opt/weighting.h: samples, or FedNova when step counts differ)
+    // and its stop vote. After a round whose votes sum above zero, every
+    // member that has a pending signal leaves: members signalled together
+    // (a sim's Ctrl-C) all stop after the same round and resume exactly,
+    // while one signalled alone leaves and the others go on.
+    std::vector<float> input(delta.size() + kWeightingSlots + 1);
+    {
+      Contribution c;
+      c.delta = delta;
+      c.steps = std::max(1, steps);
+      // FedNova weighs a node by its share of the data (its train set, in
+      // units of 2^20 examples so that p·τ stays exact in fp32).
+      c.weight = sync.weighting == Weighting::kFedNova
+                     ? std::ldexp(static_cast<double>(std::max<int64_t>(
+                                      1, trainer.dataset().train_size())),
+                                  -20)
+                     : static_cast<double>(samples);
+      if (absl::Status s = PackContribution(
+              sync.weighting, c,
+              absl::MakeSpan(input).subspan(0, input.size() - 1));
+          !s.ok()) {
+        return Fail(s, 1);
+      }
+    }
+    input.back() = StopSignal() != 0 ? 1.0f : 0.0f;
     std::vector<float> work;
     RingStats attempt_stats;
     int attempts_run = 0;
@@ -907,16 +1093,13 @@ int RunDiloco(NodeRun& run) {
     run.ring_stats.wire_bytes += attempt_stats.wire_bytes;
     before_compression = run.prior[2] + run.ring_stats.raw_bytes;
     after_compression = run.prior[3] + run.ring_stats.wire_bytes;
-    const float weight = work[delta.size()];
-    const bool stop_voted = work[delta.size() + 1] > 0;
-    if (!(weight > 0)) {
-      return Fail(absl::InternalError("the round's weights sum to zero"), 1);
-    }
+    const bool stop_voted = work.back() > 0;
+    absl::StatusOr<Averaged> avg = UnpackAverage(
+        sync.weighting, absl::MakeConstSpan(work).subspan(0, work.size() - 1),
+        absl::MakeSpan(delta));
+    if (!avg.ok()) return Fail(avg.status(), 1);
     double norm2 = 0;
-    for (size_t i = 0; i < delta.size(); ++i) {
-      delta[i] = work[i] / weight;
-      norm2 += static_cast<double>(delta[i]) * delta[i];
-    }
+    for (float d : delta) norm2 += static_cast<double>(d) * d;
     if (ops.metrics) ops.metrics->SetPseudoGradientNorm(std::sqrt(norm2));
     if (absl::Status s = run.outer->Step(absl::MakeSpan(theta_global), delta);
         !s.ok()) {
@@ -926,9 +1109,20 @@ int RunDiloco(NodeRun& run) {
       return Fail(s, 1);
     }
     lineage = FlatHash(theta_global);
+    // Every member moves the LR schedule by the round's mean step count
+    // (FedNova's τ_eff; H when all ran H), so members that ran different
+    // step counts agree on the step again.
+    trainer.set_step(std::clamp(
+        prev_step + static_cast<int>(std::llround(avg->effective_steps)),
+        prev_step + 1, total));
+    if (early) sync.h->OnDrift();
+    sync.h->OnRoundEnd(early);
+    if (sync.detector) sync.detector->Suppress();  // θ jumps to θ_global
     RoundRecord rec;
     rec.round = run.round;
     rec.step = trainer.state().step();
+    rec.inner_steps = steps;
+    rec.early = early;
     rec.members = res->members;
     rec.model_hash = lineage;
     rec.train_loss = loss_sum / std::max(1, steps);
@@ -1222,6 +1416,11 @@ int RunNodeCommand() {
                     absl::StrCat("--inner_steps=", run.h, ": must be >= 1")),
                 2);
   }
+  if (absl::StatusOr<AdaptiveSync> a = ParseAdaptiveSync(run.h); !a.ok()) {
+    return Fail(a.status(), 2);
+  } else {
+    run.sync = std::move(a).value();
+  }
   run.chunk = absl::GetFlag(FLAGS_chunk_bytes);
   if (run.chunk < 1024 || run.chunk > (4 << 20)) {
     return Fail(
@@ -1291,7 +1490,8 @@ int RunNodeCommand() {
       PolicyCodec::Create(tensor_sizes, po);
   if (!param_policy.ok()) return Fail(param_policy.status(), 2);
   run.param_policy = std::move(param_policy).value();
-  po.trailing_fp32 = 2;  // the averaging weight and the stop vote
+  // The averaging weights (outer_opt/weighting.h) and the stop vote.
+  po.trailing_fp32 = kWeightingSlots + 1;
   absl::StatusOr<std::unique_ptr<PolicyCodec>> ring_policy =
       PolicyCodec::Create(tensor_sizes, po);
   if (!ring_policy.ok()) return Fail(ring_policy.status(), 2);

@@ -74,6 +74,10 @@ JsonObject RoundJson(const RoundRecord& r) {
     o.AddNull("val_loss");
   }
   o.Add("bytes", r.bytes).Add("seconds", r.seconds);
+  if (r.inner_steps > 0) {
+    o.Add("inner_steps", static_cast<int64_t>(r.inner_steps));
+  }
+  if (r.early) o.Add("early", true);
   return o;
 }
 

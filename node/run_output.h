@@ -46,6 +46,8 @@ struct RoundRecord {
   double val_loss = -1;  // < 0: not evaluated this round
   int64_t bytes = 0;     // sent by this node during the round
   double seconds = 0;    // wall time of the round
+  int inner_steps = 0;   // this node's inner steps in the round (0: unknown)
+  bool early = false;    // ended early by a drift/divergence request
 };
 
 JsonObject RoundJson(const RoundRecord& r);

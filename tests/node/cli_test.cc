@@ -67,6 +67,12 @@ TEST(CliTest, BadInputExitsTwoNamingTheInput) {
       {"train --shard=3/2", "--shard=3/2"},
       {"train --flagfile=/no/flags.txt", "/no/flags.txt"},
       {"train --resume --out=" + dir + "/none", "no checkpoint"},
+      {"node --round_seconds=-1", "--round_seconds=-1"},
+      {"node --weighting=median", "--weighting=median"},
+      {"node --min_inner_steps=80 --max_inner_steps=20",
+       "--min_inner_steps=80"},
+      {"node --drift_detector=cusum", "--drift_detector=cusum"},
+      {"node --divergence_threshold=-2", "--divergence_threshold=-2"},
   };
   for (const Case& c : cases) {
     auto r = RunStarling(c.args);

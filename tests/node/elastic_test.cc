@@ -488,5 +488,46 @@ TEST(ElasticTest, EightStaggeredNodesFormOneSwarm) {
   EXPECT_EQ(most, 8);
 }
 
+// Adaptive sync: one member's divergence trigger fires in every round; its
+// early-sync request, spread by gossip, ends the round on every member long
+// before H, and members that ran different step counts still agree on θ and
+// on the step (the LR position).
+TEST(AdaptiveSyncTest, EarlySyncRequestEndsEveryMembersRound) {
+  Swarm s("early-sync", 600, 300);
+  s.Start("n0", 0, 3, 3);
+  s.Start("n1", 1, 3, 3, "--divergence_threshold=1e-12");
+  s.Start("n2", 2, 3, 3);
+  std::vector<std::string> ids = {"n0", "n1", "n2"};
+  for (const std::string& id : ids) {
+    ASSERT_EQ(s.Wait(id), 0) << id << ":\n" << s.LogText(id);
+  }
+  std::set<std::string> finals;
+  for (const std::string& id : ids) finals.insert(s.FinalHash(id));
+  EXPECT_EQ(finals.size(), 1u);
+  ExpectRoundsAgree(s, ids);
+  std::vector<google::protobuf::Struct> alarms =
+      s.Events_("n1", "drift_detected");
+  ASSERT_FALSE(alarms.empty());
+  EXPECT_EQ(Field(alarms[0], "by").string_value(), "divergence");
+  // Fixed H would give 2 rounds; every member cut its rounds short.
+  std::map<int, int> step_after;  // round -> step, identical on all members
+  for (const std::string& id : ids) {
+    std::vector<google::protobuf::Struct> rounds = s.Events_(id, "round");
+    EXPECT_GT(rounds.size(), 2u) << id;
+    int early = 0;
+    for (const auto& ev : rounds) {
+      const int round = static_cast<int>(Field(ev, "round").number_value());
+      const int step = static_cast<int>(Field(ev, "step").number_value());
+      EXPECT_LT(Field(ev, "inner_steps").number_value(), 300) << id;
+      if (ev.fields().count("early") && Field(ev, "early").bool_value()) {
+        ++early;
+      }
+      auto [it, fresh] = step_after.emplace(round, step);
+      EXPECT_EQ(it->second, step) << id << " round " << round;
+    }
+    EXPECT_GT(early, 0) << id;
+  }
+}
+
 }  // namespace
 }  // namespace starling
