@@ -243,7 +243,8 @@ absl::StatusOr<StepResult> Trainer::Step(const GradientHook& hook) {
   StepResult r;
   r.lr = LearningRateAt(schedule_, state_.step());
   r.region = region();
-  r.drifted = drift_.step >= 0 && state_.step() == drift_.step;
+  r.drifted = drift_.step >= 0 && state_.step() + 1 >= drift_.step &&
+              (state_.step() == 0 || state_.step() < drift_.step);
   try {
     for (auto& group : optimizer_->param_groups()) group.options().set_lr(r.lr);
     Batch batch = dataset_->NextTrain(config_.batch(), sampler_, r.region);

@@ -50,8 +50,12 @@ struct StepResult {
   // Time of the step, including the --slowdown sleep (the node is slower
   // hardware; the sleep stretches the step's own compute, not the hook's).
   double seconds = 0.0;
-  int region = 0;        // the data region the batch came from
-  bool drifted = false;  // the first step on the drifted region (--drift)
+  int region = 0;  // the data region the batch came from
+  // True for the step that brings the node to its --drift step (with
+  // --drift=0: its first step): the data switched to region 1 here, and
+  // later steps and evaluations use it. Once per run, so a caller can log it
+  // before the evaluation at that step.
+  bool drifted = false;
 };
 
 struct EvalResult {

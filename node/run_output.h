@@ -33,9 +33,9 @@ class EventLog {
   bool warned_ = false;
 };
 
-// When `r` is the first step on the drifted data region (r.drifted, see
-// --drift), writes {"event":"drift","step":S,"region":1} with S the drift
-// step (inner steps done before `r`) and logs a line; otherwise nothing.
+// When the data switched to the drifted region at step `r` (r.drifted, see
+// --drift), writes {"event":"drift","step":S,"region":1} with S the --drift
+// step and logs a line; otherwise nothing.
 // `starling train` and `starling node` call it after every step.
 void LogDrift(EventLog& events, const Trainer& trainer, const StepResult& r);
 

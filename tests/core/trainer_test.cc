@@ -323,12 +323,15 @@ TEST(DriftTest, SwitchesTrainingAndValidationAtTheStep) {
     auto drifts = MustCreate(WithDrift(base, "5"));
     ASSERT_NE(never, nullptr);
     ASSERT_NE(drifts, nullptr);
+    int switches = 0;
     for (int i = 0; i < 5; ++i) {
       auto a = never->Step(), b = drifts->Step();
       ASSERT_TRUE(a.ok() && b.ok());
       EXPECT_EQ(a->loss, b->loss) << "step " << i + 1;
       EXPECT_EQ(b->region, 0);
-      EXPECT_FALSE(b->drifted);
+      // The step that brings the node to step 5 reports the switch.
+      EXPECT_EQ(b->drifted, i == 4) << "step " << i + 1;
+      switches += b->drifted ? 1 : 0;
     }
     EXPECT_EQ(ModelHash(never->Parameters()), ModelHash(drifts->Parameters()));
     EXPECT_EQ(never->region(), 0);
@@ -337,7 +340,6 @@ TEST(DriftTest, SwitchesTrainingAndValidationAtTheStep) {
     auto va = never->Evaluate(), vb = drifts->Evaluate();
     ASSERT_TRUE(va.ok() && vb.ok());
     EXPECT_NE(va->loss, vb->loss);
-    int switches = 0;
     for (int i = 0; i < 5; ++i) {
       auto a = never->Step(), b = drifts->Step();
       ASSERT_TRUE(a.ok() && b.ok());
@@ -345,7 +347,6 @@ TEST(DriftTest, SwitchesTrainingAndValidationAtTheStep) {
       EXPECT_FALSE(a->drifted);
       EXPECT_EQ(b->region, 1);
       switches += b->drifted ? 1 : 0;
-      if (i == 0) EXPECT_TRUE(b->drifted);
     }
     EXPECT_EQ(switches, 1);
     EXPECT_NE(ModelHash(never->Parameters()), ModelHash(drifts->Parameters()));
@@ -373,18 +374,38 @@ TEST(DriftTest, ResumeAcrossTheDriftIsExact) {
   for (int cut : {4, 7, 11})
     ExpectExactResume(WithDrift(TinyText(), "7"), 14, cut);
   ExpectExactResume(WithDrift(TinyImages("mlp"), "9"), 20, 6);
-  // A run resumed exactly at the drift step reports the switch on its first
-  // step (the run before it never took a step on the new region).
+  // A run resumed one step before the drift step reports the switch on its
+  // first step; one resumed at the drift step (its switch was reported
+  // before the checkpoint) does not report it again.
   std::string path = TempDir() + "/drift.ckpt";
+  std::string at = TempDir() + "/at.ckpt";
   TrainConfig c = WithDrift(TinyText(), "3");
   auto first = MustCreate(c);
-  RunSteps(*first, 3);
+  RunSteps(*first, 2);
   ASSERT_TRUE(first->SaveCheckpoint(path).ok());
+  RunSteps(*first, 1);
+  ASSERT_TRUE(first->SaveCheckpoint(at).ok());
   auto second = MustCreate(c);
   ASSERT_TRUE(second->RestoreCheckpoint(path).ok());
   auto r = second->Step();
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(r->drifted);
+  EXPECT_EQ(r->region, 0);
+  ASSERT_TRUE(second->RestoreCheckpoint(at).ok());
+  for (int i = 0; i < 3; ++i) {
+    r = second->Step();
+    ASSERT_TRUE(r.ok());
+    EXPECT_FALSE(r->drifted);
+    EXPECT_EQ(r->region, 1);
+  }
+  // --drift=0: on the second region from the start, reported on step 1.
+  auto from_start = MustCreate(WithDrift(TinyText(), "0"));
+  EXPECT_EQ(from_start->region(), 1);
+  r = from_start->Step();
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->drifted);
+  EXPECT_EQ(r->region, 1);
+  EXPECT_FALSE(from_start->Step()->drifted);
   // A checkpoint from another drift schedule is refused.
   auto other = MustCreate(WithDrift(TinyText(), "5"));
   absl::Status s = other->RestoreCheckpoint(path);
