@@ -23,6 +23,10 @@ namespace {
 constexpr int64_t kTextChunk = 1 << 16;  // iid text shards deal 64 KiB chunks
 constexpr float kFmnistMean = 0.2860f;
 constexpr float kFmnistStd = 0.3530f;
+// Drift region B of Fashion-MNIST: class c is labelled kDriftLabels[c]. A
+// fixed derangement of 0..9 (no class keeps its label), the same on every
+// node and every run.
+constexpr int64_t kDriftLabels[10] = {3, 7, 0, 9, 1, 8, 2, 5, 4, 6};
 
 // Indices 0..n-1 dealt to shard `spec` (iid: a seeded permutation dealt
 // round-robin; contiguous: the K-th block). Sorted ascending.
@@ -48,12 +52,23 @@ std::string ShardName(const ShardSpec& s) {
   return absl::StrCat(s.index, "/", s.count);
 }
 
-// Byte- or token-level language-model data.
+// Byte- or token-level language-model data. One region spans all tokens;
+// with two regions (drift) each half of the tokens is a region with its own
+// train/val split and shards.
 class TokenDataset : public Dataset {
  public:
   struct Segment {
     int64_t begin;
     int64_t end;
+  };
+  // Tokens [begin, end): train [begin, split), validation [split, end).
+  struct Region {
+    int64_t begin = 0;
+    int64_t split = 0;
+    int64_t end = 0;
+    int64_t train_size = 0;
+    std::vector<Segment> segments;
+    std::vector<int64_t> cum_starts;  // inclusive prefix sums of window starts
   };
 
   static absl::StatusOr<std::unique_ptr<Dataset>> Create(
@@ -64,44 +79,22 @@ class TokenDataset : public Dataset {
     ds->tokens_ = std::move(tokens);
     ds->vocab_ = vocab;
     ds->context_ = opts.context;
-    const int64_t n = static_cast<int64_t>(ds->tokens_.size());
-    ds->split_ = static_cast<int64_t>(static_cast<double>(n) *
-                                      (1.0 - opts.val_fraction));
-    if (n - ds->split_ < opts.context + 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, " is too small: ", n, " tokens leave ", n - ds->split_,
-          " for validation, fewer than --context+1 = ", opts.context + 1));
-    }
     if (opts.shard.mode == ShardMode::kNonIid) {
       return absl::InvalidArgumentError(
           "--shard_mode=noniid splits by label and needs --data=fmnist; use "
           "iid or contiguous for text");
     }
-    if (opts.shard.mode == ShardMode::kContiguous) {
-      ds->segments_.push_back(
-          {ds->split_ * opts.shard.index / opts.shard.count,
-           ds->split_ * (opts.shard.index + 1) / opts.shard.count});
-    } else {
-      int64_t chunks = (ds->split_ + kTextChunk - 1) / kTextChunk;
-      for (int64_t c : ShardIndices(chunks, opts.shard, opts.split_seed)) {
-        int64_t b = c * kTextChunk, e = std::min(ds->split_, b + kTextChunk);
-        if (!ds->segments_.empty() && ds->segments_.back().end == b) {
-          ds->segments_.back().end = e;
-        } else {
-          ds->segments_.push_back({b, e});
-        }
-      }
-    }
-    int64_t total = 0;
-    for (const Segment& s : ds->segments_) {
-      ds->train_size_ += s.end - s.begin;
-      total += std::max<int64_t>(0, s.end - s.begin - opts.context);
-      ds->cum_starts_.push_back(total);
-    }
-    if (total == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shard ", ShardName(opts.shard), " of ", name,
-          " has no training window of --context=", opts.context, " tokens"));
+    const int64_t n = static_cast<int64_t>(ds->tokens_.size());
+    const int count = opts.two_regions ? 2 : 1;
+    for (int r = 0; r < count; ++r) {
+      const std::string where =
+          opts.two_regions ? absl::StrCat(" (drift region ", r == 0 ? "A" : "B",
+                                          ", half of the text)")
+                           : "";
+      STARLING_ASSIGN_OR_RETURN(
+          Region region,
+          MakeRegion(n * r / count, n * (r + 1) / count, opts, name + where));
+      ds->regions_.push_back(std::move(region));
     }
     return std::unique_ptr<Dataset>(std::move(ds));
   }
@@ -110,39 +103,100 @@ class TokenDataset : public Dataset {
   int64_t num_classes() const override { return vocab_; }
   std::vector<int64_t> example_shape() const override { return {context_}; }
   std::string Describe() const override {
+    const Region& a = regions_[0];
+    if (regions_.size() == 1) {
+      return absl::StrCat(name_, " (", tokens_.size(), " tokens, vocab ",
+                          vocab_, ", train ", a.split, ", val ",
+                          a.end - a.split, ")");
+    }
+    const Region& b = regions_[1];
     return absl::StrCat(name_, " (", tokens_.size(), " tokens, vocab ", vocab_,
-                        ", train ", split_, ", val ", tokens_.size() - split_,
-                        ")");
+                        ", two drift regions: A train ", a.split - a.begin,
+                        " val ", a.end - a.split, ", B train ",
+                        b.split - b.begin, " val ", b.end - b.split, ")");
   }
-  int64_t train_size() const override { return train_size_; }
   int64_t targets_per_example() const override { return context_; }
+  int regions() const override { return static_cast<int>(regions_.size()); }
+  int64_t train_size(int region) const override {
+    return regions_[region].train_size;
+  }
 
-  Batch NextTrain(int batch_size, Sampler& sampler) const override {
-    std::uniform_int_distribution<int64_t> pick(0, cum_starts_.back() - 1);
+  Batch NextTrain(int batch_size, Sampler& sampler, int region) const override {
+    const Region& reg = regions_[region];
+    std::uniform_int_distribution<int64_t> pick(0, reg.cum_starts.back() - 1);
     std::vector<int64_t> starts(batch_size);
     for (int b = 0; b < batch_size; ++b) {
       int64_t u = pick(sampler.rng);
-      size_t seg = std::upper_bound(cum_starts_.begin(), cum_starts_.end(), u) -
-                   cum_starts_.begin();
-      int64_t before = seg == 0 ? 0 : cum_starts_[seg - 1];
-      starts[b] = segments_[seg].begin + (u - before);
+      size_t seg =
+          std::upper_bound(reg.cum_starts.begin(), reg.cum_starts.end(), u) -
+          reg.cum_starts.begin();
+      int64_t before = seg == 0 ? 0 : reg.cum_starts[seg - 1];
+      starts[b] = reg.segments[seg].begin + (u - before);
     }
     return Windows(starts);
   }
 
-  int64_t val_examples() const override {
-    return (static_cast<int64_t>(tokens_.size()) - split_ - 1) / context_;
+  int64_t val_examples(int region) const override {
+    const Region& reg = regions_[region];
+    return (reg.end - reg.split - 1) / context_;
   }
-  Batch ValBatch(int64_t begin, int64_t count) const override {
+  Batch ValBatch(int64_t begin, int64_t count, int region) const override {
     std::vector<int64_t> starts(count);
     for (int64_t i = 0; i < count; ++i) {
-      starts[i] = split_ + (begin + i) * context_;
+      starts[i] = regions_[region].split + (begin + i) * context_;
     }
     return Windows(starts);
   }
 
  private:
   TokenDataset() = default;
+
+  // Splits tokens [begin, end) into train and validation and takes this
+  // node's shard of the training part.
+  static absl::StatusOr<Region> MakeRegion(int64_t begin, int64_t end,
+                                           const DataOptions& opts,
+                                           const std::string& name) {
+    Region reg;
+    reg.begin = begin;
+    reg.end = end;
+    const int64_t n = end - begin;
+    reg.split = begin + static_cast<int64_t>(static_cast<double>(n) *
+                                             (1.0 - opts.val_fraction));
+    if (end - reg.split < opts.context + 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " is too small: ", n, " tokens leave ", end - reg.split,
+          " for validation, fewer than --context+1 = ", opts.context + 1));
+    }
+    const int64_t train = reg.split - begin;
+    if (opts.shard.mode == ShardMode::kContiguous) {
+      reg.segments.push_back(
+          {begin + train * opts.shard.index / opts.shard.count,
+           begin + train * (opts.shard.index + 1) / opts.shard.count});
+    } else {
+      int64_t chunks = (train + kTextChunk - 1) / kTextChunk;
+      for (int64_t c : ShardIndices(chunks, opts.shard, opts.split_seed)) {
+        int64_t b = begin + c * kTextChunk;
+        int64_t e = std::min(reg.split, b + kTextChunk);
+        if (!reg.segments.empty() && reg.segments.back().end == b) {
+          reg.segments.back().end = e;
+        } else {
+          reg.segments.push_back({b, e});
+        }
+      }
+    }
+    int64_t total = 0;
+    for (const Segment& s : reg.segments) {
+      reg.train_size += s.end - s.begin;
+      total += std::max<int64_t>(0, s.end - s.begin - opts.context);
+      reg.cum_starts.push_back(total);
+    }
+    if (total == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard ", ShardName(opts.shard), " of ", name,
+          " has no training window of --context=", opts.context, " tokens"));
+    }
+    return reg;
+  }
 
   Batch Windows(const std::vector<int64_t>& starts) const {
     const int64_t b = static_cast<int64_t>(starts.size());
@@ -164,10 +218,7 @@ class TokenDataset : public Dataset {
   std::vector<uint16_t> tokens_;
   int64_t vocab_ = 256;
   int64_t context_ = 64;
-  int64_t split_ = 0;
-  int64_t train_size_ = 0;
-  std::vector<Segment> segments_;
-  std::vector<int64_t> cum_starts_;  // inclusive prefix sums of window starts
+  std::vector<Region> regions_;
 };
 
 // Fashion-MNIST: 60k training images (sharded) and the 10k test images as
@@ -178,6 +229,7 @@ class FashionMnist : public Dataset {
       const std::string& dir, const DataOptions& opts) {
     auto ds = std::unique_ptr<FashionMnist>(new FashionMnist());
     ds->dir_ = dir;
+    ds->regions_ = opts.two_regions ? 2 : 1;
     STARLING_RETURN_IF_ERROR(
         Load(dir, "train", &ds->train_images_, &ds->train_labels_));
     STARLING_RETURN_IF_ERROR(
@@ -210,14 +262,19 @@ class FashionMnist : public Dataset {
   std::string Describe() const override {
     return absl::StrCat("Fashion-MNIST from ", dir_, " (train shard ",
                         shard_.size(), " of ", train_images_.size(0), ", test ",
-                        val_images_.size(0), ")");
-  }
-  int64_t train_size() const override {
-    return static_cast<int64_t>(shard_.size());
+                        val_images_.size(0),
+                        regions_ == 2 ? ", two drift regions: B permutes the "
+                                        "labels"
+                                      : "",
+                        ")");
   }
   int64_t targets_per_example() const override { return 1; }
+  int regions() const override { return regions_; }
+  int64_t train_size(int) const override {
+    return static_cast<int64_t>(shard_.size());
+  }
 
-  Batch NextTrain(int batch_size, Sampler& sampler) const override {
+  Batch NextTrain(int batch_size, Sampler& sampler, int region) const override {
     std::vector<int64_t> idx(batch_size);
     for (int b = 0; b < batch_size; ++b) {
       if (sampler.cursor >= static_cast<int64_t>(shard_.size())) {
@@ -228,13 +285,13 @@ class FashionMnist : public Dataset {
     }
     torch::Tensor index = torch::tensor(idx, torch::kLong);
     return Make(train_images_.index_select(0, index),
-                train_labels_.index_select(0, index));
+                train_labels_.index_select(0, index), region);
   }
 
-  int64_t val_examples() const override { return val_images_.size(0); }
-  Batch ValBatch(int64_t begin, int64_t count) const override {
+  int64_t val_examples(int) const override { return val_images_.size(0); }
+  Batch ValBatch(int64_t begin, int64_t count, int region) const override {
     return Make(val_images_.narrow(0, begin, count),
-                val_labels_.narrow(0, begin, count));
+                val_labels_.narrow(0, begin, count), region);
   }
 
  private:
@@ -253,10 +310,16 @@ class FashionMnist : public Dataset {
     return s.order;
   }
 
-  static Batch Make(const torch::Tensor& images, const torch::Tensor& labels) {
+  // Region 1 relabels class c as kDriftLabels[c].
+  static Batch Make(const torch::Tensor& images, const torch::Tensor& labels,
+                    int region) {
     torch::Tensor x = images.to(torch::kFloat32).div_(255.0f);
     x.sub_(kFmnistMean).div_(kFmnistStd);
-    return {x.unsqueeze(1), labels.clone()};
+    if (region == 0) return {x.unsqueeze(1), labels.clone()};
+    torch::Tensor map = torch::tensor(
+        std::vector<int64_t>(std::begin(kDriftLabels), std::end(kDriftLabels)),
+        torch::kLong);
+    return {x.unsqueeze(1), map.index_select(0, labels)};
   }
 
   static absl::Status Load(const std::string& dir, const std::string& prefix,
@@ -293,6 +356,7 @@ class FashionMnist : public Dataset {
   }
 
   std::string dir_;
+  int regions_ = 1;
   torch::Tensor train_images_, train_labels_, val_images_, val_labels_;
   std::vector<int64_t> shard_;
 };
@@ -315,6 +379,21 @@ absl::StatusOr<std::string> RunCommand(const std::string& cmd) {
 }
 
 }  // namespace
+
+absl::StatusOr<DriftSchedule> ParseDrift(const std::string& drift) {
+  DriftSchedule d;
+  if (drift.empty()) return d;
+  d.two_regions = true;
+  if (drift == "never") return d;
+  if (!absl::SimpleAtoi(drift, &d.step) || d.step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--drift=", drift,
+        ": expected an inner step >= 0 (the node switches to the second data "
+        "region once it has done that many steps), 'never' (two regions, "
+        "staying on the first) or empty (one region)"));
+  }
+  return d;
+}
 
 absl::StatusOr<ShardSpec> ParseShard(const std::string& shard,
                                      const std::string& mode) {

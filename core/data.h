@@ -2,6 +2,8 @@
 // corpus), uint16 token files and Fashion-MNIST idx.gz files. Each dataset is
 // loaded once, split deterministically into train and validation, and sharded
 // per node (--shard=K/N: iid, contiguous, or non-iid by label for images).
+// For drift scenarios a dataset can hold two regions (A and B, each with its
+// own train/val split and shards); the caller picks the region per call.
 // A Dataset is immutable after Load: concurrent reads are safe. A Sampler is
 // per-trainer mutable state (not thread-safe) and goes into checkpoints.
 #ifndef STARLING_CORE_DATA_H_
@@ -52,7 +54,30 @@ struct DataOptions {
   ShardSpec shard;
   uint64_t split_seed =
       0;  // fixes the iid shard assignment (same on all nodes)
+  // Two regions for concept drift: text is cut in two halves by position
+  // (region 0 = first half, 1 = second), each split into train/val and
+  // sharded on its own; Fashion-MNIST keeps its images and region 1 permutes
+  // the labels by a fixed derangement of 0..9.
+  bool two_regions = false;
 };
+
+// A node's data-drift schedule, from --drift: "" = one region (off), "never"
+// = two regions staying on region 0, "STEP" = region 0 until STEP inner
+// steps are done, region 1 from then on.
+struct DriftSchedule {
+  bool two_regions = false;
+  int64_t step = -1;  // steps done when the data switches; -1 = never
+
+  // The region of the step that starts after `steps_done` steps (and of an
+  // evaluation then).
+  int RegionAt(int64_t steps_done) const {
+    return step >= 0 && steps_done >= step ? 1 : 0;
+  }
+};
+
+// InvalidArgument naming --drift unless `drift` is "", "never" or an
+// integer >= 0.
+absl::StatusOr<DriftSchedule> ParseDrift(const std::string& drift);
 
 // Mutable sampling position, saved in checkpoints: the RNG for random text
 // windows, and (epoch, cursor) for epoch-shuffled images.
@@ -78,18 +103,32 @@ class Dataset {
   virtual std::vector<int64_t> example_shape() const = 0;
   // Human-readable description for logs and summaries.
   virtual std::string Describe() const = 0;
-  // Examples in this node's training shard (text: bytes/tokens).
-  virtual int64_t train_size() const = 0;
   // Predicted positions per example (text: context; images: 1).
   virtual int64_t targets_per_example() const = 0;
+  // 1, or 2 with DataOptions::two_regions. The methods below take a region
+  // in [0, regions()); the overloads without one use region 0.
+  virtual int regions() const = 0;
 
-  // Draws the next training batch from this node's shard.
-  virtual Batch NextTrain(int batch_size, Sampler& sampler) const = 0;
+  // Examples in this node's training shard (text: bytes/tokens).
+  virtual int64_t train_size(int region) const = 0;
+  int64_t train_size() const { return train_size(0); }
 
-  // Validation examples [begin, begin+count) of the full held-out set (the
-  // same on every node).
-  virtual int64_t val_examples() const = 0;
-  virtual Batch ValBatch(int64_t begin, int64_t count) const = 0;
+  // Draws the next training batch from this node's shard of `region`. The
+  // sampler's position advances the same way in either region.
+  virtual Batch NextTrain(int batch_size, Sampler& sampler,
+                          int region) const = 0;
+  Batch NextTrain(int batch_size, Sampler& sampler) const {
+    return NextTrain(batch_size, sampler, 0);
+  }
+
+  // Validation examples [begin, begin+count) of the region's full held-out
+  // set (the same on every node).
+  virtual int64_t val_examples(int region) const = 0;
+  virtual Batch ValBatch(int64_t begin, int64_t count, int region) const = 0;
+  int64_t val_examples() const { return val_examples(0); }
+  Batch ValBatch(int64_t begin, int64_t count) const {
+    return ValBatch(begin, count, 0);
+  }
 };
 
 // Loads and validates the data set. NotFound / InvalidArgument naming the file

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -67,6 +68,8 @@ TrainConfig DefaultTrainConfig() {
   c.set_eval_every(200);
   c.set_checkpoint_every(200);
   c.set_log_every(50);
+  c.set_slowdown(1.0);
+  c.set_drift("");
   return c;
 }
 
@@ -112,6 +115,11 @@ absl::Status ResolveTrainConfig(TrainConfig* c) {
       !absl::StartsWith(c->device(), "cuda:")) {
     return bad("device", c->device(), "expected cpu, cuda or cuda:N");
   }
+  if (!(c->slowdown() >= 1.0) || !std::isfinite(c->slowdown())) {
+    return bad("slowdown", c->slowdown(),
+               "must be a finite factor >= 1 (1 = full speed)");
+  }
+  STARLING_RETURN_IF_ERROR(ParseDrift(c->drift()).status());
   return absl::OkStatus();
 }
 
@@ -151,6 +159,8 @@ absl::Status Trainer::Init() {
   data.vocab = config_.vocab();
   data.cache_dir = config_.cache_dir();
   data.split_seed = config_.seed();
+  STARLING_ASSIGN_OR_RETURN(drift_, ParseDrift(config_.drift()));
+  data.two_regions = drift_.two_regions;
   STARLING_ASSIGN_OR_RETURN(data.shard,
                             ParseShard(config_.shard(), config_.shard_mode()));
   STARLING_ASSIGN_OR_RETURN(dataset_, LoadDataset(data));
@@ -229,11 +239,15 @@ absl::Status Trainer::Init() {
 
 absl::StatusOr<StepResult> Trainer::Step(const GradientHook& hook) {
   auto start = std::chrono::steady_clock::now();
+  double hook_seconds = 0;
   StepResult r;
   r.lr = LearningRateAt(schedule_, state_.step());
+  r.region = region();
+  r.drifted = drift_.step >= 0 && state_.step() + 1 >= drift_.step &&
+              (state_.step() == 0 || state_.step() < drift_.step);
   try {
     for (auto& group : optimizer_->param_groups()) group.options().set_lr(r.lr);
-    Batch batch = dataset_->NextTrain(config_.batch(), sampler_);
+    Batch batch = dataset_->NextTrain(config_.batch(), sampler_, r.region);
     torch::Tensor x = batch.x.to(device_), y = batch.y.to(device_);
     optimizer_->zero_grad();
     torch::Tensor logits = model_->Forward(x);
@@ -241,7 +255,9 @@ absl::StatusOr<StepResult> Trainer::Step(const GradientHook& hook) {
         logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
     loss.backward();
     if (hook) {
+      auto hook_start = std::chrono::steady_clock::now();
       absl::Status s = hook(model_->Parameters());
+      hook_seconds = Seconds(hook_start);
       if (!s.ok()) {
         optimizer_->zero_grad();
         return s;
@@ -263,6 +279,13 @@ absl::StatusOr<StepResult> Trainer::Step(const GradientHook& hook) {
         "training loss is ", r.loss, " at step ", state_.step() + 1,
         " (diverged); lower --lr or enable --clip"));
   }
+  // Slower hardware: stretch the compute (not the hook's communication) by
+  // the slowdown factor, and count the wait as compute.
+  const double compute = std::max(0.0, Seconds(start) - hook_seconds);
+  if (config_.slowdown() > 1.0) {
+    std::this_thread::sleep_for(
+        std::chrono::duration<double>((config_.slowdown() - 1.0) * compute));
+  }
   r.seconds = Seconds(start);
   state_.set_step(state_.step() + 1);
   state_.set_samples(state_.samples() + r.samples);
@@ -276,13 +299,14 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(int batch_size) {
   EvalResult r;
   double loss_sum = 0;
   int64_t correct = 0, targets = 0;
-  const int64_t n = dataset_->val_examples();
+  const int reg = region();
+  const int64_t n = dataset_->val_examples(reg);
   try {
     torch::NoGradGuard no_grad;
     model_->SetTraining(false);
     for (int64_t begin = 0; begin < n; begin += batch_size) {
-      Batch b =
-          dataset_->ValBatch(begin, std::min<int64_t>(batch_size, n - begin));
+      Batch b = dataset_->ValBatch(
+          begin, std::min<int64_t>(batch_size, n - begin), reg);
       torch::Tensor logits = model_->Forward(b.x.to(device_));
       torch::Tensor flat = logits.reshape({-1, logits.size(-1)});
       torch::Tensor y = b.y.to(device_).reshape({-1});
@@ -383,6 +407,9 @@ absl::Status Trainer::RestoreCheckpoint(
   }
   if (old.shard_mode() != config_.shard_mode()) {
     return mismatch("shard_mode", old.shard_mode(), config_.shard_mode());
+  }
+  if (old.drift() != config_.drift()) {
+    return mismatch("drift", old.drift(), config_.drift());
   }
   if (old.optimizer() != config_.optimizer()) {
     return mismatch("optimizer", old.optimizer(), config_.optimizer());

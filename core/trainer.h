@@ -1,6 +1,8 @@
 // The inner trainer: one model, its data shard, the inner optimizer (AdamW,
 // Adam or SGD) with warmup+cosine LR and gradient clipping, evaluation, and
 // checkpoints that make a resumed run bit-identical to an uninterrupted one.
+// It also emulates slower hardware (--slowdown) and concept drift (--drift:
+// the data region is a function of the inner step, so resumes stay exact).
 // `starling train` drives it for a whole run; the network modes call Step()
 // for each inner step and exchange Parameters() between rounds.
 // Not thread-safe: one thread owns a Trainer. LibTorch exceptions are caught
@@ -37,7 +39,7 @@ TrainConfig DefaultTrainConfig();
 // Fills the fields left at "auto" (empty model, batch/steps/lr of 0, negative
 // warmup) from the data set kind: text uses the KJV gpt recipe, images the
 // Fashion-MNIST cnn recipe. InvalidArgument naming the flag for values out of
-// range.
+// range (including --slowdown < 1 or not finite, and a bad --drift).
 absl::Status ResolveTrainConfig(TrainConfig* config);
 
 struct StepResult {
@@ -45,7 +47,15 @@ struct StepResult {
   double lr = 0.0;
   int64_t samples = 0;  // examples in this step's batch
   int64_t tokens = 0;   // predicted positions in this step's batch
+  // Time of the step, including the --slowdown sleep (the node is slower
+  // hardware; the sleep stretches the step's own compute, not the hook's).
   double seconds = 0.0;
+  int region = 0;  // the data region the batch came from
+  // True for the step that brings the node to its --drift step (with
+  // --drift=0: its first step): the data switched to region 1 here, and
+  // later steps and evaluations use it. Once per run, so a caller can log it
+  // before the evaluation at that step.
+  bool drifted = false;
 };
 
 struct EvalResult {
@@ -74,8 +84,14 @@ class Trainer {
   // loss; the hook's error as it is. On error the parameters are unchanged.
   absl::StatusOr<StepResult> Step(const GradientHook& hook = nullptr);
 
-  // Mean loss (and accuracy) over the whole validation set.
+  // Mean loss (and accuracy) over the whole validation set of the current
+  // data region (region()).
   absl::StatusOr<EvalResult> Evaluate(int batch_size = 64);
+
+  // The data region of the next step and of Evaluate(): 0, or 1 once the
+  // --drift step is reached.
+  int region() const { return drift_.RegionAt(state_.step()); }
+  const DriftSchedule& drift() const { return drift_; }
 
   // Writes model, optimizer, trainer state, sampler and RNG state atomically,
   // plus the caller's `extra` sections (e.g. outer-optimizer state).
@@ -113,6 +129,7 @@ class Trainer {
   std::unique_ptr<Model> model_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   LrSchedule schedule_;
+  DriftSchedule drift_;
   Sampler sampler_;
   TrainerState state_;
 };

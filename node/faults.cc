@@ -1,13 +1,16 @@
 #include "node/faults.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "core/status.h"
 
 namespace starling {
@@ -268,6 +271,76 @@ absl::StatusOr<FaultPlan> ParseFaultPlan(
                      return a.kind < b.kind;
                    });
   return plan;
+}
+
+absl::StatusOr<std::map<std::string, double>> ParseSlowSpec(
+    const std::string& value, const std::vector<std::string>& ids) {
+  std::map<std::string, double> out;
+  if (absl::StripAsciiWhitespace(value).empty()) return out;
+  const SpecError error("slow", value);
+  const std::set<std::string> known(ids.begin(), ids.end());
+  for (absl::string_view entry : Entries(value, ',')) {
+    if (entry.empty()) return error(entry, "empty entry (stray comma?)");
+    std::vector<absl::string_view> parts = absl::StrSplit(entry, ':');
+    if (parts.size() != 2) return error(entry, "want ID:FACTORx, e.g. n2:4x");
+    absl::string_view id = absl::StripAsciiWhitespace(parts[0]);
+    if (absl::Status s = CheckIdSyntax(id); !s.ok()) {
+      return error(entry, s.message());
+    }
+    if (!known.count(std::string(id))) {
+      return error(entry, absl::StrCat("unknown node ", id, " (nodes: ",
+                                       absl::StrJoin(ids, ", "), ")"));
+    }
+    absl::string_view factor_text = absl::StripAsciiWhitespace(parts[1]);
+    absl::ConsumeSuffix(&factor_text, "x");
+    double factor = 0;
+    if (!absl::SimpleAtod(factor_text, &factor) || !std::isfinite(factor)) {
+      return error(entry, absl::StrCat("bad factor '", parts[1],
+                                       "' (want a number >= 1, e.g. 4x)"));
+    }
+    if (factor < 1) {
+      return error(entry, absl::StrCat("factor ", factor,
+                                       " is below 1 (1x = full speed)"));
+    }
+    if (!out.emplace(std::string(id), factor).second) {
+      return error(entry, absl::StrCat("node ", id, " is named twice"));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::map<std::string, int64_t>> ParseDriftSpec(
+    const std::string& value, const std::vector<std::string>& ids) {
+  std::map<std::string, int64_t> out;
+  if (absl::StripAsciiWhitespace(value).empty()) return out;
+  const SpecError error("drift", value);
+  const std::set<std::string> known(ids.begin(), ids.end());
+  for (absl::string_view entry : Entries(value, ';')) {
+    if (entry.empty()) return error(entry, "empty entry (stray ';'?)");
+    std::vector<absl::string_view> parts = absl::StrSplit(entry, '@');
+    if (parts.size() != 2) {
+      return error(entry, "want IDS@STEP, e.g. n0,n1@400");
+    }
+    int64_t step = -1;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(parts[1]), &step) ||
+        step < 0) {
+      return error(entry, absl::StrCat("bad step '", parts[1],
+                                       "' (want an inner step >= 0)"));
+    }
+    for (absl::string_view id : Entries(parts[0], ',')) {
+      if (absl::Status s = CheckIdSyntax(id); !s.ok()) {
+        return error(entry, s.message());
+      }
+      if (!known.count(std::string(id))) {
+        return error(entry, absl::StrCat("unknown node ", id, " (nodes: ",
+                                         absl::StrJoin(ids, ", "), ")"));
+      }
+      if (!out.emplace(std::string(id), step).second) {
+        return error(entry, absl::StrCat("node ", id, " is named twice"));
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace starling

@@ -1,10 +1,13 @@
 // Fault injection for `starling sim`: parses the --kill, --restart, --join,
 // --leave and --partition specs into a FaultPlan, a time-ordered list of
-// events that the sim carries out while its nodes run. Pure functions over
-// plain values: thread-compatible, no I/O.
+// events that the sim carries out while its nodes run, and the per-node
+// heterogeneity specs (--slow, --drift). Pure functions over plain values:
+// thread-compatible, no I/O.
 #ifndef STARLING_NODE_FAULTS_H_
 #define STARLING_NODE_FAULTS_H_
 
+#include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -68,6 +71,23 @@ struct FaultPlan {
 // partitions that overlap in time.
 absl::StatusOr<FaultPlan> ParseFaultPlan(
     const FaultFlags& flags, const std::vector<std::string>& initial_ids);
+
+// The sim's --slow=ID:FACTORx[,ID:FACTORx...] ("" = none), e.g. n2:4x: node
+// ID runs with --slowdown=FACTOR (the trailing x is optional). Returns the
+// factor per node id. InvalidArgument naming --slow for malformed syntax, a
+// bad or unknown id (`ids` lists the sim's nodes, joiners included), a node
+// named twice, and a factor < 1 or not finite.
+absl::StatusOr<std::map<std::string, double>> ParseSlowSpec(
+    const std::string& value, const std::vector<std::string>& ids);
+
+// The sim's --drift=IDS@STEP[;IDS@STEP...] ("" = none), IDS = ID[,ID...],
+// e.g. n0,n1@400: those nodes run with --drift=STEP, and every other node
+// with --drift=never (so that all nodes share one distribution until the
+// drift). Returns the step per drifting node id. InvalidArgument naming
+// --drift for malformed syntax, a bad or unknown id, a node named twice, and
+// a step that is not an integer >= 0.
+absl::StatusOr<std::map<std::string, int64_t>> ParseDriftSpec(
+    const std::string& value, const std::vector<std::string>& ids);
 
 }  // namespace starling
 

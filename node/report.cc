@@ -91,6 +91,29 @@ std::string MembershipOverTime(const ReportData& d) {
   return script;
 }
 
+// Loss against wall time, with a vertical line and a label at each data
+// drift (solid red) and drift detection (dashed purple).
+std::string LossVsTime(const ReportData& d) {
+  std::string script =
+      "set xlabel 'wall seconds'; set ylabel 'loss (nats/token)';";
+  for (const auto& m : d.loss_marks) {
+    const char* color = m.drift ? "#c00000" : "#8000a0";
+    absl::StrAppendFormat(
+        &script,
+        "set arrow from first %.3f, graph 0 to first %.3f, graph 1 nohead "
+        "lc rgb '%s' dt %d lw 1.5;"
+        "set label '%s' at first %.3f, graph 0.97 right rotate by 90 "
+        "offset -0.7,0 noenhanced font ',8' tc rgb '%s';",
+        m.wall_seconds, m.wall_seconds, color, m.drift ? 1 : 2,
+        GnuplotText(m.label), m.wall_seconds, color);
+  }
+  absl::StrAppend(&script,
+                  "plot 'rounds.csv' using 4:3 with lines lw 2 title 'train "
+                  "loss (mean of nodes)', 'val_loss.csv' using 1:2 with "
+                  "linespoints lw 2 pt 7 title 'validation loss'");
+  return script;
+}
+
 struct Chart {
   std::string file;  // PNG name
   std::string title;
@@ -129,13 +152,20 @@ absl::Status WriteReport(const std::string& dir, const ReportData& d) {
   if (!d.faults.empty()) {
     STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/faults.csv", faults));
   }
+  if (!d.loss_marks.empty()) {
+    std::string marks = "wall_seconds,kind,label\n";
+    for (const auto& m : d.loss_marks) {
+      absl::StrAppendFormat(&marks, "%.3f,%s,\"%s\"\n", m.wall_seconds,
+                            m.drift ? "drift" : "drift_detected", m.label);
+    }
+    STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/drift.csv", marks));
+  }
 
   const std::vector<Chart> charts = {
-      {"val_loss_vs_time.png", "Validation loss vs wall time",
-       "set xlabel 'wall seconds'; set ylabel 'loss (nats/token)';"
-       "plot 'rounds.csv' using 4:3 with lines lw 2 title 'train loss (mean "
-       "of nodes)', 'val_loss.csv' using 1:2 with linespoints lw 2 pt 7 "
-       "title 'validation loss'"},
+      {"val_loss_vs_time.png",
+       d.loss_marks.empty() ? "Validation loss vs wall time"
+                            : "Validation loss vs wall time, with data drift",
+       LossVsTime(d)},
       {"loss_vs_bytes.png", "Loss vs bytes sent (all nodes)",
        "set xlabel 'MB sent (all nodes)'; set ylabel 'train loss';"
        "plot 'rounds.csv' using 2:3 with linespoints lw 2 pt 7 title 'train "

@@ -1,6 +1,7 @@
 // report.html for a `starling sim` run: gnuplot charts (PNG) rendered from
 // CSV files, a table of the final figures and, when the sim injected faults,
-// a table of them (also marked on the membership chart). Thread-compatible.
+// a table of them (also marked on the membership chart), and data drift
+// marks on the loss-vs-time chart. Thread-compatible.
 #ifndef STARLING_NODE_REPORT_H_
 #define STARLING_NODE_REPORT_H_
 
@@ -45,6 +46,14 @@ struct ReportData {
     std::string skipped;  // why it was skipped; empty when carried out
   };
   std::vector<Fault> faults;
+  // Marked on the loss-vs-time chart as vertical lines with a label: data
+  // drift switches (--drift) and drift detections, in time order.
+  struct LossMark {
+    double wall_seconds;  // seconds since the start of the sim
+    std::string label;    // e.g. "drift n0", "drift detected n1"
+    bool drift;           // true: a drift switch; false: a detection
+  };
+  std::vector<LossMark> loss_marks;
 };
 
 // Writes DIR/report.html and DIR/report/*.{csv,png}. Without gnuplot the

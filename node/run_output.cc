@@ -48,6 +48,17 @@ void EventLog::Write(absl::string_view event, const JsonObject& fields) {
   }
 }
 
+void LogDrift(EventLog& events, const Trainer& trainer, const StepResult& r) {
+  if (!r.drifted) return;
+  const int64_t step = trainer.drift().step;
+  events.Write(
+      "drift",
+      JsonObject().Add("step", step).Add("region", static_cast<int64_t>(1)));
+  STARLING_LOG(INFO) << "data drift at inner step " << step
+                     << ": training and validating on the second data region "
+                        "from now on";
+}
+
 std::string ConfigJson(const TrainConfig& config) {
   google::protobuf::util::JsonPrintOptions opts;
   opts.preserve_proto_field_names = true;

@@ -33,6 +33,12 @@ class EventLog {
   bool warned_ = false;
 };
 
+// When the data switched to the drifted region at step `r` (r.drifted, see
+// --drift), writes {"event":"drift","step":S,"region":1} with S the --drift
+// step and logs a line; otherwise nothing.
+// `starling train` and `starling node` call it after every step.
+void LogDrift(EventLog& events, const Trainer& trainer, const StepResult& r);
+
 // The config as JSON with proto field names and every field printed.
 std::string ConfigJson(const TrainConfig& config);
 

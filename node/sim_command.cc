@@ -13,6 +13,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <set>
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
@@ -54,6 +55,10 @@ ABSL_FLAG(std::string, partition, "",
           "sim: from START to END the groups cannot reach each other: "
           "IDS|IDS[|IDS...]@START-END[;...], IDS = ID[,ID...], e.g. "
           "n0,n1|n2,n3@20s-40s. One partition at a time");
+ABSL_FLAG(std::string, slow, "",
+          "sim: slow nodes: ID:FACTORx[,ID:FACTORx...], e.g. n2:4x runs n2 "
+          "with --slowdown=4 (each inner step takes 4 times its compute "
+          "time). FACTOR >= 1");
 
 namespace starling {
 namespace {
@@ -315,6 +320,13 @@ struct NodeRecord {
     double val_loss, unix_seconds, wall_seconds;
   };
   std::vector<Eval> evals;
+  // "drift" and "drift_detected" events, in the order logged.
+  struct Mark {
+    std::string event;
+    int64_t step;
+    double unix_seconds, wall_seconds;
+  };
+  std::vector<Mark> marks;
   // The summary's nodes[0] and final (empty without a summary).
   const Struct& node() const {
     const auto& l = Get(summary, "nodes").list_value();
@@ -354,6 +366,10 @@ NodeRecord ReadNode(const std::string& dir, const std::string& id) {
         n.evals.push_back({static_cast<int64_t>(Get(ev, "step").number_value()),
                            Get(ev, "val_loss").number_value(), UnixSeconds(ev),
                            Get(ev, "wall_seconds").number_value()});
+      } else if (kind == "drift" || kind == "drift_detected") {
+        n.marks.push_back(
+            {kind, static_cast<int64_t>(Get(ev, "step").number_value()),
+             UnixSeconds(ev), Get(ev, "wall_seconds").number_value()});
       }
     });
   }
@@ -519,6 +535,29 @@ absl::Status MergeOutputs(const MergeInput& in, const TrainConfig& config,
   for (const auto& [step, point] : evals) report.val_vs_time.push_back(point);
   std::sort(report.val_vs_time.begin(), report.val_vs_time.end());
 
+  // Data drift (--drift) and drift detections, once per node and step (a
+  // restarted node may log one again), marked on the loss-vs-time chart.
+  JsonArray drifts, detections;
+  for (const NodeRecord& n : recs) {
+    std::set<std::pair<std::string, int64_t>> seen;
+    for (const NodeRecord::Mark& m : n.marks) {
+      if (!seen.insert({m.event, m.step}).second) continue;
+      const double t = sim_seconds(m.unix_seconds, m.wall_seconds);
+      JsonObject o;
+      o.Add("node", n.id).Add("step", m.step).Add("seconds", t);
+      (m.event == "drift" ? drifts : detections).Push(o);
+      report.loss_marks.push_back({t,
+                                   m.event == "drift"
+                                       ? absl::StrCat("drift ", n.id)
+                                       : absl::StrCat("drift detected ", n.id),
+                                   m.event == "drift"});
+    }
+  }
+  std::sort(report.loss_marks.begin(), report.loss_marks.end(),
+            [](const ReportData::LossMark& a, const ReportData::LossMark& b) {
+              return a.wall_seconds < b.wall_seconds;
+            });
+
   // The final model: every node that ran to the end holds the same one.
   std::string final_hash;
   for (const NodeRecord& n : recs) {
@@ -565,6 +604,8 @@ absl::Status MergeOutputs(const MergeInput& in, const TrainConfig& config,
       .Add("nodes", nodes)
       .Add("rounds", rounds)
       .Add("faults", in.faults)
+      .Add("drift", drifts)
+      .Add("drift_detected", detections)
       .Add("final", fin);
   STARLING_RETURN_IF_ERROR(
       WriteFileAtomic(in.dir + "/summary.json", summary.Dump() + "\n"));
@@ -611,6 +652,13 @@ absl::Status MergeOutputs(const MergeInput& in, const TrainConfig& config,
     report.facts.push_back(
         {"members at the end", absl::StrJoin(last_members, ", ")});
   }
+  if (!report.loss_marks.empty()) {
+    std::vector<std::string> marks;
+    for (const ReportData::LossMark& m : report.loss_marks) {
+      marks.push_back(absl::StrFormat("%s at %.1fs", m.label, m.wall_seconds));
+    }
+    report.facts.push_back({"data drift", absl::StrJoin(marks, "; ")});
+  }
   for (ReportData::Fault f : in.fault_marks) {
     f.wall_seconds += start_offset;
     report.faults.push_back(std::move(f));
@@ -628,8 +676,9 @@ bool NodeAccepts(absl::string_view name) {
 
 // Flags of `starling sim` itself, never passed to the nodes.
 const std::vector<std::string>& SimOnlyFlagNames() {
-  static const auto* names = new std::vector<std::string>{
-      "nodes", "kill", "restart", "join", "leave", "partition"};
+  static const auto* names =
+      new std::vector<std::string>{"nodes", "kill",      "restart", "join",
+                                   "leave", "partition", "slow",    "drift"};
   return *names;
 }
 
@@ -648,8 +697,9 @@ const Subcommand& SimSubcommand() {
     for (const std::string& f : NodeFlagNames()) {
       if (!SetPerNode(f)) flags.push_back(f);
     }
+    // The sim sets these per node (--slow and --drift say how).
     for (const std::string& f : TrainFlagNames()) {
-      if (f != "shard") flags.push_back(f);
+      if (f != "shard" && f != "slowdown" && f != "drift") flags.push_back(f);
     }
     return new Subcommand{
         "sim",
@@ -669,13 +719,20 @@ const Subcommand& SimSubcommand() {
         "any other failure still stops the sim. summary.json lists the "
         "events as carried out under \"faults\", and the report marks them "
         "on the membership-over-time chart.\n\n"
+        "Heterogeneity: --slow=n2:4x runs n2 four times slower (its "
+        "--slowdown); --drift=n0,n1@400 switches n0 and n1 to the second "
+        "data region at inner step 400 (their --drift=400) while every other "
+        "node gets --drift=never. summary.json lists the switches under "
+        "\"drift\" (and drift detections under \"drift_detected\"), and the "
+        "report marks them on the loss-vs-time chart.\n\n"
         "Default: 4 nodes, DiLoCo with H=50 (16 rounds), the small gpt on "
         "KJV, 800 inner steps per node.\n"
         "  starling sim\n"
         "  starling sim --algo=ddp --out=runs/ddp\n"
         "  starling sim --inner_steps=10 --steps=800 --seed=1\n"
         "  starling sim --kill=n2@30s --restart=n2@60s --join=n4@45s "
-        "--leave=n1@50s --partition='n0,n1|n2,n3@20s-40s'",
+        "--leave=n1@50s --partition='n0,n1|n2,n3@20s-40s'\n"
+        "  starling sim --slow=n3:4x --drift=n0,n1@400",
         flags};
   }();
   return *sub;
@@ -712,6 +769,15 @@ int RunSimCommand() {
   const int total = static_cast<int>(ids.size());
 
   TrainConfig config = ConfigFromFlags();
+  // In the sim --drift is IDS@STEP; each node gets its own --drift.
+  const std::string drift_flag = config.drift();
+  config.set_drift("");
+  absl::StatusOr<std::map<std::string, double>> slow =
+      ParseSlowSpec(absl::GetFlag(FLAGS_slow), ids);
+  if (!slow.ok()) return Fail(slow.status(), 2);
+  absl::StatusOr<std::map<std::string, int64_t>> drift =
+      ParseDriftSpec(drift_flag, ids);
+  if (!drift.ok()) return Fail(drift.status(), 2);
   if (absl::Status s = ResolveTrainConfig(&config); !s.ok()) return Fail(s, 2);
   if (config.out().empty()) {
     config.set_out(absl::StrCat(
@@ -797,6 +863,14 @@ int RunSimCommand() {
     }
     args.push_back(absl::StrCat("--shard=", i, "/", total));
     args.push_back(absl::StrCat("--out=", node_dir));
+    if (auto f = slow->find(ids[i]); f != slow->end()) {
+      args.push_back(absl::StrCat("--slowdown=", f->second));
+    }
+    if (!drift->empty()) {
+      auto d = drift->find(ids[i]);
+      args.push_back(absl::StrCat(
+          "--drift=", d == drift->end() ? "never" : absl::StrCat(d->second)));
+    }
     for (const std::string& a : common) args.push_back(a);
     if (late) {
       args.push_back(absl::StrCat(
@@ -1053,6 +1127,8 @@ int RunSimCommand() {
         .Add("leave", absl::GetFlag(FLAGS_leave))
         .Add("partition", absl::GetFlag(FLAGS_partition));
   }
+  if (!slow->empty()) sim_cfg.Add("slow", absl::GetFlag(FLAGS_slow));
+  if (!drift->empty()) sim_cfg.Add("drift", drift_flag);
   merge.dir = dir;
   merge.ids = started;
   merge.start = start;

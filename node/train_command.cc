@@ -90,6 +90,17 @@ ABSL_FLAG(int, log_every, starling::DefaultTrainConfig().log_every(),
           "progress line every N steps");
 ABSL_FLAG(bool, resume, false,
           "continue the run in --out from its checkpoint.ckpt");
+ABSL_FLAG(double, slowdown, starling::DefaultTrainConfig().slowdown(),
+          "emulate slower hardware: after each inner step that took t "
+          "seconds, wait (slowdown-1)*t more, counted as compute; 1 = full "
+          "speed, 4 = four times slower (must be >= 1)");
+ABSL_FLAG(std::string, drift, starling::DefaultTrainConfig().drift(),
+          "concept drift. train/node: STEP = the data splits into two regions "
+          "(text: first and second half; fmnist: permuted labels) and the "
+          "node trains and validates on the first until it has done STEP "
+          "inner steps, on the second from then on; never = two regions, "
+          "staying on the first; empty = one region. sim: IDS@STEP, e.g. "
+          "n0,n1@400: those nodes drift at STEP, the others get never");
 
 namespace starling {
 
@@ -124,6 +135,8 @@ TrainConfig ConfigFromFlags() {
   c.set_checkpoint_every(absl::GetFlag(FLAGS_checkpoint_every));
   c.set_log_every(absl::GetFlag(FLAGS_log_every));
   c.set_resume(absl::GetFlag(FLAGS_resume));
+  c.set_slowdown(absl::GetFlag(FLAGS_slowdown));
+  c.set_drift(absl::GetFlag(FLAGS_drift));
   return c;
 }
 
@@ -138,7 +151,8 @@ const std::vector<std::string>& TrainFlagNames() {
       "clip",      "batch",      "steps",
       "device",    "threads",    "seed",
       "out",       "eval_every", "checkpoint_every",
-      "log_every", "resume"};
+      "log_every", "resume",     "slowdown",
+      "drift"};
   return *names;
 }
 
@@ -252,6 +266,7 @@ int RunTrainCommand() {
     }
     evaluated_at_step = false;
     const int step = trainer.state().step();
+    LogDrift(events, trainer, *r);
     window_seconds += r->seconds;
     window_tokens += r->tokens;
     window_loss += r->loss;

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -124,6 +125,110 @@ TEST(TextDataTest, ShardsAreDisjointAndCoverTheTrainingText) {
       }
     }
   }
+}
+
+TEST(DriftTest, ParsesAndRejects) {
+  auto off = ParseDrift("");
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->two_regions);
+  EXPECT_EQ(off->RegionAt(1000000), 0);
+  auto never = ParseDrift("never");
+  ASSERT_TRUE(never.ok());
+  EXPECT_TRUE(never->two_regions);
+  EXPECT_EQ(never->RegionAt(1000000), 0);
+  auto at = ParseDrift("400");
+  ASSERT_TRUE(at.ok());
+  EXPECT_TRUE(at->two_regions);
+  EXPECT_EQ(at->RegionAt(399), 0);
+  EXPECT_EQ(at->RegionAt(400), 1);
+  EXPECT_EQ(ParseDrift("0")->RegionAt(0), 1);
+  for (const char* bad : {"abc", "-1", "4x", "1.5", "never!", "n0@4"}) {
+    auto r = ParseDrift(bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << bad;
+    EXPECT_NE(r.status().message().find("--drift"), std::string::npos)
+        << r.status();
+  }
+}
+
+// With two regions, region 0 draws its training and validation windows only
+// from the first half of the text and region 1 only from the second; each
+// node's shard is taken inside the region. Token i of the file is i >> 3, so
+// a window's first token tells where it starts (to within 8 tokens).
+TEST(TextDataTest, DriftRegionsAreTheTwoHalvesEachWithItsValidation) {
+  const int64_t n = 400000, half = n / 2;
+  const int64_t split_a = 190000, split_b = half + 190000;  // 5% held out
+  std::string raw;
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t t = static_cast<uint16_t>(i >> 3);
+    raw += static_cast<char>(t & 0xff);
+    raw += static_cast<char>(t >> 8);
+  }
+  std::string path = TempDir() + "/tok.bin";
+  ASSERT_TRUE(WriteFileAtomic(path, raw).ok());
+  for (const char* mode : {"iid", "contiguous"}) {
+    int64_t total[2] = {0, 0};
+    for (int k = 0; k < 2; ++k) {
+      DataOptions o;
+      o.spec = "tokens:" + path;
+      o.context = 8;
+      o.two_regions = true;
+      o.shard = *ParseShard(absl::StrCat(k, "/2"), mode);
+      auto ds = LoadDataset(o);
+      ASSERT_TRUE(ds.ok()) << ds.status();
+      ASSERT_EQ((*ds)->regions(), 2);
+      total[0] += (*ds)->train_size(0);
+      total[1] += (*ds)->train_size(1);
+      Sampler s(k);
+      for (int i = 0; i < 20; ++i) {
+        for (int region : {0, 1}) {
+          Batch b = (*ds)->NextTrain(64, s, region);
+          const int64_t lo = region == 0 ? 0 : half;
+          const int64_t hi = region == 0 ? split_a : split_b;
+          const int64_t first_min = b.x.select(1, 0).min().item<int64_t>();
+          const int64_t first_max = b.x.select(1, 0).max().item<int64_t>();
+          ASSERT_GE(first_min, lo >> 3) << mode << " region " << region;
+          ASSERT_LE(first_max, (hi - 8) >> 3) << mode << " region " << region;
+          if (std::string(mode) == "contiguous") {
+            const int64_t train = hi - lo;
+            EXPECT_GE(first_min, (lo + train * k / 2) >> 3);
+            EXPECT_LE(first_max, (lo + train * (k + 1) / 2) >> 3);
+          }
+        }
+      }
+      // Validation windows start at each region's held-out tail.
+      for (int region : {0, 1}) {
+        const int64_t split = region == 0 ? split_a : split_b;
+        const int64_t end = region == 0 ? half : n;
+        EXPECT_EQ((*ds)->val_examples(region), (end - split - 1) / 8);
+        Batch v = (*ds)->ValBatch(0, 1, region);
+        EXPECT_EQ(v.x[0][0].item<int64_t>(), split >> 3);
+        const int64_t last = (*ds)->val_examples(region) - 1;
+        Batch w = (*ds)->ValBatch(last, 1, region);
+        EXPECT_GE(w.x[0][0].item<int64_t>(), split >> 3);
+        EXPECT_LE(w.y[0][7].item<int64_t>(), (end - 1) >> 3);
+      }
+    }
+    EXPECT_EQ(total[0], split_a) << mode;
+    EXPECT_EQ(total[1], split_b - half) << mode;
+  }
+}
+
+TEST(TextDataTest, OneRegionUnlessAskedAndTooSmallRegionsAreRejected) {
+  DataOptions o;
+  o.spec = "text:" + WriteText(testing::SampleText(4000));
+  o.context = 64;
+  auto one = LoadDataset(o);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ((*one)->regions(), 1);
+  // 4000 bytes hold out 200, enough for one region's validation window but
+  // not for two halves' (100 each).
+  o.context = 120;
+  ASSERT_TRUE(LoadDataset(o).ok());
+  o.two_regions = true;
+  auto two = LoadDataset(o);
+  EXPECT_TRUE(absl::IsInvalidArgument(two.status()));
+  EXPECT_NE(two.status().message().find("drift region"), std::string::npos)
+      << two.status();
 }
 
 TEST(TokenFileTest, ParsesLittleEndianAndRejectsBadFiles) {
@@ -262,6 +367,51 @@ TEST(FmnistTest, TinyDirectoryLoadsWithShardsAndNonIid) {
   torch::Tensor labels = (*ds)->NextTrain(200, n).y;
   EXPECT_EQ(labels.max().item<int64_t>(), 1);
   EXPECT_EQ(labels.min().item<int64_t>(), 0);
+}
+
+// Region 1 of Fashion-MNIST is the same images in the same order with the
+// labels permuted: a fixed derangement, identical for train and validation.
+TEST(FmnistTest, DriftRegionPermutesTheLabels) {
+  std::string dir = TempDir();
+  testing::WriteTinyFmnist(dir, 200, 50);
+  DataOptions o;
+  o.spec = "fmnist:" + dir;
+  o.two_regions = true;
+  o.shard = *ParseShard("1/2", "iid");
+  auto ds = LoadDataset(o);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  ASSERT_EQ((*ds)->regions(), 2);
+  EXPECT_EQ((*ds)->train_size(1), (*ds)->train_size(0));
+  Sampler a(4), b(4);
+  std::map<int64_t, int64_t> map;
+  auto check = [&](const Batch& x0, const Batch& x1) {
+    EXPECT_TRUE(x0.x.equal(x1.x));
+    for (int64_t i = 0; i < x0.y.size(0); ++i) {
+      const int64_t from = x0.y[i].item<int64_t>();
+      const int64_t to = x1.y[i].item<int64_t>();
+      EXPECT_NE(from, to) << "label " << from << " kept";
+      auto [it, inserted] = map.emplace(from, to);
+      EXPECT_EQ(it->second, to) << "label " << from << " maps two ways";
+    }
+  };
+  for (int i = 0; i < 5; ++i) {  // 5 x 40 > the 100-image shard: two epochs
+    check((*ds)->NextTrain(40, a, 0), (*ds)->NextTrain(40, b, 1));
+  }
+  EXPECT_EQ(a.epoch, b.epoch);
+  EXPECT_EQ(a.cursor, b.cursor);
+  check((*ds)->ValBatch(0, 50, 0), (*ds)->ValBatch(0, 50, 1));
+  ASSERT_EQ(map.size(), 10u);
+  std::set<int64_t> images;
+  for (const auto& [from, to] : map) images.insert(to);
+  EXPECT_EQ(images.size(), 10u);  // a permutation
+  // The same permutation in a fresh load (fixed, not seeded per run).
+  o.split_seed = 77;
+  auto again = LoadDataset(o);
+  ASSERT_TRUE(again.ok());
+  Batch v0 = (*again)->ValBatch(0, 50, 0), v1 = (*again)->ValBatch(0, 50, 1);
+  for (int64_t i = 0; i < 50; ++i) {
+    EXPECT_EQ(map[v0.y[i].item<int64_t>()], v1.y[i].item<int64_t>());
+  }
 }
 
 TEST(FmnistTest, CorruptOrInconsistentFilesAreRejected) {

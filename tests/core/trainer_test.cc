@@ -3,6 +3,8 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "core/checkpoint.h"
 #include "core/file_util.h"
@@ -105,6 +107,12 @@ TEST(ResolveTest, BadValuesNameTheFlag) {
       {[](TrainConfig* c) { c->set_device("tpu"); }, "--device"},
       {[](TrainConfig* c) { c->set_beta2(1.5); }, "--beta2"},
       {[](TrainConfig* c) { c->set_clip(-1); }, "--clip"},
+      {[](TrainConfig* c) { c->set_slowdown(0.5); }, "--slowdown"},
+      {[](TrainConfig* c) { c->set_slowdown(0); }, "--slowdown"},
+      {[](TrainConfig* c) { c->set_slowdown(INFINITY); }, "--slowdown"},
+      {[](TrainConfig* c) { c->set_slowdown(NAN); }, "--slowdown"},
+      {[](TrainConfig* c) { c->set_drift("abc"); }, "--drift"},
+      {[](TrainConfig* c) { c->set_drift("-3"); }, "--drift"},
   };
   for (const Case& k : cases) {
     TrainConfig c = DefaultTrainConfig();
@@ -279,6 +287,130 @@ TEST(ModelTest, MismatchedModelAndDataAreRejected) {
   c.set_model("resnet");
   t = Trainer::Create(c);
   EXPECT_NE(t.status().message().find("unknown model"), std::string::npos);
+}
+
+// A slowed node really takes longer per step and counts the wait as
+// compute. The two trainers step in turns so that both see the same load.
+TEST(SlowdownTest, StretchesComputeByTheFactor) {
+  TrainConfig c = TinyText();
+  auto normal = MustCreate(c);
+  c.set_slowdown(4);
+  auto slow = MustCreate(c);
+  ASSERT_NE(normal, nullptr);
+  ASSERT_NE(slow, nullptr);
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(normal->Step().ok());
+    ASSERT_TRUE(slow->Step().ok());
+  }
+  EXPECT_GE(slow->state().compute_seconds(),
+            2.5 * normal->state().compute_seconds());
+  // The same steps, only slower: identical weights.
+  EXPECT_EQ(ModelHash(slow->Parameters()), ModelHash(normal->Parameters()));
+}
+
+TrainConfig WithDrift(TrainConfig c, const std::string& drift) {
+  c.set_drift(drift);
+  EXPECT_TRUE(ResolveTrainConfig(&c).ok());
+  return c;
+}
+
+// A node with --drift=5 matches a --drift=never node (same seed) for five
+// steps, then trains and validates on the other region; the switch is
+// reported exactly once.
+TEST(DriftTest, SwitchesTrainingAndValidationAtTheStep) {
+  for (TrainConfig base : {TinyText(), TinyImages("mlp")}) {
+    auto never = MustCreate(WithDrift(base, "never"));
+    auto drifts = MustCreate(WithDrift(base, "5"));
+    ASSERT_NE(never, nullptr);
+    ASSERT_NE(drifts, nullptr);
+    int switches = 0;
+    for (int i = 0; i < 5; ++i) {
+      auto a = never->Step(), b = drifts->Step();
+      ASSERT_TRUE(a.ok() && b.ok());
+      EXPECT_EQ(a->loss, b->loss) << "step " << i + 1;
+      EXPECT_EQ(b->region, 0);
+      // The step that brings the node to step 5 reports the switch.
+      EXPECT_EQ(b->drifted, i == 4) << "step " << i + 1;
+      switches += b->drifted ? 1 : 0;
+    }
+    EXPECT_EQ(ModelHash(never->Parameters()), ModelHash(drifts->Parameters()));
+    EXPECT_EQ(never->region(), 0);
+    EXPECT_EQ(drifts->region(), 1);
+    // Same weights, different validation data.
+    auto va = never->Evaluate(), vb = drifts->Evaluate();
+    ASSERT_TRUE(va.ok() && vb.ok());
+    EXPECT_NE(va->loss, vb->loss);
+    for (int i = 0; i < 5; ++i) {
+      auto a = never->Step(), b = drifts->Step();
+      ASSERT_TRUE(a.ok() && b.ok());
+      EXPECT_EQ(a->region, 0);
+      EXPECT_FALSE(a->drifted);
+      EXPECT_EQ(b->region, 1);
+      switches += b->drifted ? 1 : 0;
+    }
+    EXPECT_EQ(switches, 1);
+    EXPECT_NE(ModelHash(never->Parameters()), ModelHash(drifts->Parameters()));
+  }
+}
+
+TEST(DriftTest, NeverStaysOnTheFirstRegion) {
+  TrainConfig c = WithDrift(TinyText(), "never");
+  auto t = MustCreate(c);
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->dataset().regions(), 2);
+  for (int i = 0; i < 8; ++i) {
+    auto r = t->Step();
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->region, 0);
+    EXPECT_FALSE(r->drifted);
+  }
+  EXPECT_EQ(t->region(), 0);
+  // Without --drift there is one region.
+  EXPECT_EQ(MustCreate(TinyText())->dataset().regions(), 1);
+}
+
+// Resuming before, at and after the drift step gives the uninterrupted run.
+TEST(DriftTest, ResumeAcrossTheDriftIsExact) {
+  for (int cut : {4, 7, 11})
+    ExpectExactResume(WithDrift(TinyText(), "7"), 14, cut);
+  ExpectExactResume(WithDrift(TinyImages("mlp"), "9"), 20, 6);
+  // A run resumed one step before the drift step reports the switch on its
+  // first step; one resumed at the drift step (its switch was reported
+  // before the checkpoint) does not report it again.
+  std::string path = TempDir() + "/drift.ckpt";
+  std::string at = TempDir() + "/at.ckpt";
+  TrainConfig c = WithDrift(TinyText(), "3");
+  auto first = MustCreate(c);
+  RunSteps(*first, 2);
+  ASSERT_TRUE(first->SaveCheckpoint(path).ok());
+  RunSteps(*first, 1);
+  ASSERT_TRUE(first->SaveCheckpoint(at).ok());
+  auto second = MustCreate(c);
+  ASSERT_TRUE(second->RestoreCheckpoint(path).ok());
+  auto r = second->Step();
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->drifted);
+  EXPECT_EQ(r->region, 0);
+  ASSERT_TRUE(second->RestoreCheckpoint(at).ok());
+  for (int i = 0; i < 3; ++i) {
+    r = second->Step();
+    ASSERT_TRUE(r.ok());
+    EXPECT_FALSE(r->drifted);
+    EXPECT_EQ(r->region, 1);
+  }
+  // --drift=0: on the second region from the start, reported on step 1.
+  auto from_start = MustCreate(WithDrift(TinyText(), "0"));
+  EXPECT_EQ(from_start->region(), 1);
+  r = from_start->Step();
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->drifted);
+  EXPECT_EQ(r->region, 1);
+  EXPECT_FALSE(from_start->Step()->drifted);
+  // A checkpoint from another drift schedule is refused.
+  auto other = MustCreate(WithDrift(TinyText(), "5"));
+  absl::Status s = other->RestoreCheckpoint(path);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find("--drift"), std::string::npos) << s;
 }
 
 TEST(DeviceTest, CudaWithoutCudaIsAClearError) {

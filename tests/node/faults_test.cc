@@ -197,5 +197,63 @@ TEST(FaultPlanTest, BadPartitions) {
                     HasSubstr("overlaps in time with 'n0|n1@20s-40s'")));
 }
 
+TEST(SlowSpecTest, ParsesFactorsPerNode) {
+  auto slow = ParseSlowSpec("n2:4x, n0:1.5", Four());
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  EXPECT_EQ(slow->size(), 2u);
+  EXPECT_DOUBLE_EQ(slow->at("n2"), 4.0);
+  EXPECT_DOUBLE_EQ(slow->at("n0"), 1.5);
+  auto none = ParseSlowSpec("", Four());
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+}
+
+TEST(SlowSpecTest, RejectsBadSpecsNamingTheFlag) {
+  for (const char* bad :
+       {"n2", "n2:", "n2:fast", "n2:0.5x", "n2:-3x", "n2:infx", "n9:4x",
+        "n2:4x,n2:2x", "n2:4x,", "bad id:4x", "n2@4x", "n2:4:5"}) {
+    auto r = ParseSlowSpec(bad, Four());
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << bad;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("--slow=")) << bad;
+  }
+  EXPECT_THAT(std::string(ParseSlowSpec("n9:4x", Four()).status().message()),
+              AllOf(HasSubstr("unknown node n9"), HasSubstr("n0, n1")));
+  EXPECT_THAT(std::string(ParseSlowSpec("n1:0.5x", Four()).status().message()),
+              HasSubstr("below 1"));
+}
+
+TEST(DriftSpecTest, ParsesGroupsAndSteps) {
+  auto drift = ParseDriftSpec("n0,n1@400", Four());
+  ASSERT_TRUE(drift.ok()) << drift.status();
+  EXPECT_EQ(drift->size(), 2u);
+  EXPECT_EQ(drift->at("n0"), 400);
+  EXPECT_EQ(drift->at("n1"), 400);
+  drift = ParseDriftSpec("n0@0; n3@25", Four());
+  ASSERT_TRUE(drift.ok()) << drift.status();
+  EXPECT_EQ(drift->at("n0"), 0);
+  EXPECT_EQ(drift->at("n3"), 25);
+  EXPECT_EQ(drift->count("n1"), 0u);
+  // Joiners may drift too when the caller lists them.
+  std::vector<std::string> with_joiner = Four();
+  with_joiner.push_back("n5");
+  EXPECT_TRUE(ParseDriftSpec("n5@10", with_joiner).ok());
+  EXPECT_TRUE(ParseDriftSpec("", Four())->empty());
+}
+
+TEST(DriftSpecTest, RejectsBadSpecsNamingTheFlag) {
+  for (const char* bad :
+       {"n0", "400", "n0@", "n0@abc", "n0@-5", "n0@1.5", "n0@4@5", "n9@400",
+        "n0,@400", "n0,n0@400", "n0@4;n0@8", "n0@4;", "@400"}) {
+    auto r = ParseDriftSpec(bad, Four());
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << bad;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("--drift="))
+        << bad;
+  }
+  EXPECT_THAT(std::string(ParseDriftSpec("n0,n7@4", Four()).status().message()),
+              HasSubstr("unknown node n7"));
+}
+
 }  // namespace
 }  // namespace starling

@@ -4,6 +4,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <tuple>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/file_util.h"
@@ -153,6 +155,43 @@ TEST(SimTest, InterruptedThenResumedEqualsAStraightRun) {
               Field(fa, "comm_reduction").number_value(), 0.2);
 }
 
+// --slow and --drift reach the right nodes: n2 runs slowed, n0 drifts at
+// step 15 and the others stay on the first data region; the merged summary
+// lists the drift.
+TEST(SimTest, SlowAndDriftReachTheirNodes) {
+  const std::string out = TempDir() + "/drift";
+  auto r = RunStarling(absl::StrCat(
+      "sim --nodes=3 --steps=30 --inner_steps=10 --slow=n2:3x --drift=n0@15 ",
+      TinyFlags(), " --out=", out));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const auto& [id, drift, slowdown] :
+       std::vector<std::tuple<std::string, std::string, double>>{
+           {"n0", "15", 1.0}, {"n1", "never", 1.0}, {"n2", "never", 3.0}}) {
+    auto node = ReadJson(absl::StrCat(out, "/", id, "/summary.json"));
+    const auto& config = Field(node, "config").struct_value();
+    EXPECT_EQ(Field(config, "drift").string_value(), drift) << id;
+    EXPECT_EQ(Field(config, "slowdown").number_value(), slowdown) << id;
+  }
+  auto summary = ReadJson(out + "/summary.json");
+  EXPECT_TRUE(Field(Field(summary, "final").struct_value(), "all_hashes_agree")
+                  .bool_value());
+  EXPECT_EQ(Field(Field(summary, "sim").struct_value(), "drift").string_value(),
+            "n0@15");
+  const auto& drifts = Field(summary, "drift").list_value();
+  if (ReadFile(out + "/n0/events.jsonl")->find("\"event\":\"drift\"") ==
+      std::string::npos) {
+    EXPECT_EQ(drifts.values_size(), 0);
+    GTEST_SKIP() << "`starling node` does not log drift events (LogDrift)";
+  }
+  ASSERT_EQ(drifts.values_size(), 1);
+  const auto& d = drifts.values(0).struct_value();
+  EXPECT_EQ(Field(d, "node").string_value(), "n0");
+  EXPECT_EQ(Field(d, "step").number_value(), 15);
+  EXPECT_GT(Field(d, "seconds").number_value(), 0);
+  EXPECT_NE(ReadFile(out + "/report.html")->find("drift n0"),
+            std::string::npos);
+}
+
 TEST(NodeTest, UnreachablePeerIsRetriedThenNamed) {
   const std::string out = TempDir() + "/node";
   auto r = RunStarling(absl::StrCat(
@@ -192,7 +231,15 @@ TEST(NodeTest, BadNodeFlagsExitTwo) {
            {"node --algo=ddp --listen=127.0.0.1:0 --peers=127.0.0.1:5000",
             "fixed port"},
            {"sim --nodes=0", "--nodes=0"},
-           {"node --outer=adam", "--outer=adam"}}) {
+           {"node --outer=adam", "--outer=adam"},
+           {"train --slowdown=0.5", "--slowdown"},
+           {"node --slowdown=inf", "--slowdown"},
+           {"train --drift=abc", "--drift"},
+           {"node --drift=-4", "--drift"},
+           {"sim --slow=n9:4x", "--slow="},
+           {"sim --slow=n1:0.5x", "--slow="},
+           {"sim --drift=n0@abc", "--drift="},
+           {"sim --drift=n7@10", "--drift="}}) {
     auto r = RunStarling(args + " --out=" + TempDir() + "/x");
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
     EXPECT_NE(r.err.find(mention), std::string::npos) << r.err;
