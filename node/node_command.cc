@@ -944,6 +944,7 @@ int RunDiloco(NodeRun& run) {
       ++steps;
       loss_sum += r->loss;
       samples += r->samples;
+      LogDrift(events, trainer, *r);
       SetLogPosition(run.round, trainer.state().step());
       ops.Step(*r, trainer.state().step());
       if (trainer.state().step() == config.warmup() && sync.detector) {
@@ -1306,6 +1307,7 @@ int RunDdp(NodeRun& run) {
       events.Write("error", JsonObject().Add("message", r.status().message()));
       return Fail(r.status(), 1);
     }
+    LogDrift(events, trainer, *r);
     SetLogPosition(run.round + 1, trainer.state().step());
     run.ops->Step(*r, trainer.state().step());
     if (run.ops->metrics) {

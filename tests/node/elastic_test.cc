@@ -488,6 +488,34 @@ TEST(ElasticTest, EightStaggeredNodesFormOneSwarm) {
   EXPECT_EQ(most, 8);
 }
 
+// Time-bounded rounds: a member three times slower runs about a third of
+// the fast members' inner steps in each round instead of holding them back,
+// and every member still ends bit-identical.
+TEST(AdaptiveSyncTest, TimeBoundedRoundsLetASlowMemberRunFewerSteps) {
+  Swarm s("timed", 400, 50);
+  s.Start("n0", 0, 3, 3, "--round_seconds=0.5");
+  s.Start("n1", 1, 3, 3, "--round_seconds=0.5");
+  s.Start("n2", 2, 3, 3, "--round_seconds=0.5 --slowdown=3");
+  std::vector<std::string> ids = {"n0", "n1", "n2"};
+  for (const std::string& id : ids) {
+    ASSERT_EQ(s.Wait(id), 0) << id << ":\n" << s.LogText(id);
+  }
+  std::set<std::string> finals;
+  for (const std::string& id : ids) finals.insert(s.FinalHash(id));
+  EXPECT_EQ(finals.size(), 1u);
+  ExpectRoundsAgree(s, ids);
+  std::map<std::string, double> steps;
+  for (const std::string& id : ids) {
+    for (const auto& ev : s.Events_(id, "round")) {
+      steps[id] += Field(ev, "inner_steps").number_value();
+    }
+  }
+  // Not a third exactly: the machine is shared and loaded.
+  EXPECT_LT(steps["n2"], 0.7 * steps["n0"]);
+  EXPECT_LT(steps["n2"], 0.7 * steps["n1"]);
+  EXPECT_GT(steps["n2"], 0);
+}
+
 // Adaptive sync: one member's divergence trigger fires in every round; its
 // early-sync request, spread by gossip, ends the round on every member long
 // before H, and members that ran different step counts still agree on θ and
