@@ -879,6 +879,8 @@ int RunDiloco(NodeRun& run) {
     return absl::OkStatus();
   };
 
+  // When the last round committed here (see --round_seconds).
+  absl::Time committed_at = absl::InfiniteFuture();
   while (trainer.state().step() < total) {
     log_changes();
     // A second SIGINT/SIGTERM leaves at once (the first: see the vote).
@@ -888,6 +890,7 @@ int RunDiloco(NodeRun& run) {
     }
     Swarm::Lineage best = swarm.Best();
     if (Swarm::Ahead(best, run.round, lineage) && !best.donors.empty()) {
+      committed_at = absl::InfiniteFuture();
       if (absl::Status s = catch_up(best); !s.ok()) {
         LogEvent(LogLevel::kWarning, "state_transfer",
                  absl::StrCat(node_id, ": catching up failed (", s.message(),
@@ -914,8 +917,13 @@ int RunDiloco(NodeRun& run) {
     } else if (sync.max_steps > 0) {
       cap = std::min(cap, sync.max_steps);
     }
+    // The time budget counts from the previous commit, which every member
+    // saw at about the same moment: a member that spent part of it
+    // evaluating or checkpointing runs fewer steps instead of holding the
+    // others back.
     const absl::Time budget_end =
-        round_start + absl::Seconds(timed ? sync.round_seconds : 0);
+        std::min(round_start, committed_at) +
+        absl::Seconds(timed ? sync.round_seconds : 0);
     double loss_sum = 0;
     int64_t samples = 0;
     int steps = 0;
@@ -1072,6 +1080,7 @@ int RunDiloco(NodeRun& run) {
                          sync_seconds);
     }
     if (res->outcome != Swarm::Outcome::kCommitted) {
+      committed_at = absl::InfiniteFuture();
       if (run.feedback) (void)run.feedback->LoadState(ef_before);
       if (absl::Status s = back_to_round_start(); !s.ok()) return Fail(s, 1);
       if (res->outcome == Swarm::Outcome::kStopped) {
@@ -1110,6 +1119,7 @@ int RunDiloco(NodeRun& run) {
       return Fail(s, 1);
     }
     lineage = FlatHash(theta_global);
+    committed_at = absl::Now();
     // Every member moves the LR schedule by the round's mean step count
     // (FedNova's τ_eff; H when all ran H), so members that ran different
     // step counts agree on the step again.
