@@ -45,6 +45,14 @@ struct ReportData {
     std::string skipped;  // why it was skipped; empty when carried out
   };
   std::vector<Fault> faults;
+  // Gossip: consensus distance (1/n)·Σ‖θ_i − θ̄‖² per snapshot step; a
+  // chart (and consensus.csv) when not empty.
+  struct Consensus {
+    int64_t step;
+    double distance;
+    int nodes;
+  };
+  std::vector<Consensus> consensus;
 };
 
 // Writes DIR/report.html and DIR/report/*.{csv,png}. Without gnuplot the
