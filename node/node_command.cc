@@ -1275,8 +1275,10 @@ int RunGossip(NodeRun& run) {
   // Peers to try for one push, best first: the exponential graph's next
   // neighbour (offsets 2^0, 2^1, ... over the sorted live ids, cycling) or a
   // random order; at most three tries.
+  int max_world = 1;  // the most members seen alive, for the summary
   auto candidates = [&]() {
     std::vector<std::string> peers = swarm.AlivePeers();
+    max_world = std::max(max_world, static_cast<int>(peers.size()) + 1);
     std::shuffle(peers.begin(), peers.end(), rng);
     if (peer_mode == "exponential" && !peers.empty()) {
       std::vector<std::string> ids = swarm.AlivePeers();
@@ -1405,7 +1407,7 @@ int RunGossip(NodeRun& run) {
   ops.SetReady(false);
   // Goodbye first, so that nobody pushes to this node any more.
   swarm.Leave();
-  const int world = static_cast<int>(swarm.AlivePeers().size()) + 1;
+  const int world = max_world;
   run.gossip_weight = push_sum.weight();
   if (left) {
     events.Write(
