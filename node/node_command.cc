@@ -1387,6 +1387,13 @@ int RunGossip(NodeRun& run) {
                         FormatBytes(static_cast<double>(bytes_sent())),
                         FormatDuration(eta)));
     run.gossip_weight = push_sum.weight();
+    if (ops.metrics) {
+      ops.metrics->SetTraffic(bytes_sent(), bytes_received(), raw_bytes,
+                              wire_bytes);
+      const int alive = static_cast<int>(swarm.AlivePeers().size());
+      ops.metrics->SetPeers(alive, alive);
+      ops.metrics->SetRpcErrors(swarm.rpc_errors());
+    }
     if (config.checkpoint_every() > 0 &&
         step / config.checkpoint_every() >
             prev_step / config.checkpoint_every() &&
