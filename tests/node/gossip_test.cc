@@ -191,7 +191,8 @@ TEST(GossipTest, DilocoNodeCannotJoinAGossipSwarm) {
   WaitUntil(g, absl::Now() + absl::Seconds(10));
 }
 
-// Forged pushes straight to a gossip node's Swarm service.
+// Forged pushes straight to a gossip node's Swarm service. The node never
+// reaches the end of its local steps here, so it never drains its inbox.
 TEST(GossipTest, MalformedAndStalledPushesAreRefused) {
   const std::string dir = TempDir() + "/gossip-bad";
   ASSERT_TRUE(MakeDirs(dir).ok());
@@ -199,6 +200,7 @@ TEST(GossipTest, MalformedAndStalledPushesAreRefused) {
   pid_t g = SpawnStarling(
       absl::StrCat("node ", Common("bad", 100000),
                    " --eval_every=0 --gossip_timeout=1 --node_id=g0"
+                   " --inner_steps=100000"
                    " --listen=127.0.0.1:",
                    port, " --out=", dir, "/g0"),
       dir + "/g0.log");
@@ -270,9 +272,15 @@ TEST(GossipTest, MalformedAndStalledPushesAreRefused) {
   EXPECT_NE(s.error_code(), grpc::StatusCode::OK);
   EXPECT_NE(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
       << s.error_message() << " after " << absl::Now() - start;
-  // A valid push is accepted and the node is still training.
+  // A valid push is accepted; the inbox is bounded: more pushes than it
+  // holds are refused with RESOURCE_EXHAUSTED, and the node keeps training.
   s = push({chunk(n, good, 0.5)});
   EXPECT_TRUE(s.ok()) << s.error_message();
+  grpc::StatusCode refused = grpc::StatusCode::OK;
+  for (int i = 0; i < 50 && refused == grpc::StatusCode::OK; ++i) {
+    refused = push({chunk(n, good, 0.5)}).error_code();
+  }
+  EXPECT_EQ(refused, grpc::StatusCode::RESOURCE_EXHAUSTED);
   int status = 0;
   EXPECT_EQ(::waitpid(g, &status, WNOHANG), 0) << "the node died";
   ::kill(g, SIGKILL);
