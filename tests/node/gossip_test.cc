@@ -126,6 +126,36 @@ TEST(GossipTest, SimFinishesWithExchangesBothWaysAndConsensus) {
   EXPECT_NE(html.find("Consensus distance"), std::string::npos);
 }
 
+// Lossy pushes (int8 with gossip error feedback), outer momentum and the
+// exponential graph: the run finishes, learns, and sends fewer bytes than
+// fp32 pushes would.
+TEST(GossipTest, CompressedMomentumExponentialSimLearns) {
+  const std::string out = TempDir() + "/gossip-int8";
+  auto r = RunStarling(absl::StrCat(
+      "sim --nodes=3 --algo=gossip --steps=60 --inner_steps=5 --eval_every=5 "
+      "--compression=int8 --gossip_momentum=0.5 --gossip_peers=exponential ",
+      TinyTextFlags(60000), " --shard_mode=contiguous --out=", out));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto summary = ReadJson(out + "/summary.json");
+  const auto& fin = Field(summary, "final").struct_value();
+  EXPECT_TRUE(std::isfinite(Field(fin, "val_loss").number_value()));
+  const double before = Field(fin, "bytes_before_compression").number_value();
+  const double after = Field(fin, "bytes_after_compression").number_value();
+  EXPECT_GT(after, 0);
+  EXPECT_LT(after, before / 2);
+  EXPECT_NE(Field(fin, "compression").string_value().find("int8"),
+            std::string::npos);
+  for (int i = 0; i < 3; ++i) {
+    const std::string events = absl::StrCat(out, "/n", i, "/events.jsonl");
+    auto evals = Events(events, "eval");
+    ASSERT_GE(evals.size(), 2u);
+    EXPECT_LT(Field(evals.back(), "val_loss").number_value(),
+              Field(evals.front(), "val_loss").number_value())
+        << "n" << i;
+    EXPECT_FALSE(Events(events, "exchange").empty());
+  }
+}
+
 // One of four nodes SIGKILLs itself in the middle of its third push: the
 // others (including the one it was pushing to) finish every step, in time.
 TEST(GossipTest, NodeKilledMidPushNeverStallsTheOthers) {
