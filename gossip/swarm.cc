@@ -249,9 +249,9 @@ class Swarm::Service::PushReader : public grpc::ServerReadReactor<PushChunk> {
       return;
     }
     if (!swarm_->ReservePush(slot_)) {
-      End(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                       absl::StrCat(swarm_->options_.node_id,
-                                    "'s push inbox is full")));
+      End(grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat(swarm_->options_.node_id, "'s push inbox is full")));
       return;
     }
     reserved_ = true;
@@ -644,8 +644,7 @@ bool Swarm::ReservePush(std::shared_ptr<PushSlot> slot) {
   return true;
 }
 
-void Swarm::EndPush(const std::shared_ptr<PushSlot>& slot,
-                    ReceivedPush* push) {
+void Swarm::EndPush(const std::shared_ptr<PushSlot>& slot, ReceivedPush* push) {
   absl::MutexLock lock(&push_mu_);
   auto it = std::find(receiving_.begin(), receiving_.end(), slot);
   if (it == receiving_.end()) return;
@@ -699,7 +698,9 @@ std::vector<std::string> Swarm::AlivePeers() const {
 absl::Status Swarm::Push(const std::string& peer_id, const PushShare& share,
                          absl::Duration timeout) {
   absl::StatusOr<MemberEntry> e = membership_->Get(peer_id);
-  if (!e.ok()) return absl::UnavailableError(absl::StrCat(peer_id, " is unknown"));
+  if (!e.ok()) {
+    return absl::UnavailableError(absl::StrCat(peer_id, " is unknown"));
+  }
   if (e->state() != peer::v1::MEMBER_ALIVE) {
     return absl::UnavailableError(absl::StrCat(peer_id, " is not alive"));
   }
@@ -708,10 +709,9 @@ absl::Status Swarm::Push(const std::string& peer_id, const PushShare& share,
         absl::StrCat(peer_id, " is across a network partition"));
   }
   const int64_t elements = static_cast<int64_t>(share.sent.size());
-  std::vector<PushChunk> chunks =
-      MakePushChunks(options_.identity.run_id, options_.node_id,
-                     push_sequence_.fetch_add(1) + 1, share, elements,
-                     options_.chunk_bytes);
+  std::vector<PushChunk> chunks = MakePushChunks(
+      options_.identity.run_id, options_.node_id,
+      push_sequence_.fetch_add(1) + 1, share, elements, options_.chunk_bytes);
   grpc::ClientContext ctx;
   ctx.set_deadline(Deadline(timeout));
   PushAck ack;

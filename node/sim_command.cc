@@ -642,12 +642,11 @@ absl::Status MergeOutputs(const MergeInput& in, const TrainConfig& config,
       {"wall time", FormatDuration(in.wall)},
   };
   if (!report.consensus.empty()) {
-    report.facts.push_back(
-        {"consensus distance at the end (gossip)",
-         absl::StrFormat("%.6g at step %d over %d nodes",
-                         report.consensus.back().distance,
-                         report.consensus.back().step,
-                         report.consensus.back().nodes)});
+    report.facts.push_back({"consensus distance at the end (gossip)",
+                            absl::StrFormat("%.6g at step %d over %d nodes",
+                                            report.consensus.back().distance,
+                                            report.consensus.back().step,
+                                            report.consensus.back().nodes)});
   }
   if (!in.fault_marks.empty()) {
     report.facts.push_back({"fault events", absl::StrCat(in.fault_marks.size(),
@@ -847,10 +846,10 @@ int RunSimCommand() {
       const absl::CommandLineFlag* f =
           absl::FindCommandLineFlag("snapshot_every");
       if (f != nullptr && f->CurrentValue() == "0") {
-        args.push_back(absl::StrCat(
-            "--snapshot_every=", config.eval_every() > 0
-                                     ? config.eval_every()
-                                     : std::max(1, config.steps() / 10)));
+        args.push_back(absl::StrCat("--snapshot_every=",
+                                    config.eval_every() > 0
+                                        ? config.eval_every()
+                                        : std::max(1, config.steps() / 10)));
       }
     }
     if (late) {
