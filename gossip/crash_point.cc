@@ -29,7 +29,7 @@ absl::Status ArmCrashPoint(const std::string& spec) {
     }
   }
   for (const char* known : {"ready", "send", "reduce", "all_gather", "donate",
-                            "commit", "corrupt_state"}) {
+                            "commit", "corrupt_state", "push_mid_stream"}) {
     if (point == known) {
       g_point = new std::string(point);
       g_round = round;
@@ -39,8 +39,8 @@ absl::Status ArmCrashPoint(const std::string& spec) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "crash point '", spec,
-      "': expected ready, send, reduce, all_gather, donate, commit or "
-      "corrupt_state"));
+      "': expected ready, send, reduce, all_gather, donate, commit, "
+      "push_mid_stream or corrupt_state"));
 }
 
 void SetCrashRound(int64_t round) { g_current.store(round); }

@@ -1,6 +1,7 @@
 // Test-only fault injection: integration tests make a node kill itself with
 // SIGKILL at a named point of the protocol (e.g. "send", "reduce",
-// "all_gather", "ready", "donate"), optionally only in a given round, to
+// "all_gather", "ready", "donate"; "push_mid_stream" in gossip mode, where
+// the "round" is the push's number), optionally only in a given round, to
 // check that the others survive a crash at exactly that moment. Unarmed
 // (the default), CrashPoint costs one relaxed atomic load.
 // Thread-safe: arm once at startup, before other threads start.

@@ -28,6 +28,8 @@ using peer::v1::GossipResponse;
 using peer::v1::JoinRequest;
 using peer::v1::JoinResponse;
 using peer::v1::MemberEntry;
+using peer::v1::PushAck;
+using peer::v1::PushChunk;
 using peer::v1::StateChunk;
 using peer::v1::StateRequest;
 
@@ -104,9 +106,12 @@ class Swarm::Service final : public peer::v1::Swarm::CallbackService {
   }
   grpc::ServerWriteReactor<StateChunk>* FetchState(
       grpc::CallbackServerContext* ctx, const StateRequest* req) override;
+  grpc::ServerReadReactor<PushChunk>* Push(grpc::CallbackServerContext* ctx,
+                                           PushAck* ack) override;
 
  private:
   class StateWriter;
+  class PushReader;
   Swarm* swarm_;
 };
 
@@ -202,6 +207,115 @@ grpc::ServerWriteReactor<StateChunk>* Swarm::Service::FetchState(
     offset = req->offset();
   }
   return new StateWriter(std::move(blob), offset, swarm_->options_.chunk_bytes);
+}
+
+// One incoming push stream, as the gossip thread sees it to drop it when it
+// stalls: TryCancel is only called while the reactor has not finished
+// (OnDone waits until no cancel is in progress).
+struct Swarm::PushSlot {
+  absl::Mutex mu;
+  grpc::CallbackServerContext* ctx ABSL_GUARDED_BY(mu) = nullptr;
+  absl::Time started;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  bool cancel_sent ABSL_GUARDED_BY(mu) = false;
+  int cancelling ABSL_GUARDED_BY(mu) = 0;
+};
+
+// Receives one push: checks every chunk as it arrives (PushAssembler), then
+// deposits the whole push in the inbox. Never blocks: the inbox place was
+// reserved when the stream started.
+class Swarm::Service::PushReader : public grpc::ServerReadReactor<PushChunk> {
+ public:
+  PushReader(Swarm* swarm, grpc::CallbackServerContext* ctx, PushAck* ack)
+      : swarm_(swarm),
+        ack_(ack),
+        slot_(std::make_shared<PushSlot>()),
+        assembler_(swarm->options_.identity.run_id,
+                   swarm->options_.push_elements, swarm->options_.push_codec,
+                   swarm->options_.push_codec
+                       ? swarm->options_.push_codec->MaxEncodedBytes(
+                             swarm->options_.push_elements)
+                       : 0) {
+    {
+      absl::MutexLock lock(&slot_->mu);
+      slot_->ctx = ctx;
+    }
+    slot_->started = absl::Now();
+    if (swarm_->options_.push_elements <= 0) {
+      End(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                       absl::StrCat(swarm_->options_.node_id,
+                                    " does not take pushes (algorithm ",
+                                    swarm_->options_.identity.algo, ")")));
+      return;
+    }
+    if (!swarm_->ReservePush(slot_)) {
+      End(grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat(swarm_->options_.node_id, "'s push inbox is full")));
+      return;
+    }
+    reserved_ = true;
+    StartRead(&chunk_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The sender is done (or the stream was cancelled).
+      absl::StatusOr<ReceivedPush> push = assembler_.Finish();
+      if (!push.ok()) {
+        End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                         std::string(push.status().message())));
+        return;
+      }
+      ack_->set_inbox(1);
+      swarm_->EndPush(slot_, &*push);
+      reserved_ = false;
+      Finish(grpc::Status::OK);
+      return;
+    }
+    swarm_->push_received_ += static_cast<int64_t>(chunk_.ByteSizeLong());
+    if (absl::Status s = assembler_.Add(chunk_); !s.ok()) {
+      End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                       std::string(s.message())));
+      return;
+    }
+    StartRead(&chunk_);
+  }
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&slot_->mu);
+      slot_->done = true;
+      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot_->mu) {
+        return slot_->cancelling == 0;
+      };
+      slot_->mu.Await(absl::Condition(&idle));
+    }
+    if (reserved_) swarm_->EndPush(slot_, nullptr);
+    delete this;
+  }
+
+ private:
+  // Ends the stream with an error; a refused push is counted and logged.
+  void End(grpc::Status status) {
+    swarm_->pushes_refused_.fetch_add(1);
+    if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+      STARLING_LOG(WARNING) << "refused a push: " << status.error_message();
+    }
+    if (reserved_) swarm_->EndPush(slot_, nullptr);
+    reserved_ = false;
+    Finish(status);
+  }
+
+  Swarm* swarm_;
+  PushAck* ack_;
+  std::shared_ptr<PushSlot> slot_;
+  PushAssembler assembler_;
+  PushChunk chunk_;
+  bool reserved_ = false;
+};
+
+grpc::ServerReadReactor<PushChunk>* Swarm::Service::Push(
+    grpc::CallbackServerContext* ctx, PushAck* ack) {
+  return new PushReader(swarm_, ctx, ack);
 }
 
 // The coordinator's state for the round it is collecting (see swarm.h).
@@ -526,10 +640,121 @@ std::vector<MemberEntry> Swarm::Members() const {
 }
 
 int64_t Swarm::bytes_sent() const {
-  return transport_->bytes_sent() + control_bytes_.load();
+  return transport_->bytes_sent() + control_bytes_.load() + push_sent_.load();
 }
 
-int64_t Swarm::bytes_received() const { return transport_->bytes_received(); }
+int64_t Swarm::bytes_received() const {
+  return transport_->bytes_received() + push_received_.load();
+}
+
+bool Swarm::ReservePush(std::shared_ptr<PushSlot> slot) {
+  absl::MutexLock lock(&push_mu_);
+  if (static_cast<int>(pushes_.size() + receiving_.size()) >=
+      std::max(1, options_.push_inbox)) {
+    return false;
+  }
+  receiving_.push_back(std::move(slot));
+  return true;
+}
+
+void Swarm::EndPush(const std::shared_ptr<PushSlot>& slot, ReceivedPush* push) {
+  absl::MutexLock lock(&push_mu_);
+  auto it = std::find(receiving_.begin(), receiving_.end(), slot);
+  if (it == receiving_.end()) return;
+  receiving_.erase(it);
+  if (push != nullptr) pushes_.push_back(std::move(*push));
+}
+
+std::vector<ReceivedPush> Swarm::TakePushes() {
+  std::vector<ReceivedPush> out;
+  absl::MutexLock lock(&push_mu_);
+  out.swap(pushes_);
+  return out;
+}
+
+void Swarm::DropStalledPushes() {
+  std::vector<std::shared_ptr<PushSlot>> slots;
+  {
+    absl::MutexLock lock(&push_mu_);
+    slots = receiving_;
+  }
+  const absl::Time now = absl::Now();
+  for (const std::shared_ptr<PushSlot>& slot : slots) {
+    if (now - slot->started < options_.push_timeout) continue;
+    grpc::CallbackServerContext* ctx;
+    {
+      absl::MutexLock lock(&slot->mu);
+      if (slot->done || slot->cancel_sent) continue;
+      slot->cancel_sent = true;
+      ++slot->cancelling;
+      ctx = slot->ctx;
+    }
+    STARLING_LOG(WARNING) << "dropping a push stream that stalled for "
+                          << absl::FormatDuration(options_.push_timeout);
+    ctx->TryCancel();
+    absl::MutexLock lock(&slot->mu);
+    --slot->cancelling;
+  }
+}
+
+std::vector<std::string> Swarm::AlivePeers() const {
+  std::vector<std::string> ids;
+  for (const MemberEntry& e : membership_->Live()) {
+    if (e.id() != options_.node_id && e.state() == peer::v1::MEMBER_ALIVE) {
+      ids.push_back(e.id());
+    }
+  }
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+absl::Status Swarm::Push(const std::string& peer_id, const PushShare& share,
+                         absl::Duration timeout) {
+  absl::StatusOr<MemberEntry> e = membership_->Get(peer_id);
+  if (!e.ok()) {
+    return absl::UnavailableError(absl::StrCat(peer_id, " is unknown"));
+  }
+  if (e->state() != peer::v1::MEMBER_ALIVE) {
+    return absl::UnavailableError(absl::StrCat(peer_id, " is not alive"));
+  }
+  if (Blocked(e->address())) {
+    return absl::UnavailableError(
+        absl::StrCat(peer_id, " is across a network partition"));
+  }
+  const int64_t elements = static_cast<int64_t>(share.sent.size());
+  std::vector<PushChunk> chunks = MakePushChunks(
+      options_.identity.run_id, options_.node_id,
+      push_sequence_.fetch_add(1) + 1, share, elements, options_.chunk_bytes);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(timeout));
+  PushAck ack;
+  std::unique_ptr<grpc::ClientWriter<PushChunk>> writer =
+      StubFor(e->address())->stub->Push(&ctx, &ack);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (i == chunks.size() / 2 && i > 0) {
+      CrashPoint("push_mid_stream");  // test hook: die in the middle
+    }
+    push_sent_ += static_cast<int64_t>(chunks[i].ByteSizeLong());
+    if (!writer->Write(chunks[i])) break;  // Finish says why
+  }
+  if (chunks.size() == 1) CrashPoint("push_mid_stream");
+  writer->WritesDone();
+  grpc::Status s = writer->Finish();
+  transport_->rpc_errors().Record(s.error_code());
+  if (s.ok()) return absl::OkStatus();
+  const std::string why = absl::StrCat("push to ", peer_id, " at ",
+                                       e->address(), ": ", s.error_message());
+  switch (s.error_code()) {
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return absl::ResourceExhaustedError(why);
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return absl::InvalidArgumentError(why);
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return absl::FailedPreconditionError(why);
+    default:
+      return absl::UnavailableError(why);
+  }
+}
 
 absl::Status Swarm::OnJoin(const JoinRequest& req, JoinResponse* resp) {
   PeerIdentity mine = options_.identity;
@@ -672,6 +897,7 @@ void Swarm::GossipLoop() {
       coord_->cv.Signal();
     }
     CancelAttemptIfMembersGone();
+    DropStalledPushes();
     absl::SleepFor(options_.gossip_interval);
   }
 }

@@ -42,6 +42,12 @@
 //     inner steps and goes to READY at once, so the whole swarm syncs within
 //     a gossip interval or two. Members may thus bring different step
 //     counts to a round; the node weights their Δ accordingly.
+//
+// Push-sum gossip (--algo=gossip) uses the same membership but no rounds:
+// Push streams (y, w) to one live member, whose handler checks it and
+// deposits it in a bounded inbox (RESOURCE_EXHAUSTED when full) that the
+// training thread drains with TakePushes. A push stream that stalls past
+// push_timeout is cancelled by the server, so no inbox slot is held forever.
 // Thread-safety: all public methods are thread-safe, except that SyncRound
 // and FetchState must be called from one thread (the training thread).
 // Internally one mutex guards the coordinator, one the member inbox; RPCs are
@@ -62,8 +68,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "compression/tensor_policy.h"
 #include "gossip/grpc_transport.h"
 #include "gossip/membership.h"
+#include "gossip/push_sum.h"
 #include "gossip/state_transfer.h"
 
 namespace starling {
@@ -90,6 +98,14 @@ struct SwarmOptions {
   // Tensors and their compressed sizes; rank, world and round are set per
   // attempt.
   MailboxOptions mailbox;
+  // Push-sum gossip: the model size pushes must have (0: this node refuses
+  // pushes), the codec of lossy pushes (null: raw fp32 only; must outlive
+  // the Swarm), how many pushes may wait or be in flight to this node, and
+  // how long one incoming push stream may take before it is dropped.
+  int64_t push_elements = 0;
+  const PolicyCodec* push_codec = nullptr;
+  int push_inbox = 8;
+  absl::Duration push_timeout = absl::Seconds(30);
   // Called on the gossip thread, with no lock held, for every change of the
   // peer table.
   std::function<void(const MembershipChange&)> on_member_change;
@@ -169,6 +185,20 @@ class Swarm {
                                         const Reduce& reduce,
                                         const std::function<bool()>& stop);
 
+  // Push-sum gossip. Streams `share` to member `peer_id` in chunks of
+  // chunk_bytes, all within `timeout`. Unavailable when the peer is not
+  // alive here, unreachable or too slow; ResourceExhausted when its inbox is
+  // full; InvalidArgument / FailedPrecondition when it refused the push. In
+  // every case the caller may restore its share and try another peer.
+  absl::Status Push(const std::string& peer_id, const PushShare& share,
+                    absl::Duration timeout);
+  // The pushes received since the last call, in arrival order.
+  std::vector<ReceivedPush> TakePushes();
+  // Ids of the other members that are alive in this node's view, sorted.
+  std::vector<std::string> AlivePeers() const;
+  // Pushes refused by this node's handler (invalid payloads, full inbox).
+  int64_t pushes_refused() const { return pushes_refused_.load(); }
+
   // Says goodbye: marks this node LEFT and tells every live member.
   void Leave();
   // Stops the threads and the server. Idempotent.
@@ -187,6 +217,7 @@ class Swarm {
  private:
   struct Coordinator;
   struct Inbox;
+  struct PushSlot;
   explicit Swarm(const SwarmOptions& options);
 
   // Server-side handlers.
@@ -200,6 +231,11 @@ class Swarm {
   void CoordinatorLoop();
   void ReadPartitionFile();
   void CancelAttemptIfMembersGone();
+  void DropStalledPushes();
+  // Push handler: reserves an inbox place for a new stream (false when the
+  // inbox is full), deposits a checked push or releases the place.
+  bool ReservePush(std::shared_ptr<PushSlot> slot);
+  void EndPush(const std::shared_ptr<PushSlot>& slot, ReceivedPush* push);
   bool Blocked(const std::string& address) const;
   std::string CoordinatorId() const;
   bool IsSelfSeed(const std::string& seed) const;
@@ -218,6 +254,10 @@ class Swarm {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> joined_{false};  // part of a swarm (see OnJoin)
   std::atomic<int64_t> control_bytes_{0};
+  std::atomic<int64_t> push_sent_{0};
+  std::atomic<int64_t> push_received_{0};
+  std::atomic<int64_t> push_sequence_{0};
+  std::atomic<int64_t> pushes_refused_{0};
   std::thread gossip_thread_;
   std::thread coord_thread_;
 
@@ -235,6 +275,11 @@ class Swarm {
   std::map<std::string, std::shared_ptr<Stub>> stubs_
       ABSL_GUARDED_BY(state_mu_);
   std::shared_ptr<Stub> StubFor(const std::string& address);
+
+  mutable absl::Mutex push_mu_;
+  std::vector<ReceivedPush> pushes_ ABSL_GUARDED_BY(push_mu_);
+  // Streams being received (each holds an inbox place until it ends).
+  std::vector<std::shared_ptr<PushSlot>> receiving_ ABSL_GUARDED_BY(push_mu_);
 };
 
 }  // namespace starling

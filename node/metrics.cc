@@ -303,6 +303,7 @@ struct NodeMetrics::Metrics {
   Gauge* outer_lr;
   Gauge* inner_lr;
   Gauge* pseudo_gradient_norm;
+  Gauge* consensus_distance;
   Counter* sent_bytes;
   Counter* received_bytes;
   Counter* before_compression_bytes;
@@ -373,6 +374,12 @@ std::unique_ptr<NodeMetrics::Metrics> NodeMetrics::RegisterAll(
   m->pseudo_gradient_norm =
       &Register(BuildGauge(), "starling_pseudo_gradient_norm",
                 "L2 norm of the latest averaged pseudo-gradient.", r)
+           .Add({});
+  m->consensus_distance =
+      &Register(BuildGauge(), "starling_consensus_distance",
+                "gossip: squared L2 distance between this node's model and "
+                "the last one it absorbed (an estimate of consensus).",
+                r)
            .Add({});
 
   m->sent_bytes = &Register(BuildCounter(), "starling_sent_bytes_total",
@@ -484,6 +491,10 @@ void NodeMetrics::SetInnerLr(double lr) { metrics_->inner_lr->Set(lr); }
 
 void NodeMetrics::SetPseudoGradientNorm(double norm) {
   metrics_->pseudo_gradient_norm->Set(norm);
+}
+
+void NodeMetrics::SetConsensusDistance(double distance) {
+  metrics_->consensus_distance->Set(distance);
 }
 
 void NodeMetrics::Advance(prometheus::Counter& counter, int64_t total,

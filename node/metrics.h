@@ -80,6 +80,9 @@ class NodeMetrics {
   void SetOuterLr(double lr);
   void SetInnerLr(double lr);
   void SetPseudoGradientNorm(double norm);
+  // Gossip: starling_consensus_distance = ‖y − y_s‖² of the last absorbed
+  // push (an estimate of how far this node is from the others).
+  void SetConsensusDistance(double distance);
 
   // The node's running totals since it started, in bytes: gossip bytes
   // sent/received and pseudo-gradient bytes before/after compression. Each

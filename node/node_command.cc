@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -47,7 +48,9 @@ ABSL_FLAG(std::string, run_id, "starling",
           "peers must share it; the handshake refuses others");
 ABSL_FLAG(std::string, algo, "diloco",
           "diloco (H inner steps, then an outer step) | ddp (all-reduce of "
-          "gradients every step, the synchronous data-parallel baseline)");
+          "gradients every step, the synchronous data-parallel baseline) | "
+          "gossip (asynchronous push-sum gossip: after H inner steps, "
+          "average with one peer; no rounds, no barrier)");
 ABSL_FLAG(int, inner_steps, 50, "diloco: H, inner steps per round");
 ABSL_FLAG(std::string, outer, "nesterov",
           "diloco outer optimizer: nesterov | average (lr 1, no momentum)");
@@ -88,9 +91,27 @@ ABSL_FLAG(std::string, partition_file, "",
           "diloco: emulated network partition (used by `starling sim "
           "--partition`): while the file's first line reads e.g. "
           "'n0,n1|n2,n3', no traffic crosses the groups");
+ABSL_FLAG(std::string, gossip_peers, "random",
+          "gossip: whom a push goes to: random (a random live member) | "
+          "exponential (the sorted live ids' exponential graph: offsets "
+          "1, 2, 4, ... in turn)");
+ABSL_FLAG(double, gossip_timeout, 5,
+          "gossip: seconds one push may take before the node restores its "
+          "weight and tries another peer (also how long a receiver keeps a "
+          "stalled incoming push)");
+ABSL_FLAG(double, gossip_momentum, 0,
+          "gossip: SlowMo-style outer momentum β on the gossiped update "
+          "(0 = off, plain gossip)");
+ABSL_FLAG(double, gossip_outer_lr, 1,
+          "gossip: outer learning rate α of that update (1 = plain gossip)");
+ABSL_FLAG(int, snapshot_every, 0,
+          "gossip: write this node's model every N steps to "
+          "OUT/snapshots/step_N.bin (flat fp32) for `starling sim`'s "
+          "consensus distance; 0 = off");
 ABSL_FLAG(std::string, test_crash_at, "",
           "testing only: SIGKILL this node at a protocol point "
-          "(ready|send|reduce|all_gather|donate|commit[@ROUND]), or "
+          "(ready|send|reduce|all_gather|donate|commit[@ROUND]; gossip: "
+          "push_mid_stream[@PUSH]), or "
           "corrupt_state to flip a bit in one served state chunk");
 
 ABSL_FLAG(double, round_seconds, 0,
@@ -387,6 +408,11 @@ const std::vector<std::string>& NodeFlagNames() {
                                    "drift_detector",
                                    "divergence_threshold",
                                    "partition_file",
+                                   "gossip_peers",
+                                   "gossip_timeout",
+                                   "gossip_momentum",
+                                   "gossip_outer_lr",
+                                   "snapshot_every",
                                    "test_crash_at",
                                    "health_port",
                                    "metrics_port",
@@ -405,7 +431,9 @@ const Subcommand& NodeSubcommand() {
     std::vector<std::string> flags = NodeFlagNames();
     for (const std::string& f : TrainFlagNames()) flags.push_back(f);
     return new Subcommand{
-        "node", "join a swarm and train with DiLoCo (elastic) or ddp (static)",
+        "node",
+        "join a swarm and train with DiLoCo (elastic), gossip (push-sum) or "
+        "ddp (static)",
         "Runs one member of a swarm. DiLoCo (the default) is elastic: a node "
         "starts with its own --listen address and --peers naming any live "
         "members (none for the first), the same --run_id, --seed and model "
@@ -423,7 +451,12 @@ const Subcommand& NodeSubcommand() {
         "checkpoint; a second signal leaves at once); "
         "--resume rejoins and catches up. The first member of each round "
         "evaluates. --algo=ddp all-reduces gradients every step over the "
-        "fixed --peers list instead (every member lists all others).\n\n"
+        "fixed --peers list instead (every member lists all others). "
+        "--algo=gossip joins the same way but runs asynchronous push-sum "
+        "gossip (SGP): after every --inner_steps local steps a node averages "
+        "in the models pushed to it, then pushes (model, half its weight) to "
+        "one live peer (--gossip_peers); no rounds, no barrier, and a slow "
+        "or dead peer never blocks anyone. Every member evaluates.\n\n"
         "Operations: --health_port serves gRPC health checks (readiness, "
         "liveness) for Kubernetes probes, --metrics_port Prometheus "
         "/metrics, --log_format=json one JSON object per stderr line; "
@@ -541,6 +574,9 @@ struct NodeRun {
   RingStats ring_stats;
   EvalResult eval;
   int evaluated_step = -1;
+  // Gossip: this node's push-sum weight (0: not set), and as checkpointed.
+  double gossip_weight = 0;
+  std::string resumed_weight;
 
   absl::Status Checkpoint(int64_t next_round, int64_t sent, int64_t received,
                           double wall) {
@@ -552,6 +588,9 @@ struct NodeRun {
          absl::StrCat(sent, ",", received, ",", prior[2] + ring_stats.raw_bytes,
                       ",", prior[3] + ring_stats.wire_bytes)}};
     if (feedback) extra["error_feedback"] = feedback->SaveState();
+    if (gossip_weight > 0) {
+      extra["gossip_weight"] = absl::StrFormat("%.17g", gossip_weight);
+    }
     const absl::Time start = absl::Now();
     STARLING_RETURN_IF_ERROR(trainer->SaveCheckpoint(ckpt_path, extra));
     if (ops->metrics) {
@@ -1217,6 +1256,434 @@ int RunDiloco(NodeRun& run) {
 
 namespace {
 
+// Writes y as flat little-endian fp32 to OUT/snapshots/step_<S>.bin, for
+// `starling sim`'s consensus distance (node/consensus.h).
+absl::Status WriteSnapshot(const std::string& out, int step,
+                           const std::vector<float>& y) {
+  const std::string dir = absl::StrCat(out, "/snapshots");
+  STARLING_RETURN_IF_ERROR(MakeDirs(dir));
+  return WriteFileAtomic(
+      absl::StrCat(dir, "/step_", step, ".bin"),
+      absl::string_view(reinterpret_cast<const char*>(y.data()),
+                        y.size() * sizeof(float)));
+}
+
+// Asynchronous push-sum gossip (SGP) over a Swarm's membership: no rounds,
+// no barrier, no quorum. After every --inner_steps local steps a node
+// absorbs the pushes it received, then pushes (y, w/2) to one live peer
+// (gossip/push_sum.h), trying another when a push fails.
+int RunGossip(NodeRun& run) {
+  Trainer& trainer = *run.trainer;
+  const TrainConfig& config = run.config;
+  std::string node_id = absl::GetFlag(FLAGS_node_id);
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  if (node_id.empty()) node_id = listen;
+  std::map<std::string, std::string> hosts;
+  if (std::string path = absl::GetFlag(FLAGS_hosts); !path.empty()) {
+    absl::StatusOr<std::map<std::string, std::string>> h = ReadHosts(path);
+    if (!h.ok()) return Fail(h.status(), 2);
+    hosts = std::move(h).value();
+  }
+  std::vector<std::string> seeds;
+  for (absl::string_view p :
+       absl::StrSplit(absl::GetFlag(FLAGS_peers), ',', absl::SkipEmpty())) {
+    if (!ValidHostPort(p)) {
+      return Fail(absl::InvalidArgumentError(
+                      absl::StrCat("--peers: '", p, "' is not host:port")),
+                  2);
+    }
+    std::string seed(p);
+    if (auto it = hosts.find(HostOf(seed)); it != hosts.end()) {
+      seed = absl::StrCat(it->second, seed.substr(seed.rfind(':')));
+    }
+    seeds.push_back(seed);
+  }
+  if (!ValidHostPort(listen)) {
+    return Fail(absl::InvalidArgumentError(
+                    absl::StrCat("--listen=", listen, ": expected host:port")),
+                2);
+  }
+  const std::string peer_mode = absl::GetFlag(FLAGS_gossip_peers);
+  if (peer_mode != "random" && peer_mode != "exponential") {
+    return Fail(
+        absl::InvalidArgumentError(absl::StrCat(
+            "--gossip_peers=", peer_mode, ": expected random or exponential")),
+        2);
+  }
+  const double push_timeout_s = absl::GetFlag(FLAGS_gossip_timeout);
+  const double beta = absl::GetFlag(FLAGS_gossip_momentum);
+  const double alpha = absl::GetFlag(FLAGS_gossip_outer_lr);
+  const int snapshot_every = absl::GetFlag(FLAGS_snapshot_every);
+  const int min_members = absl::GetFlag(FLAGS_min_members);
+  const double suspect = absl::GetFlag(FLAGS_suspect_timeout);
+  const double found_after = absl::GetFlag(FLAGS_found_after);
+  if (!(push_timeout_s > 0)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--gossip_timeout=", push_timeout_s, ": must be > 0")),
+                2);
+  }
+  if (!(beta >= 0 && beta < 1)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--gossip_momentum=", beta, ": must be in [0, 1)")),
+                2);
+  }
+  if (!(alpha > 0)) {
+    return Fail(absl::InvalidArgumentError(
+                    absl::StrCat("--gossip_outer_lr=", alpha, ": must be > 0")),
+                2);
+  }
+  if (snapshot_every < 0) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--snapshot_every=", snapshot_every, ": must be >= 0")),
+                2);
+  }
+  if (min_members < 1 || !(suspect > 0) || !(found_after >= 0)) {
+    return Fail(absl::InvalidArgumentError(
+                    "--min_members must be >= 1, --suspect_timeout > 0 and "
+                    "--found_after >= 0"),
+                2);
+  }
+  if (absl::Status s = ArmCrashPoint(absl::GetFlag(FLAGS_test_crash_at));
+      !s.ok()) {
+    return Fail(absl::InvalidArgumentError(
+                    absl::StrCat("--test_crash_at: ", s.message())),
+                2);
+  }
+  const bool lossy = !run.param_policy->lossless();
+  const Codec* codec = lossy ? run.param_policy.get() : nullptr;
+
+  EventLog events(absl::StrCat(run.out, "/events.jsonl"), node_id,
+                  trainer.state().wall_seconds());
+  absl::Mutex changes_mu;
+  std::vector<MembershipChange> changes;
+  SwarmOptions so;
+  so.node_id = node_id;
+  so.listen = listen;
+  so.seeds = seeds;
+  so.identity.run_id = absl::GetFlag(FLAGS_run_id);
+  so.identity.algo = "gossip";  // a DiLoCo node cannot join
+  so.identity.compression = run.param_policy->Name();
+  so.identity.model = MakeFingerprint(trainer.model().Architecture(),
+                                      run.n_params, run.init_hash);
+  so.chunk_bytes = run.chunk;
+  so.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_round_timeout));
+  so.suspect_after = absl::Seconds(suspect);
+  so.partition_file = absl::GetFlag(FLAGS_partition_file);
+  so.found_after = absl::Seconds(found_after);
+  so.push_elements = run.n_params;
+  so.push_codec = lossy ? run.param_policy.get() : nullptr;
+  so.push_timeout = absl::Seconds(push_timeout_s);
+  so.on_member_change = [&](const MembershipChange& c) {
+    absl::MutexLock lock(&changes_mu);
+    changes.push_back(c);
+  };
+  absl::StatusOr<std::unique_ptr<Swarm>> started = Swarm::Start(so);
+  if (!started.ok()) {
+    return Fail(started.status(),
+                absl::IsInvalidArgument(started.status()) ? 2 : 1);
+  }
+  Swarm& swarm = **started;
+  auto bytes_sent = [&] { return run.prior[0] + swarm.bytes_sent(); };
+  auto bytes_received = [&] { return run.prior[1] + swarm.bytes_received(); };
+  auto log_changes = [&] {
+    std::vector<MembershipChange> batch;
+    {
+      absl::MutexLock lock(&changes_mu);
+      batch.swap(changes);
+    }
+    static const char* kNames[] = {"unknown", "alive", "suspect", "dead",
+                                   "left"};
+    for (const MembershipChange& c : batch) {
+      const char* to = kNames[std::clamp(static_cast<int>(c.to), 0, 4)];
+      events.Write("member", JsonObject()
+                                 .Add("id", c.id)
+                                 .Add("state", to)
+                                 .Add("incarnation", c.incarnation));
+      LogEvent(LogLevel::kInfo, "member",
+               absl::StrCat("member ", c.id, " is ", to),
+               {{"peer", c.id}, {"state", to}});
+    }
+  };
+  swarm.SetProgress(0, "", /*joining=*/false);
+  STARLING_LOG(INFO) << node_id << " (gossip, push-sum) listening on "
+                     << swarm.address() << ", "
+                     << trainer.model().Architecture() << ", " << run.n_params
+                     << " parameters, data " << trainer.dataset().Describe();
+  const absl::Duration connect =
+      absl::Seconds(absl::GetFlag(FLAGS_connect_timeout));
+  NodeOps& ops = *run.ops;
+  ops.watchdog->Waiting(2 * connect);
+  if (absl::Status s = swarm.JoinSwarm(absl::Now() + connect); !s.ok()) {
+    events.Write("error", JsonObject().Add("message", s.message()));
+    return Fail(s, absl::IsFailedPrecondition(s) ? 2 : 1);
+  }
+  if (absl::Status s = swarm.WaitForMembers(min_members, absl::Now() + connect);
+      !s.ok()) {
+    return Fail(s, 1);
+  }
+  PushSum push_sum(1.0);
+  if (run.gossip_weight > 0) push_sum.set_weight(run.gossip_weight);
+  std::vector<float> y = Flatten(run.params);
+  events.Write(config.resume() ? "resume" : "start",
+               JsonObject()
+                   .Add("algo", "gossip")
+                   .Add("address", swarm.address())
+                   .Add("step", static_cast<int64_t>(trainer.state().step()))
+                   .Add("parameters", run.n_params)
+                   .Add("weight", push_sum.weight())
+                   .Add("model_hash", FlatHash(y)));
+  InstallStopSignals();
+
+  // SlowMo-style outer momentum on the gossiped update (off when β = 0 and
+  // α = 1): anchor x0 is the model after the previous gossip.
+  const bool momentum = beta > 0 || alpha != 1;
+  std::vector<float> x0, u;
+  if (momentum) {
+    x0 = y;
+    u.assign(y.size(), 0.0f);
+  }
+  std::mt19937_64 rng(std::hash<std::string>()(node_id) ^
+                      static_cast<uint64_t>(config.seed()));
+  const absl::Duration push_timeout = absl::Seconds(push_timeout_s);
+  int64_t exchanges = 0, pushes = 0, absorbs = 0, failed_pushes = 0;
+  int64_t raw_bytes = 0, wire_bytes = 0;
+  int exp_step = 0;  // exponential graph: the next offset's exponent
+  const int total = config.steps();
+  bool left = false;
+
+  auto absorb_inbox = [&]() -> absl::Status {
+    for (ReceivedPush& p : swarm.TakePushes()) {
+      absl::StatusOr<double> d2 =
+          push_sum.Absorb(absl::MakeSpan(y), p.values, p.weight);
+      if (!d2.ok()) {
+        LogEvent(LogLevel::kWarning, "exchange",
+                 absl::StrCat("dropped a push from ", p.from, ": ",
+                              d2.status().message()));
+        continue;
+      }
+      ++exchanges;
+      ++absorbs;
+      if (ops.metrics) ops.metrics->SetConsensusDistance(*d2);
+      events.Write(
+          "exchange",
+          JsonObject()
+              .Add("kind", "absorb")
+              .Add("peer", p.from)
+              .Add("step", static_cast<int64_t>(trainer.state().step()))
+              .Add("weight", push_sum.weight())
+              .Add("bytes", p.wire_bytes)
+              .Add("distance2", *d2));
+    }
+    return absl::OkStatus();
+  };
+
+  // Peers to try for one push, best first: the exponential graph's next
+  // neighbour (offsets 2^0, 2^1, ... over the sorted live ids, cycling) or a
+  // random order; at most three tries.
+  int max_world = 1;  // the most members seen alive, for the summary
+  auto candidates = [&]() {
+    std::vector<std::string> peers = swarm.AlivePeers();
+    max_world = std::max(max_world, static_cast<int>(peers.size()) + 1);
+    std::shuffle(peers.begin(), peers.end(), rng);
+    if (peer_mode == "exponential" && !peers.empty()) {
+      std::vector<std::string> ids = swarm.AlivePeers();
+      ids.push_back(node_id);
+      std::sort(ids.begin(), ids.end());
+      const int n = static_cast<int>(ids.size());
+      const int me = static_cast<int>(
+          std::find(ids.begin(), ids.end(), node_id) - ids.begin());
+      int levels = 0;
+      while ((1 << levels) < n) ++levels;
+      const int offset = 1 << (exp_step % std::max(1, levels));
+      ++exp_step;
+      const std::string& first = ids[(me + offset) % n];
+      auto it = std::find(peers.begin(), peers.end(), first);
+      if (it != peers.end()) std::rotate(peers.begin(), it, it + 1);
+    }
+    if (peers.size() > 3) peers.resize(3);
+    return peers;
+  };
+
+  while (trainer.state().step() < total) {
+    log_changes();
+    ops.SetReady(StopSignal() == 0);
+    const int prev_step = trainer.state().step();
+    const int steps = std::min(run.h, total - prev_step);
+    double loss_sum = 0;
+    for (int i = 0; i < steps; ++i) {
+      if (StopSignalCount() >= 2) break;  // a second signal: leave now
+      absl::StatusOr<StepResult> r = trainer.Step();
+      if (!r.ok()) {
+        events.Write("error",
+                     JsonObject().Add("message", r.status().message()));
+        swarm.Leave();
+        return Fail(r.status(), 1);
+      }
+      loss_sum += r->loss;
+      SetLogPosition(pushes, trainer.state().step());
+      ops.Step(*r, trainer.state().step());
+    }
+    y = Flatten(run.params);
+    if (absl::Status s = absorb_inbox(); !s.ok()) return Fail(s, 1);
+    if (momentum) {
+      for (size_t i = 0; i < y.size(); ++i) {
+        u[i] = static_cast<float>(beta * u[i] + (x0[i] - y[i]));
+        y[i] = static_cast<float>(x0[i] - alpha * u[i]);
+      }
+    }
+    std::vector<std::string> peers = candidates();
+    for (const std::string& peer : peers) {
+      absl::StatusOr<PushShare> share =
+          push_sum.Share(absl::MakeSpan(y), codec);
+      if (!share.ok()) {
+        events.Write("error",
+                     JsonObject().Add("message", share.status().message()));
+        swarm.Leave();
+        return Fail(share.status(), 1);
+      }
+      SetCrashRound(pushes + 1);
+      ops.watchdog->Waiting(push_timeout);
+      const int64_t sent_before = bytes_sent();
+      absl::Status s = swarm.Push(peer, *share, push_timeout);
+      if (!s.ok()) {
+        push_sum.Restore(*share, absl::MakeSpan(y));
+        ++failed_pushes;
+        LogEvent(
+            LogLevel::kInfo, "exchange",
+            absl::StrCat("push failed, trying another peer: ", s.message()),
+            {{"peer", peer}});
+        continue;
+      }
+      ++pushes;
+      ++exchanges;
+      raw_bytes += run.n_params * static_cast<int64_t>(sizeof(float));
+      wire_bytes += static_cast<int64_t>(share->payload.size());
+      events.Write(
+          "exchange",
+          JsonObject()
+              .Add("kind", "push")
+              .Add("peer", peer)
+              .Add("step", static_cast<int64_t>(trainer.state().step()))
+              .Add("weight", push_sum.weight())
+              .Add("bytes", bytes_sent() - sent_before));
+      break;
+    }
+    if (momentum) x0 = y;
+    if (absl::Status s = Unflatten(y, run.params); !s.ok()) return Fail(s, 1);
+    const int step = trainer.state().step();
+    if (absl::Status s = run.MaybeEvaluate(step == total, prev_step, events);
+        !s.ok()) {
+      return Fail(s, 1);
+    }
+    if (snapshot_every > 0 &&
+        (step / snapshot_every > prev_step / snapshot_every || step == total)) {
+      if (absl::Status s = WriteSnapshot(run.out, step, y); !s.ok()) {
+        LogEvent(LogLevel::kWarning, "snapshot", std::string(s.message()));
+      }
+    }
+    double elapsed = events.WallSeconds();
+    double eta = step > 0 ? elapsed * (total - step) / step : 0;
+    LogEvent(
+        LogLevel::kInfo, "gossip",
+        absl::StrFormat("%s step %d/%d | loss %.4f | w %.4f | pushes %d "
+                        "absorbed %d | sent %s | eta %s",
+                        node_id, step, total, loss_sum / std::max(1, steps),
+                        push_sum.weight(), pushes, absorbs,
+                        FormatBytes(static_cast<double>(bytes_sent())),
+                        FormatDuration(eta)));
+    run.gossip_weight = push_sum.weight();
+    if (ops.metrics) {
+      ops.metrics->SetTraffic(bytes_sent(), bytes_received(), raw_bytes,
+                              wire_bytes);
+      const int alive = static_cast<int>(swarm.AlivePeers().size());
+      ops.metrics->SetPeers(alive, alive);
+      ops.metrics->SetRpcErrors(swarm.rpc_errors());
+    }
+    if (config.checkpoint_every() > 0 &&
+        step / config.checkpoint_every() >
+            prev_step / config.checkpoint_every() &&
+        step < total) {
+      if (absl::Status s = run.Checkpoint(0, bytes_sent(), bytes_received(),
+                                          events.WallSeconds());
+          !s.ok()) {
+        return Fail(s, 1);
+      }
+    }
+    // SIGINT/SIGTERM: leave after the current local steps.
+    if (StopSignal() != 0 && step < total) {
+      left = true;
+      break;
+    }
+  }
+  log_changes();
+  ops.SetReady(false);
+  // Goodbye first, so that nobody pushes to this node any more.
+  swarm.Leave();
+  const int world = max_world;
+  run.gossip_weight = push_sum.weight();
+  if (left) {
+    events.Write(
+        "leave",
+        JsonObject().Add("step", static_cast<int64_t>(trainer.state().step())));
+  } else if (run.evaluated_step != trainer.state().step()) {
+    if (absl::Status s =
+            run.MaybeEvaluate(true, trainer.state().step(), events);
+        !s.ok()) {
+      return Fail(s, 1);
+    }
+  }
+  if (absl::Status s = run.Checkpoint(0, bytes_sent(), bytes_received(),
+                                      events.WallSeconds());
+      !s.ok()) {
+    return Fail(s, 1);
+  }
+  NodeTotals totals = run.Totals(node_id, bytes_sent(), bytes_received(),
+                                 events.WallSeconds(), world);
+  totals.compression = run.param_policy->Name();
+  if (lossy) totals.compression += " + error feedback (gossip)";
+  totals.bytes_before_compression = raw_bytes;
+  totals.bytes_after_compression = wire_bytes;
+  events.Write(left ? "interrupted" : "end",
+               JsonObject()
+                   .Add("step", static_cast<int64_t>(trainer.state().step()))
+                   .Add("exchanges", exchanges)
+                   .Add("bytes_sent", totals.bytes_sent));
+  JsonObject extra;
+  extra.Add("algo", "gossip")
+      .Add("world", static_cast<int64_t>(world))
+      .Add("inner_steps_per_round", static_cast<int64_t>(run.h))
+      .Add("exchanges", exchanges)
+      .Add("pushes", pushes)
+      .Add("absorbs", absorbs)
+      .Add("failed_pushes", failed_pushes)
+      .Add("pushes_refused", swarm.pushes_refused())
+      .Add("push_sum_weight", push_sum.weight());
+  EvalResult final_eval = run.eval;
+  if (run.evaluated_step != trainer.state().step()) final_eval = EvalResult();
+  if (absl::Status s = WriteNodeSummary(run.out, "node", trainer, final_eval,
+                                        totals, run.rounds, left, extra);
+      !s.ok()) {
+    return Fail(s, 1);
+  }
+  swarm.Shutdown();
+  if (left) {
+    WriteStderrLine(absl::StrCat("starling node: ", node_id,
+                                 " left the swarm on signal ", StopSignal(),
+                                 " at step ", trainer.state().step(),
+                                 "; checkpoint in ", run.ckpt_path));
+    return 1;
+  }
+  WriteStderrLine(absl::StrFormat(
+      "%s done: %d steps, %d exchanges (%d pushes, %d absorbed), sent %s",
+      node_id, trainer.state().step(), exchanges, pushes, absorbs,
+      FormatBytes(totals.bytes_sent)));
+  return 0;
+}
+
+}  // namespace
+
+namespace {
+
 // Synchronous data-parallel baseline over a fixed member list: gradients are
 // all-reduced every step; members vote in every all-reduce so that a
 // SIGINT/SIGTERM stops all of them after the same step.
@@ -1417,9 +1884,9 @@ int RunNodeCommand() {
   TrainConfig& config = run.config;
   if (absl::Status s = ResolveTrainConfig(&config); !s.ok()) return Fail(s, 2);
   run.algo = absl::GetFlag(FLAGS_algo);
-  if (run.algo != "diloco" && run.algo != "ddp") {
+  if (run.algo != "diloco" && run.algo != "ddp" && run.algo != "gossip") {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--algo=", run.algo, ": expected diloco or ddp")),
+                    "--algo=", run.algo, ": expected diloco, ddp or gossip")),
                 2);
   }
   run.h = absl::GetFlag(FLAGS_inner_steps);
@@ -1532,6 +1999,7 @@ int RunNodeCommand() {
     }
     if (!s.ok()) return Fail(s, ExitCodeFor(s));
     (void)absl::SimpleAtoi(sections["round"], &run.round);
+    run.resumed_weight = sections["gossip_weight"];
     std::vector<std::string> comm = absl::StrSplit(sections["comm"], ',');
     for (size_t i = 0; i < comm.size() && i < 4; ++i) {
       (void)absl::SimpleAtoi(comm[i], &run.prior[i]);
@@ -1546,6 +2014,13 @@ int RunNodeCommand() {
                                    trainer.state().step(), " steps)"));
       return 0;
     }
+  }
+  if (run.algo == "gossip") {
+    double w = 0;
+    if (config.resume() && absl::SimpleAtod(run.resumed_weight, &w) && w > 0) {
+      run.gossip_weight = w;
+    }
+    return RunGossip(run);
   }
   return run.algo == "ddp" ? RunDdp(run) : RunDiloco(run);
 }

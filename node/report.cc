@@ -161,7 +161,7 @@ absl::Status WriteReport(const std::string& dir, const ReportData& d) {
     STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/drift.csv", marks));
   }
 
-  const std::vector<Chart> charts = {
+  std::vector<Chart> charts = {
       {"val_loss_vs_time.png",
        d.loss_marks.empty() ? "Validation loss vs wall time"
                             : "Validation loss vs wall time, with data drift",
@@ -188,6 +188,29 @@ absl::Status WriteReport(const std::string& dir, const ReportData& d) {
                         : "Membership over time, with the injected faults",
        MembershipOverTime(d)},
   };
+  if (d.rounds.empty()) {
+    // No rounds (gossip): charts drawn only from rounds.csv would have no
+    // points, and gnuplot stops at the first empty one.
+    charts.erase(std::remove_if(charts.begin(), charts.end(),
+                                [](const Chart& c) {
+                                  return c.file != "val_loss_vs_time.png" &&
+                                         c.file != "bytes_per_node.png";
+                                }),
+                 charts.end());
+  }
+  if (!d.consensus.empty()) {
+    std::string csv = "step,distance,nodes\n";
+    for (const auto& c : d.consensus) {
+      absl::StrAppendFormat(&csv, "%d,%.9g,%d\n", c.step, c.distance, c.nodes);
+    }
+    STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/consensus.csv", csv));
+    charts.push_back(
+        {"consensus.png", "Consensus distance (gossip)",
+         "set xlabel 'step'; set ylabel '(1/n) sum |theta_i - mean|^2';"
+         "set logscale y;"
+         "plot 'consensus.csv' using 1:2 with linespoints lw 2 pt 7 title "
+         "'consensus distance over the nodes with a snapshot'"});
+  }
   std::string script;
   for (const Chart& c : charts) {
     // columnhead makes gnuplot read each CSV's first line as the header.

@@ -54,6 +54,14 @@ struct ReportData {
     bool drift;           // true: a drift switch; false: a detection
   };
   std::vector<LossMark> loss_marks;
+  // Gossip: consensus distance (1/n)·Σ‖θ_i − θ̄‖² per snapshot step; a
+  // chart (and consensus.csv) when not empty.
+  struct Consensus {
+    int64_t step;
+    double distance;
+    int nodes;
+  };
+  std::vector<Consensus> consensus;
 };
 
 // Writes DIR/report.html and DIR/report/*.{csv,png}. Without gnuplot the

@@ -28,6 +28,7 @@
 #include "core/json.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "node/consensus.h"
 #include "node/faults.h"
 #include "node/node_command.h"
 #include "node/report.h"
@@ -569,7 +570,27 @@ absl::Status MergeOutputs(const MergeInput& in, const TrainConfig& config,
   static const Struct* empty = new Struct();
   const Struct& fe = evaluated ? evaluated->final_figures() : *empty;
   JsonObject fin;
-  fin.AddRaw("val_loss", ToJson(evaluated ? Get(fe, "val_loss") : Value()));
+  // Gossip: every node holds its own model; the final val_loss is the mean
+  // of the finished nodes' final val_loss.
+  const bool gossip = absl::GetFlag(FLAGS_algo) == "gossip";
+  double gossip_loss = 0;
+  int gossip_evaluated = 0;
+  if (gossip) {
+    for (const NodeRecord& n : recs) {
+      const Value& v = n.has_summary ? Get(n.final_figures(), "val_loss")
+                                     : Value::default_instance();
+      if (v.kind_case() == Value::kNumberValue) {
+        gossip_loss += v.number_value();
+        ++gossip_evaluated;
+      }
+    }
+  }
+  if (gossip_evaluated > 0) {
+    fin.Add("val_loss", gossip_loss / gossip_evaluated)
+        .Add("val_loss_of", "mean of nodes");
+  } else {
+    fin.AddRaw("val_loss", ToJson(evaluated ? Get(fe, "val_loss") : Value()));
+  }
   if (fe.fields().count("val_accuracy")) {
     fin.AddRaw("val_accuracy", ToJson(Get(fe, "val_accuracy")));
   }
@@ -596,6 +617,20 @@ absl::Status MergeOutputs(const MergeInput& in, const TrainConfig& config,
   const Value no_model;
   const Value& model =
       first_summary ? Get(first_summary->summary, "model") : no_model;
+  // Gossip: consensus distance from the nodes' snapshots (then deleted).
+  JsonArray consensus;
+  if (gossip) {
+    std::vector<std::string> node_dirs;
+    for (const std::string& id : in.ids) node_dirs.push_back(in.dir + "/" + id);
+    for (const ConsensusPoint& p :
+         ConsensusFromSnapshots(node_dirs, /*remove=*/true)) {
+      consensus.Push(JsonObject()
+                         .Add("step", p.step)
+                         .Add("distance", p.distance)
+                         .Add("nodes", static_cast<int64_t>(p.nodes)));
+      report.consensus.push_back({p.step, p.distance, p.nodes});
+    }
+  }
   JsonObject summary;
   summary.Add("command", "sim")
       .AddRaw("config", ConfigJson(config))
@@ -607,6 +642,7 @@ absl::Status MergeOutputs(const MergeInput& in, const TrainConfig& config,
       .Add("drift", drifts)
       .Add("drift_detected", detections)
       .Add("final", fin);
+  if (gossip) summary.Add("consensus", consensus);
   STARLING_RETURN_IF_ERROR(
       WriteFileAtomic(in.dir + "/summary.json", summary.Dump() + "\n"));
 
@@ -646,6 +682,13 @@ absl::Status MergeOutputs(const MergeInput& in, const TrainConfig& config,
       {"model hashes agree every round", all_agree ? "yes" : "NO"},
       {"wall time", FormatDuration(in.wall)},
   };
+  if (!report.consensus.empty()) {
+    report.facts.push_back({"consensus distance at the end (gossip)",
+                            absl::StrFormat("%.6g at step %d over %d nodes",
+                                            report.consensus.back().distance,
+                                            report.consensus.back().step,
+                                            report.consensus.back().nodes)});
+  }
   if (!in.fault_marks.empty()) {
     report.facts.push_back({"fault events", absl::StrCat(in.fault_marks.size(),
                                                          " (table below)")});
@@ -872,6 +915,17 @@ int RunSimCommand() {
           "--drift=", d == drift->end() ? "never" : absl::StrCat(d->second)));
     }
     for (const std::string& a : common) args.push_back(a);
+    if (absl::GetFlag(FLAGS_algo) == "gossip") {
+      // Model snapshots for the consensus distance (the last flag wins).
+      const absl::CommandLineFlag* f =
+          absl::FindCommandLineFlag("snapshot_every");
+      if (f != nullptr && f->CurrentValue() == "0") {
+        args.push_back(absl::StrCat("--snapshot_every=",
+                                    config.eval_every() > 0
+                                        ? config.eval_every()
+                                        : std::max(1, config.steps() / 10)));
+      }
+    }
     if (late) {
       args.push_back(absl::StrCat(
           "--resume=",

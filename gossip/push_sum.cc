@@ -1,0 +1,214 @@
+#include "gossip/push_sum.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace starling {
+namespace {
+
+// Index of the first non-finite value, or -1.
+int64_t FirstNonFinite(absl::Span<const float> v) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!std::isfinite(v[i])) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+}  // namespace
+
+absl::StatusOr<PushShare> PushSum::Share(absl::Span<float> y,
+                                         const Codec* codec) {
+  if (int64_t bad = FirstNonFinite(y); bad >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push-sum share: y[", bad, "] is not finite"));
+  }
+  PushShare share;
+  if (codec == nullptr || codec->lossless()) {
+    share.sent.assign(y.begin(), y.end());
+    if (codec == nullptr) {
+      share.payload.resize(y.size() * sizeof(float));
+      if (!y.empty())
+        std::memcpy(share.payload.data(), y.data(), share.payload.size());
+    } else {
+      share.codec = codec->Name();
+      STARLING_ASSIGN_OR_RETURN(share.payload, codec->Encode(y));
+    }
+  } else {
+    share.codec = codec->Name();
+    STARLING_ASSIGN_OR_RETURN(share.payload, codec->Encode(y));
+    share.sent.resize(y.size());
+    STARLING_RETURN_IF_ERROR(
+        codec->Decode(share.payload, absl::MakeSpan(share.sent)));
+    share.y_before.assign(y.begin(), y.end());
+    // Error feedback: what the codec dropped stays here.
+    for (size_t i = 0; i < y.size(); ++i) y[i] = 2.0f * y[i] - share.sent[i];
+  }
+  share.weight = weight_ / 2;
+  weight_ -= share.weight;
+  return share;
+}
+
+void PushSum::Restore(const PushShare& share, absl::Span<float> y) {
+  weight_ += share.weight;
+  if (!share.y_before.empty() && share.y_before.size() == y.size()) {
+    std::copy(share.y_before.begin(), share.y_before.end(), y.begin());
+  }
+}
+
+absl::StatusOr<double> PushSum::Absorb(absl::Span<float> y,
+                                       absl::Span<const float> y_s,
+                                       double w_s) {
+  if (y_s.size() != y.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push-sum absorb: ", y_s.size(),
+                     " values received, the model has ", y.size()));
+  }
+  if (!(w_s > 0) || !std::isfinite(w_s)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push-sum absorb: weight ", w_s, " must be finite and > 0"));
+  }
+  if (int64_t bad = FirstNonFinite(y_s); bad >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push-sum absorb: value ", bad, " is not finite"));
+  }
+  const double total = weight_ + w_s;
+  const double a = weight_ / total, b = w_s / total;
+  double dist2 = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    const double d = static_cast<double>(y[i]) - y_s[i];
+    dist2 += d * d;
+    y[i] = static_cast<float>(a * y[i] + b * y_s[i]);
+  }
+  weight_ = total;
+  return dist2;
+}
+
+std::vector<peer::v1::PushChunk> MakePushChunks(
+    const std::string& run_id, const std::string& from, int64_t sequence,
+    const PushShare& share, int64_t elements, int64_t chunk_bytes) {
+  std::vector<peer::v1::PushChunk> chunks;
+  const int64_t total = static_cast<int64_t>(share.payload.size());
+  chunk_bytes = std::max<int64_t>(1, chunk_bytes);
+  int64_t offset = 0;
+  do {
+    const int64_t len = std::min(chunk_bytes, total - offset);
+    peer::v1::PushChunk c;
+    c.set_run_id(run_id);
+    c.set_from(from);
+    c.set_sequence(sequence);
+    c.set_elements(elements);
+    c.set_codec(share.codec);
+    c.set_total_bytes(total);
+    c.set_offset(offset);
+    c.set_data(share.payload.data() + offset, static_cast<size_t>(len));
+    if (offset == 0) c.set_weight(share.weight);
+    chunks.push_back(std::move(c));
+    offset += len;
+  } while (offset < total);
+  return chunks;
+}
+
+PushAssembler::PushAssembler(std::string run_id, int64_t elements,
+                             const Codec* codec, int64_t max_bytes)
+    : run_id_(std::move(run_id)),
+      elements_(elements),
+      codec_(codec),
+      max_bytes_(max_bytes) {}
+
+absl::Status PushAssembler::Add(const peer::v1::PushChunk& c) {
+  if (c.run_id() != run_id_) {
+    return absl::InvalidArgumentError(absl::StrCat("push for run '", c.run_id(),
+                                                   "'; this node is in run '",
+                                                   run_id_, "'"));
+  }
+  if (c.elements() != elements_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push of ", c.elements(),
+                     " elements; this node's model has ", elements_));
+  }
+  if (!started_) {
+    if (!c.codec().empty() &&
+        (codec_ == nullptr || c.codec() != codec_->Name())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push codec '", c.codec(), "'; this node decodes ",
+                       codec_ ? "'" + codec_->Name() + "'" : "raw fp32 only"));
+    }
+    const int64_t limit = c.codec().empty()
+                              ? elements_ * static_cast<int64_t>(sizeof(float))
+                              : max_bytes_;
+    if (c.total_bytes() < 0 || c.total_bytes() > limit ||
+        (c.codec().empty() && c.total_bytes() != limit)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push total_bytes ", c.total_bytes(), " does not fit ",
+                       elements_, " elements (at most ", limit, " bytes)"));
+    }
+    if (c.offset() != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push starts at offset ", c.offset(), ", not 0"));
+    }
+    header_ = c;
+    header_.clear_data();
+    started_ = true;
+    data_.reserve(static_cast<size_t>(c.total_bytes()));
+  } else {
+    if (c.from() != header_.from() || c.sequence() != header_.sequence() ||
+        c.codec() != header_.codec() ||
+        c.total_bytes() != header_.total_bytes()) {
+      return absl::InvalidArgumentError(
+          "push header changed in the middle of the stream");
+    }
+    if (c.weight() != 0) {
+      return absl::InvalidArgumentError(
+          "push weight on a chunk other than the first");
+    }
+    if (c.offset() != bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push chunk at offset ", c.offset(), ", expected ", bytes()));
+    }
+  }
+  if (static_cast<int64_t>(c.data().size()) > header_.total_bytes() - bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push chunk at offset ", c.offset(), " of ", c.data().size(),
+        " bytes runs past total_bytes ", header_.total_bytes()));
+  }
+  data_.append(c.data());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ReceivedPush> PushAssembler::Finish() {
+  if (!started_) return absl::InvalidArgumentError("empty push stream");
+  if (bytes() != header_.total_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "truncated push: ", bytes(), " of ", header_.total_bytes(), " bytes"));
+  }
+  ReceivedPush r;
+  r.from = header_.from();
+  r.sequence = header_.sequence();
+  r.weight = header_.weight();
+  r.wire_bytes = bytes();
+  if (!(r.weight > 0) || !std::isfinite(r.weight)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push weight ", r.weight, " must be finite and > 0"));
+  }
+  r.values.resize(static_cast<size_t>(elements_));
+  if (header_.codec().empty()) {
+    if (!data_.empty())
+      std::memcpy(r.values.data(), data_.data(), data_.size());
+  } else {
+    absl::Status s = codec_->Decode(data_, absl::MakeSpan(r.values));
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push payload does not decode: ", s.message()));
+    }
+  }
+  if (int64_t bad = FirstNonFinite(r.values); bad >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push value ", bad, " is not finite"));
+  }
+  return r;
+}
+
+}  // namespace starling

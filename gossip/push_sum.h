@@ -1,0 +1,98 @@
+// Push-sum gossip (SGP, Assran et al. 2019) on flat fp32 models, without any
+// networking: a node's push-sum weight and the share / restore / absorb steps
+// that keep the network-wide mass Σw and the weighted average Σw·y / Σw
+// exact, plus the chunking and bounds-checked reassembly of a pushed model.
+// Not thread-safe: one PushSum per node, used from its training thread.
+// PushAssembler is one per incoming stream.
+#ifndef STARLING_GOSSIP_PUSH_SUM_H_
+#define STARLING_GOSSIP_PUSH_SUM_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "compression/codec.h"
+#include "starling/peer/v1/swarm.pb.h"
+
+namespace starling {
+
+// What one push sends: the (decoded) model y_s, its weight, and the wire
+// payload (raw little-endian fp32 when `codec` is empty).
+struct PushShare {
+  double weight = 0;
+  std::string codec;            // "" for raw fp32, else the codec's Name()
+  std::string payload;          // the bytes on the wire
+  std::vector<float> sent;      // what the receiver decodes
+  std::vector<float> y_before;  // the sender's y before the share (lossy only)
+};
+
+class PushSum {
+ public:
+  explicit PushSum(double weight = 1.0) : weight_(weight) {}
+  double weight() const { return weight_; }
+  void set_weight(double w) { weight_ = w; }
+
+  // Halves the weight and returns the share (y, w/2). With a lossy `codec`
+  // (null: raw fp32) it sends D(C(y)) and keeps the codec's error locally,
+  // y ← 2y − D(C(y)), so that (w/2)·y_new + (w/2)·D(C(y)) = w·y: error
+  // feedback for gossip, the numerator Σw·y stays exact. InvalidArgument for
+  // non-finite values (nothing changes then).
+  absl::StatusOr<PushShare> Share(absl::Span<float> y, const Codec* codec);
+  // Undoes a Share whose push failed: the weight and y come back.
+  void Restore(const PushShare& share, absl::Span<float> y);
+  // y ← (w·y + w_s·y_s)/(w + w_s), w ← w + w_s. Returns ‖y − y_s‖² before
+  // the update. InvalidArgument naming the problem for a size mismatch,
+  // w_s ≤ 0 or non-finite, or a non-finite y_s (y unchanged then).
+  absl::StatusOr<double> Absorb(absl::Span<float> y,
+                                absl::Span<const float> y_s, double w_s);
+
+ private:
+  double weight_;
+};
+
+// A push as received and checked.
+struct ReceivedPush {
+  std::string from;
+  int64_t sequence = 0;
+  double weight = 0;
+  std::vector<float> values;
+  int64_t wire_bytes = 0;
+};
+
+// Splits a share into chunks of at most `chunk_bytes` payload bytes; the
+// first carries the weight. Every chunk repeats the header.
+std::vector<peer::v1::PushChunk> MakePushChunks(
+    const std::string& run_id, const std::string& from, int64_t sequence,
+    const PushShare& share, int64_t elements, int64_t chunk_bytes);
+
+// Reassembles one push stream. `codec` (null: raw fp32 only) decodes lossy
+// payloads; the payload may not exceed `max_bytes`. Never reads out of range.
+class PushAssembler {
+ public:
+  PushAssembler(std::string run_id, int64_t elements, const Codec* codec,
+                int64_t max_bytes);
+  // InvalidArgument naming what is wrong: run id, element count, codec,
+  // offset out of order, total size over the limit, a header that changes
+  // mid-stream, a weight on a later chunk.
+  absl::Status Add(const peer::v1::PushChunk& chunk);
+  // InvalidArgument for a truncated stream, a weight that is not > 0 and
+  // finite, values that do not decode or are not finite.
+  absl::StatusOr<ReceivedPush> Finish();
+  int64_t bytes() const { return static_cast<int64_t>(data_.size()); }
+
+ private:
+  const std::string run_id_;
+  const int64_t elements_;
+  const Codec* codec_;
+  const int64_t max_bytes_;
+  bool started_ = false;
+  peer::v1::PushChunk header_;  // the first chunk's header fields
+  std::string data_;
+};
+
+}  // namespace starling
+
+#endif  // STARLING_GOSSIP_PUSH_SUM_H_

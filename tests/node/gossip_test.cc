@@ -1,0 +1,321 @@
+// Integration tests of push-sum gossip (`--algo=gossip`) on real processes
+// over loopback: a sim finishes with exchanges both ways and a consensus
+// curve; a node killed in the middle of a push never stalls the others; a
+// DiLoCo node cannot join; malformed and stalled pushes are refused. Every
+// wait is bounded.
+#include <grpcpp/grpcpp.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "core/file_util.h"
+#include "gtest/gtest.h"
+#include "starling/peer/v1/swarm.grpc.pb.h"
+#include "tests/core/run_util.h"
+
+namespace starling {
+namespace {
+
+using ::starling::testing::Field;
+using ::starling::testing::FreePort;
+using ::starling::testing::ReadJson;
+using ::starling::testing::RunStarling;
+using ::starling::testing::SpawnStarling;
+using ::starling::testing::TempDir;
+using ::starling::testing::TinyTextFlags;
+using ::starling::testing::WaitForText;
+using ::starling::testing::WaitUntil;
+
+std::vector<google::protobuf::Struct> Events(const std::string& path,
+                                             const std::string& kind) {
+  std::vector<google::protobuf::Struct> out;
+  std::string text = ReadFile(path).value_or("");
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    google::protobuf::Struct ev;
+    if (!google::protobuf::util::JsonStringToMessage(std::string(line), &ev)
+             .ok()) {
+      continue;
+    }
+    auto it = ev.fields().find("event");
+    if (it != ev.fields().end() && it->second.string_value() == kind) {
+      out.push_back(ev);
+    }
+  }
+  return out;
+}
+
+std::string Common(const std::string& run_id, int steps) {
+  return absl::StrCat(TinyTextFlags(60000), " --steps=", steps,
+                      " --inner_steps=5 --shard_mode=contiguous --threads=1"
+                      " --suspect_timeout=1 --chunk_bytes=1024"
+                      " --gossip_timeout=2 --algo=gossip --run_id=",
+                      run_id);
+}
+
+TEST(GossipTest, SimFinishesWithExchangesBothWaysAndConsensus) {
+  const std::string out = TempDir() + "/gossip-sim";
+  auto r = RunStarling(absl::StrCat(
+      "sim --nodes=3 --algo=gossip --steps=60 --inner_steps=5 --eval_every=5 ",
+      TinyTextFlags(60000), " --shard_mode=contiguous --out=", out));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto summary = ReadJson(out + "/summary.json");
+  const auto& fin = Field(summary, "final").struct_value();
+  EXPECT_EQ(Field(fin, "val_loss_of").string_value(), "mean of nodes");
+  const double val = Field(fin, "val_loss").number_value();
+  EXPECT_TRUE(std::isfinite(val));
+  // Every node finished, pushed and absorbed, and learned (its first
+  // evaluation is after the first 5 steps, still near the start).
+  std::map<std::string, std::set<std::string>> pushed_to;
+  double mean_final = 0;
+  for (int i = 0; i < 3; ++i) {
+    const std::string id = absl::StrCat("n", i);
+    const std::string events = absl::StrCat(out, "/", id, "/events.jsonl");
+    int pushes = 0, absorbs = 0;
+    for (const auto& ev : Events(events, "exchange")) {
+      const std::string kind = Field(ev, "kind").string_value();
+      EXPECT_GT(Field(ev, "weight").number_value(), 0);
+      EXPECT_GT(Field(ev, "bytes").number_value(), 0);
+      if (kind == "push") {
+        ++pushes;
+        pushed_to[id].insert(Field(ev, "peer").string_value());
+      } else {
+        ++absorbs;
+        EXPECT_GE(Field(ev, "distance2").number_value(), 0);
+      }
+    }
+    EXPECT_GT(pushes, 0) << id;
+    EXPECT_GT(absorbs, 0) << id;
+    auto evals = Events(events, "eval");
+    ASSERT_GE(evals.size(), 2u) << id;
+    const double first = Field(evals.front(), "val_loss").number_value();
+    const double last = Field(evals.back(), "val_loss").number_value();
+    EXPECT_TRUE(std::isfinite(last)) << id;
+    EXPECT_LT(last, first) << id;
+    EXPECT_EQ(Field(evals.back(), "step").number_value(), 60) << id;
+    mean_final += last / 3;
+    auto node = ReadJson(absl::StrCat(out, "/", id, "/summary.json"));
+    EXPECT_EQ(Field(Field(node, "nodes").list_value().values(0).struct_value(),
+                    "inner_steps")
+                  .number_value(),
+              60);
+  }
+  EXPECT_NEAR(val, mean_final, 1e-9);
+  // Exchanges in both directions: some pair pushed to each other.
+  bool both_ways = false;
+  for (const auto& [a, peers] : pushed_to) {
+    for (const std::string& b : peers) {
+      both_ways = both_ways || pushed_to[b].count(a) > 0;
+    }
+  }
+  EXPECT_TRUE(both_ways);
+  // Consensus distance per snapshot step; the snapshots are gone.
+  const auto& consensus = Field(summary, "consensus").list_value();
+  ASSERT_GE(consensus.values_size(), 2);
+  for (const auto& v : consensus.values()) {
+    EXPECT_GE(Field(v.struct_value(), "distance").number_value(), 0);
+    EXPECT_GE(Field(v.struct_value(), "nodes").number_value(), 2);
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FALSE(FileExists(absl::StrCat(out, "/n", i, "/snapshots")));
+  }
+  std::string html = ReadFile(out + "/report.html").value_or("");
+  EXPECT_NE(html.find("Consensus distance"), std::string::npos);
+}
+
+// Lossy pushes (int8 with gossip error feedback), outer momentum and the
+// exponential graph: the run finishes, learns, and sends fewer bytes than
+// fp32 pushes would.
+TEST(GossipTest, CompressedMomentumExponentialSimLearns) {
+  const std::string out = TempDir() + "/gossip-int8";
+  auto r = RunStarling(absl::StrCat(
+      "sim --nodes=3 --algo=gossip --steps=60 --inner_steps=5 --eval_every=5 "
+      "--compression=int8 --gossip_momentum=0.5 --gossip_peers=exponential ",
+      TinyTextFlags(60000), " --shard_mode=contiguous --out=", out));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto summary = ReadJson(out + "/summary.json");
+  const auto& fin = Field(summary, "final").struct_value();
+  EXPECT_TRUE(std::isfinite(Field(fin, "val_loss").number_value()));
+  const double before = Field(fin, "bytes_before_compression").number_value();
+  const double after = Field(fin, "bytes_after_compression").number_value();
+  EXPECT_GT(after, 0);
+  EXPECT_LT(after, before / 2);
+  EXPECT_NE(Field(fin, "compression").string_value().find("int8"),
+            std::string::npos);
+  for (int i = 0; i < 3; ++i) {
+    const std::string events = absl::StrCat(out, "/n", i, "/events.jsonl");
+    auto evals = Events(events, "eval");
+    ASSERT_GE(evals.size(), 2u);
+    EXPECT_LT(Field(evals.back(), "val_loss").number_value(),
+              Field(evals.front(), "val_loss").number_value())
+        << "n" << i;
+    EXPECT_FALSE(Events(events, "exchange").empty());
+  }
+}
+
+// One of four nodes SIGKILLs itself in the middle of its third push: the
+// others (including the one it was pushing to) finish every step, in time.
+TEST(GossipTest, NodeKilledMidPushNeverStallsTheOthers) {
+  const std::string dir = TempDir() + "/gossip-crash";
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  const std::string common = Common("gossip-crash", 80);
+  std::map<std::string, int> ports;
+  std::map<std::string, pid_t> pids;
+  const std::vector<std::string> ids = {"n0", "n1", "n2", "n3"};
+  for (const std::string& id : ids) ports[id] = FreePort();
+  for (int k = 0; k < 4; ++k) {
+    const std::string& id = ids[k];
+    pids[id] = SpawnStarling(
+        absl::StrCat(
+            "node ", common, " --eval_every=40 --node_id=", id,
+            " --listen=127.0.0.1:", ports[id],
+            id == "n0" ? "" : absl::StrCat(" --peers=127.0.0.1:", ports["n0"]),
+            " --min_members=4 --shard=", k, "/4 --out=", dir, "/", id,
+            id == "n2" ? " --test_crash_at=push_mid_stream@3" : ""),
+        absl::StrCat(dir, "/", id, ".log"));
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(90);
+  for (const std::string& id : ids) {
+    const int code = WaitUntil(pids[id], deadline);
+    const std::string log =
+        ReadFile(absl::StrCat(dir, "/", id, ".log")).value_or("");
+    if (id == "n2") {
+      EXPECT_EQ(code, 128 + SIGKILL) << log;
+      continue;
+    }
+    EXPECT_EQ(code, 0) << id << ":\n" << log;
+    auto node = ReadJson(absl::StrCat(dir, "/", id, "/summary.json"));
+    EXPECT_TRUE(std::isfinite(
+        Field(Field(node, "final").struct_value(), "val_loss").number_value()));
+  }
+  // n2 crashed in a push: it never logged a third one.
+  int victim_pushes = 0;
+  for (const auto& ev : Events(dir + "/n2/events.jsonl", "exchange")) {
+    victim_pushes += Field(ev, "kind").string_value() == "push";
+  }
+  EXPECT_EQ(victim_pushes, 2);
+}
+
+TEST(GossipTest, DilocoNodeCannotJoinAGossipSwarm) {
+  const std::string dir = TempDir() + "/gossip-mixed";
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  const int p0 = FreePort(), p1 = FreePort();
+  pid_t g = SpawnStarling(
+      absl::StrCat("node ", Common("mixed", 100000),
+                   " --eval_every=0 --node_id=g0 --listen=127.0.0.1:", p0,
+                   " --out=", dir, "/g0"),
+      dir + "/g0.log");
+  ASSERT_TRUE(WaitForText(dir + "/g0.log", "listening on", absl::Seconds(30)));
+  auto r = RunStarling(absl::StrCat(
+      "node ", TinyTextFlags(60000),
+      " --steps=10 --shard_mode=contiguous --threads=1 --run_id=mixed "
+      "--algo=diloco --node_id=d1 --listen=127.0.0.1:",
+      p1, " --peers=127.0.0.1:", p0, " --connect_timeout=20 --out=", dir,
+      "/d1"));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("gossip"), std::string::npos) << r.err;
+  ::kill(g, SIGKILL);
+  WaitUntil(g, absl::Now() + absl::Seconds(10));
+}
+
+// Forged pushes straight to a gossip node's Swarm service. The node never
+// reaches the end of its local steps here, so it never drains its inbox.
+TEST(GossipTest, MalformedAndStalledPushesAreRefused) {
+  const std::string dir = TempDir() + "/gossip-bad";
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  const int port = FreePort();
+  pid_t g = SpawnStarling(
+      absl::StrCat("node ", Common("bad", 100000),
+                   " --eval_every=0 --gossip_timeout=1 --node_id=g0"
+                   " --inner_steps=100000"
+                   " --listen=127.0.0.1:",
+                   port, " --out=", dir, "/g0"),
+      dir + "/g0.log");
+  ASSERT_TRUE(WaitForText(dir + "/g0.log", "listening on", absl::Seconds(30)));
+  auto stub = peer::v1::Swarm::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  // The model's size from the node's log ("N parameters").
+  const std::string log = ReadFile(dir + "/g0.log").value_or("");
+  const size_t at = log.find(" parameters");
+  ASSERT_NE(at, std::string::npos) << log;
+  const size_t begin = log.rfind(' ', at - 1) + 1;
+  const int64_t n = std::stoll(log.substr(begin, at - begin));
+  auto push = [&](std::vector<peer::v1::PushChunk> chunks,
+                  bool finish_writes = true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    peer::v1::PushAck ack;
+    auto writer = stub->Push(&ctx, &ack);
+    for (const auto& c : chunks) {
+      if (!writer->Write(c)) break;
+    }
+    if (finish_writes) writer->WritesDone();
+    return writer->Finish();
+  };
+  auto chunk = [&](int64_t elements, const std::vector<float>& v,
+                   double weight) {
+    peer::v1::PushChunk c;
+    c.set_run_id("bad");
+    c.set_from("forger");
+    c.set_sequence(1);
+    c.set_elements(elements);
+    c.set_total_bytes(static_cast<int64_t>(v.size() * sizeof(float)));
+    c.set_offset(0);
+    c.set_data(reinterpret_cast<const char*>(v.data()),
+               v.size() * sizeof(float));
+    c.set_weight(weight);
+    return c;
+  };
+  std::vector<float> good(static_cast<size_t>(n), 0.01f);
+  // Wrong size.
+  grpc::Status s = push({chunk(n + 1, good, 0.5)});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("elements"), std::string::npos);
+  // NaN.
+  std::vector<float> nan = good;
+  nan[7] = std::numeric_limits<float>::quiet_NaN();
+  s = push({chunk(n, nan, 0.5)});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("value 7"), std::string::npos)
+      << s.error_message();
+  // Bad weight.
+  s = push({chunk(n, good, -1)});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Truncated: half the bytes, then the stream ends.
+  peer::v1::PushChunk half = chunk(n, good, 0.5);
+  half.mutable_data()->resize(half.data().size() / 2);
+  s = push({half});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("truncated"), std::string::npos);
+  // Wrong run.
+  peer::v1::PushChunk other = chunk(n, good, 0.5);
+  other.set_run_id("other");
+  s = push({other});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Stalled: half the bytes and never WritesDone. The node drops the
+  // stream after --gossip_timeout, well before the client's own deadline.
+  const absl::Time start = absl::Now();
+  s = push({half}, /*finish_writes=*/false);
+  EXPECT_NE(s.error_code(), grpc::StatusCode::OK);
+  EXPECT_NE(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << s.error_message() << " after " << absl::Now() - start;
+  // A valid push is accepted; the inbox is bounded: more pushes than it
+  // holds are refused with RESOURCE_EXHAUSTED, and the node keeps training.
+  s = push({chunk(n, good, 0.5)});
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  grpc::StatusCode refused = grpc::StatusCode::OK;
+  for (int i = 0; i < 50 && refused == grpc::StatusCode::OK; ++i) {
+    refused = push({chunk(n, good, 0.5)}).error_code();
+  }
+  EXPECT_EQ(refused, grpc::StatusCode::RESOURCE_EXHAUSTED);
+  int status = 0;
+  EXPECT_EQ(::waitpid(g, &status, WNOHANG), 0) << "the node died";
+  ::kill(g, SIGKILL);
+  WaitUntil(g, absl::Now() + absl::Seconds(10));
+}
+
+}  // namespace
+}  // namespace starling
