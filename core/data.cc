@@ -71,12 +71,22 @@ class TokenDataset : public Dataset {
     std::vector<int64_t> cum_starts;  // inclusive prefix sums of window starts
   };
 
+  // `byte_text`: the tokens are bytes of text; its drift region B then also
+  // swaps the case of every ASCII letter ("iN THE BEGINNING"), text the
+  // model has never seen in that form: the loss jumps at the drift and
+  // recovers as the swarm learns it.
   static absl::StatusOr<std::unique_ptr<Dataset>> Create(
       std::vector<uint16_t> tokens, int64_t vocab, const DataOptions& opts,
-      const std::string& name) {
+      const std::string& name, bool byte_text = false) {
     auto ds = std::unique_ptr<TokenDataset>(new TokenDataset());
     ds->name_ = name;
     ds->tokens_ = std::move(tokens);
+    if (opts.two_regions && byte_text) {
+      for (size_t i = ds->tokens_.size() / 2; i < ds->tokens_.size(); ++i) {
+        uint16_t& t = ds->tokens_[i];
+        if ((t >= 'a' && t <= 'z') || (t >= 'A' && t <= 'Z')) t ^= 0x20;
+      }
+    }
     ds->vocab_ = vocab;
     ds->context_ = opts.context;
     if (opts.shard.mode == ShardMode::kNonIid) {
@@ -88,9 +98,11 @@ class TokenDataset : public Dataset {
     const int count = opts.two_regions ? 2 : 1;
     for (int r = 0; r < count; ++r) {
       const std::string where =
-          opts.two_regions ? absl::StrCat(" (drift region ", r == 0 ? "A" : "B",
-                                          ", half of the text)")
-                           : "";
+          opts.two_regions
+              ? absl::StrCat(
+                    " (drift region ", r == 0 ? "A" : "B", ", half of the text",
+                    r == 1 && byte_text ? ", letter case swapped" : "", ")")
+              : "";
       STARLING_ASSIGN_OR_RETURN(
           Region region,
           MakeRegion(n * r / count, n * (r + 1) / count, opts, name + where));
@@ -561,7 +573,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadDataset(const DataOptions& opts) {
                               EnsureKjvCorpus(opts.cache_dir));
     STARLING_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
     return TokenDataset::Create(bytes_to_tokens(text), 256, opts,
-                                absl::StrCat("kjv (", path, ")"));
+                                absl::StrCat("kjv (", path, ")"),
+                                /*byte_text=*/true);
   }
   if (absl::StartsWith(spec, "text:")) {
     std::string path = spec.substr(5);
@@ -571,7 +584,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadDataset(const DataOptions& opts) {
           absl::StrCat("text file ", path, " is empty"));
     }
     return TokenDataset::Create(bytes_to_tokens(text), 256, opts,
-                                absl::StrCat("text ", path));
+                                absl::StrCat("text ", path),
+                                /*byte_text=*/true);
   }
   if (absl::StartsWith(spec, "tokens:")) {
     std::string path = spec.substr(7);

@@ -154,6 +154,35 @@ TEST(DriftTest, ParsesAndRejects) {
 // from the first half of the text and region 1 only from the second; each
 // node's shard is taken inside the region. Token i of the file is i >> 3, so
 // a window's first token tells where it starts (to within 8 tokens).
+// Byte text: drift region B is the second half with its letters' case
+// swapped, text the model has not seen in that form.
+TEST(TextDataTest, DriftRegionBOfByteTextSwapsLetterCase) {
+  std::string text(100000, 'a');
+  text += std::string(100000, 'b');
+  std::string path = TempDir() + "/ab.txt";
+  ASSERT_TRUE(WriteFileAtomic(path, text).ok());
+  DataOptions o;
+  o.spec = "text:" + path;
+  o.context = 8;
+  o.two_regions = true;
+  o.shard = *ParseShard("0/1", "iid");
+  auto ds = LoadDataset(o);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  Sampler s(1);
+  for (int region : {0, 1}) {
+    Batch b = (*ds)->NextTrain(32, s, region);
+    const int64_t want = region == 0 ? 'a' : 'B';
+    EXPECT_EQ(b.x.min().item<int64_t>(), want) << region;
+    EXPECT_EQ(b.x.max().item<int64_t>(), want) << region;
+  }
+  // One region: the text as it is.
+  o.two_regions = false;
+  auto plain = LoadDataset(o);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)->NextTrain(256, s, 0).x.min().item<int64_t>(), 'a');
+  EXPECT_EQ((*plain)->NextTrain(4096, s, 0).x.max().item<int64_t>(), 'b');
+}
+
 TEST(TextDataTest, DriftRegionsAreTheTwoHalvesEachWithItsValidation) {
   const int64_t n = 400000, half = n / 2;
   const int64_t split_a = 190000, split_b = half + 190000;  // 5% held out
