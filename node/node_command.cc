@@ -443,7 +443,8 @@ const Subcommand& NodeSubcommand() {
         "the round from a member if the swarm is ahead, then runs rounds of "
         "--inner_steps (H) inner steps. After each round the members that "
         "are ready by --round_deadline average their pseudo-gradients "
-        "Δ = θ_global − θ_local (weighted by samples) by ring all-reduce and "
+        "Δ = θ_global − θ_local (weighted, --weighting) by ring all-reduce "
+        "and "
         "apply the outer step once the round's coordinator confirms that "
         "every member got the sum, so members stay bit-identical. A member "
         "that dies mid-round is dropped and the round rerun by the others; "
@@ -457,6 +458,13 @@ const Subcommand& NodeSubcommand() {
         "in the models pushed to it, then pushes (model, half its weight) to "
         "one live peer (--gossip_peers); no rounds, no barrier, and a slow "
         "or dead peer never blocks anyone. Every member evaluates.\n\n"
+        "Adaptive sync (DiLoCo): --round_seconds bounds each round by time "
+        "so every member runs as many steps as fit (a slow node no longer "
+        "holds the others back); --min_inner_steps/--max_inner_steps let a "
+        "drift detector (Page-Hinkley on the training loss, "
+        "--drift_detector) or --divergence_threshold ask the swarm for an "
+        "early sync and shorten H, which quiet rounds lengthen again; "
+        "--weighting averages unequal step counts (FedNova).\n\n"
         "Operations: --health_port serves gRPC health checks (readiness, "
         "liveness) for Kubernetes probes, --metrics_port Prometheus "
         "/metrics, --log_format=json one JSON object per stderr line; "
@@ -960,9 +968,8 @@ int RunDiloco(NodeRun& run) {
     // saw at about the same moment: a member that spent part of it
     // evaluating or checkpointing runs fewer steps instead of holding the
     // others back.
-    const absl::Time budget_end =
-        std::min(round_start, committed_at) +
-        absl::Seconds(timed ? sync.round_seconds : 0);
+    const absl::Time budget_end = std::min(round_start, committed_at) +
+                                  absl::Seconds(timed ? sync.round_seconds : 0);
     double loss_sum = 0;
     int64_t samples = 0;
     int steps = 0;
@@ -1173,6 +1180,7 @@ int RunDiloco(NodeRun& run) {
     rec.step = trainer.state().step();
     rec.inner_steps = steps;
     rec.early = early;
+    rec.sync_seconds = sync_seconds;
     rec.members = res->members;
     rec.model_hash = lineage;
     rec.train_loss = loss_sum / std::max(1, steps);

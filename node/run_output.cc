@@ -89,6 +89,7 @@ JsonObject RoundJson(const RoundRecord& r) {
     o.Add("inner_steps", static_cast<int64_t>(r.inner_steps));
   }
   if (r.early) o.Add("early", true);
+  if (r.sync_seconds >= 0) o.Add("sync_seconds", r.sync_seconds);
   return o;
 }
 

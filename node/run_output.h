@@ -54,6 +54,7 @@ struct RoundRecord {
   double seconds = 0;    // wall time of the round
   int inner_steps = 0;   // this node's inner steps in the round (0: unknown)
   bool early = false;    // ended early by a drift/divergence request
+  double sync_seconds = -1;  // in the round protocol (< 0: unknown)
 };
 
 JsonObject RoundJson(const RoundRecord& r);
