@@ -694,109 +694,82 @@ SwarmState CurrentState(const NodeRun& run,
   return st;
 }
 
-// Elastic DiLoCo over a Swarm (gossip/swarm.h describes the protocol).
-int RunDiloco(NodeRun& run) {
-  Trainer& trainer = *run.trainer;
-  const TrainConfig& config = run.config;
-  std::string node_id = absl::GetFlag(FLAGS_node_id);
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  if (node_id.empty()) node_id = listen;
+// The SwarmOptions both swarm algorithms share, from the flags: id, listen
+// address, seeds (through --hosts), identity and failure detection. Checks
+// the flags they share and arms --test_crash_at. InvalidArgument naming the
+// flag.
+absl::StatusOr<SwarmOptions> SharedSwarmOptions(const NodeRun& run,
+                                                const std::string& algo) {
+  SwarmOptions so;
+  so.listen = absl::GetFlag(FLAGS_listen);
+  so.node_id = absl::GetFlag(FLAGS_node_id);
+  if (so.node_id.empty()) so.node_id = so.listen;
+  if (!ValidHostPort(so.listen)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--listen=", so.listen, ": expected host:port"));
+  }
   std::map<std::string, std::string> hosts;
   if (std::string path = absl::GetFlag(FLAGS_hosts); !path.empty()) {
-    absl::StatusOr<std::map<std::string, std::string>> h = ReadHosts(path);
-    if (!h.ok()) return Fail(h.status(), 2);
-    hosts = std::move(h).value();
+    STARLING_ASSIGN_OR_RETURN(hosts, ReadHosts(path));
   }
-  std::vector<std::string> seeds;
   for (absl::string_view p :
        absl::StrSplit(absl::GetFlag(FLAGS_peers), ',', absl::SkipEmpty())) {
     if (!ValidHostPort(p)) {
-      return Fail(absl::InvalidArgumentError(
-                      absl::StrCat("--peers: '", p, "' is not host:port")),
-                  2);
+      return absl::InvalidArgumentError(
+          absl::StrCat("--peers: '", p, "' is not host:port"));
     }
     std::string seed(p);
     if (auto it = hosts.find(HostOf(seed)); it != hosts.end()) {
       seed = absl::StrCat(it->second, seed.substr(seed.rfind(':')));
     }
-    seeds.push_back(seed);
+    so.seeds.push_back(seed);
   }
   const double found_after = absl::GetFlag(FLAGS_found_after);
   if (!(found_after >= 0)) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--found_after=", found_after, ": must be >= 0")),
-                2);
-  }
-  if (!ValidHostPort(listen)) {
-    return Fail(absl::InvalidArgumentError(
-                    absl::StrCat("--listen=", listen, ": expected host:port")),
-                2);
+    return absl::InvalidArgumentError(
+        absl::StrCat("--found_after=", found_after, ": must be >= 0"));
   }
   const int min_members = absl::GetFlag(FLAGS_min_members);
-  const double suspect = absl::GetFlag(FLAGS_suspect_timeout);
-  const double deadline_s = absl::GetFlag(FLAGS_round_deadline);
   if (min_members < 1) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--min_members=", min_members, ": must be >= 1")),
-                2);
+    return absl::InvalidArgumentError(
+        absl::StrCat("--min_members=", min_members, ": must be >= 1"));
   }
-  if (!(suspect > 0) || !(deadline_s > 0)) {
-    return Fail(absl::InvalidArgumentError(
-                    "--suspect_timeout and --round_deadline must be > 0"),
-                2);
+  const double suspect = absl::GetFlag(FLAGS_suspect_timeout);
+  if (!(suspect > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--suspect_timeout=", suspect, ": must be > 0"));
   }
   if (absl::Status s = ArmCrashPoint(absl::GetFlag(FLAGS_test_crash_at));
       !s.ok()) {
-    return Fail(absl::InvalidArgumentError(
-                    absl::StrCat("--test_crash_at: ", s.message())),
-                2);
+    return absl::InvalidArgumentError(
+        absl::StrCat("--test_crash_at: ", s.message()));
   }
-
-  std::vector<float> theta_global = Flatten(run.params);
-  std::string lineage = FlatHash(theta_global);
-  EventLog events(absl::StrCat(run.out, "/events.jsonl"), node_id,
-                  trainer.state().wall_seconds());
-  // Membership changes arrive on the gossip thread; the training thread
-  // logs them (EventLog has one writer).
-  absl::Mutex changes_mu;
-  std::vector<MembershipChange> changes;
-  SwarmOptions so;
-  so.node_id = node_id;
-  so.listen = listen;
-  so.seeds = seeds;
   so.identity.run_id = absl::GetFlag(FLAGS_run_id);
-  so.identity.algo = "diloco";
-  so.identity.compression = run.ring_policy->Name();
-  so.identity.model = MakeFingerprint(trainer.model().Architecture(),
+  so.identity.algo = algo;  // a node of the other algorithm cannot join
+  so.identity.model = MakeFingerprint(run.trainer->model().Architecture(),
                                       run.n_params, run.init_hash);
   so.chunk_bytes = run.chunk;
   so.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_round_timeout));
   so.suspect_after = absl::Seconds(suspect);
-  so.round_deadline = absl::Seconds(deadline_s);
   so.partition_file = absl::GetFlag(FLAGS_partition_file);
   so.found_after = absl::Seconds(found_after);
-  so.mailbox.run_id = so.identity.run_id;
-  so.mailbox.tensors = {{kPseudoGrad, run.n_params + kWeightingSlots + 1}};
-  if (run.ring_codec != nullptr) {
-    so.mailbox.compressed_bytes_per_element = {{kPseudoGrad, 8}};
+  return so;
+}
+
+// Membership changes arrive on the gossip thread; the training thread logs
+// them (EventLog has one writer). Thread-safe.
+class MemberChanges {
+ public:
+  void Add(const MembershipChange& c) {
+    absl::MutexLock lock(&mu_);
+    pending_.push_back(c);
   }
-  so.on_member_change = [&](const MembershipChange& c) {
-    absl::MutexLock lock(&changes_mu);
-    changes.push_back(c);
-  };
-  absl::StatusOr<std::unique_ptr<Swarm>> started = Swarm::Start(so);
-  if (!started.ok()) {
-    return Fail(started.status(),
-                absl::IsInvalidArgument(started.status()) ? 2 : 1);
-  }
-  Swarm& swarm = **started;
-  auto bytes_sent = [&] { return run.prior[0] + swarm.bytes_sent(); };
-  auto bytes_received = [&] { return run.prior[1] + swarm.bytes_received(); };
-  auto log_changes = [&] {
+  // Writes the pending changes as "member" events and log lines.
+  void Log(EventLog& events) {
     std::vector<MembershipChange> batch;
     {
-      absl::MutexLock lock(&changes_mu);
-      batch.swap(changes);
+      absl::MutexLock lock(&mu_);
+      batch.swap(pending_);
     }
     static const char* kNames[] = {"unknown", "alive", "suspect", "dead",
                                    "left"};
@@ -810,7 +783,51 @@ int RunDiloco(NodeRun& run) {
                absl::StrCat("member ", c.id, " is ", to),
                {{"peer", c.id}, {"state", to}});
     }
-  };
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<MembershipChange> pending_ ABSL_GUARDED_BY(mu_);
+};
+
+// Elastic DiLoCo over a Swarm (gossip/swarm.h describes the protocol).
+int RunDiloco(NodeRun& run) {
+  Trainer& trainer = *run.trainer;
+  const TrainConfig& config = run.config;
+  absl::StatusOr<SwarmOptions> shared = SharedSwarmOptions(run, "diloco");
+  if (!shared.ok()) return Fail(shared.status(), 2);
+  SwarmOptions so = std::move(shared).value();
+  const std::string node_id = so.node_id;
+  const int min_members = absl::GetFlag(FLAGS_min_members);
+  const double deadline_s = absl::GetFlag(FLAGS_round_deadline);
+  if (!(deadline_s > 0)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--round_deadline=", deadline_s, ": must be > 0")),
+                2);
+  }
+
+  std::vector<float> theta_global = Flatten(run.params);
+  std::string lineage = FlatHash(theta_global);
+  EventLog events(absl::StrCat(run.out, "/events.jsonl"), node_id,
+                  trainer.state().wall_seconds());
+  MemberChanges changes;
+  so.identity.compression = run.ring_policy->Name();
+  so.round_deadline = absl::Seconds(deadline_s);
+  so.mailbox.run_id = so.identity.run_id;
+  so.mailbox.tensors = {{kPseudoGrad, run.n_params + kWeightingSlots + 1}};
+  if (run.ring_codec != nullptr) {
+    so.mailbox.compressed_bytes_per_element = {{kPseudoGrad, 8}};
+  }
+  so.on_member_change = [&](const MembershipChange& c) { changes.Add(c); };
+  absl::StatusOr<std::unique_ptr<Swarm>> started = Swarm::Start(so);
+  if (!started.ok()) {
+    return Fail(started.status(),
+                absl::IsInvalidArgument(started.status()) ? 2 : 1);
+  }
+  Swarm& swarm = **started;
+  auto bytes_sent = [&] { return run.prior[0] + swarm.bytes_sent(); };
+  auto bytes_received = [&] { return run.prior[1] + swarm.bytes_received(); };
+  auto log_changes = [&] { changes.Log(events); };
   // Not joining: a fresh node starts on the initial lineage with the others;
   // one that is behind turns to joining while it catches up.
   swarm.SetProgress(run.round, lineage, /*joining=*/false);
@@ -1157,7 +1174,11 @@ int RunDiloco(NodeRun& run) {
     double norm2 = 0;
     for (float d : delta) norm2 += static_cast<double>(d) * d;
     if (ops.metrics) ops.metrics->SetPseudoGradientNorm(std::sqrt(norm2));
-    if (absl::Status s = run.outer->Step(absl::MakeSpan(theta_global), delta);
+    // A round shorter or longer than H moves the outer momentum in
+    // proportion (OuterOptimizer::Step's span).
+    if (absl::Status s =
+            run.outer->Step(absl::MakeSpan(theta_global), delta,
+                            avg->effective_steps / static_cast<double>(run.h));
         !s.ok()) {
       return Fail(s, 1);
     }
@@ -1283,34 +1304,10 @@ absl::Status WriteSnapshot(const std::string& out, int step,
 int RunGossip(NodeRun& run) {
   Trainer& trainer = *run.trainer;
   const TrainConfig& config = run.config;
-  std::string node_id = absl::GetFlag(FLAGS_node_id);
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  if (node_id.empty()) node_id = listen;
-  std::map<std::string, std::string> hosts;
-  if (std::string path = absl::GetFlag(FLAGS_hosts); !path.empty()) {
-    absl::StatusOr<std::map<std::string, std::string>> h = ReadHosts(path);
-    if (!h.ok()) return Fail(h.status(), 2);
-    hosts = std::move(h).value();
-  }
-  std::vector<std::string> seeds;
-  for (absl::string_view p :
-       absl::StrSplit(absl::GetFlag(FLAGS_peers), ',', absl::SkipEmpty())) {
-    if (!ValidHostPort(p)) {
-      return Fail(absl::InvalidArgumentError(
-                      absl::StrCat("--peers: '", p, "' is not host:port")),
-                  2);
-    }
-    std::string seed(p);
-    if (auto it = hosts.find(HostOf(seed)); it != hosts.end()) {
-      seed = absl::StrCat(it->second, seed.substr(seed.rfind(':')));
-    }
-    seeds.push_back(seed);
-  }
-  if (!ValidHostPort(listen)) {
-    return Fail(absl::InvalidArgumentError(
-                    absl::StrCat("--listen=", listen, ": expected host:port")),
-                2);
-  }
+  absl::StatusOr<SwarmOptions> shared = SharedSwarmOptions(run, "gossip");
+  if (!shared.ok()) return Fail(shared.status(), 2);
+  SwarmOptions so = std::move(shared).value();
+  const std::string node_id = so.node_id;
   const std::string peer_mode = absl::GetFlag(FLAGS_gossip_peers);
   if (peer_mode != "random" && peer_mode != "exponential") {
     return Fail(
@@ -1323,8 +1320,6 @@ int RunGossip(NodeRun& run) {
   const double alpha = absl::GetFlag(FLAGS_gossip_outer_lr);
   const int snapshot_every = absl::GetFlag(FLAGS_snapshot_every);
   const int min_members = absl::GetFlag(FLAGS_min_members);
-  const double suspect = absl::GetFlag(FLAGS_suspect_timeout);
-  const double found_after = absl::GetFlag(FLAGS_found_after);
   if (!(push_timeout_s > 0)) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
                     "--gossip_timeout=", push_timeout_s, ": must be > 0")),
@@ -1345,46 +1340,17 @@ int RunGossip(NodeRun& run) {
                     "--snapshot_every=", snapshot_every, ": must be >= 0")),
                 2);
   }
-  if (min_members < 1 || !(suspect > 0) || !(found_after >= 0)) {
-    return Fail(absl::InvalidArgumentError(
-                    "--min_members must be >= 1, --suspect_timeout > 0 and "
-                    "--found_after >= 0"),
-                2);
-  }
-  if (absl::Status s = ArmCrashPoint(absl::GetFlag(FLAGS_test_crash_at));
-      !s.ok()) {
-    return Fail(absl::InvalidArgumentError(
-                    absl::StrCat("--test_crash_at: ", s.message())),
-                2);
-  }
   const bool lossy = !run.param_policy->lossless();
   const Codec* codec = lossy ? run.param_policy.get() : nullptr;
 
   EventLog events(absl::StrCat(run.out, "/events.jsonl"), node_id,
                   trainer.state().wall_seconds());
-  absl::Mutex changes_mu;
-  std::vector<MembershipChange> changes;
-  SwarmOptions so;
-  so.node_id = node_id;
-  so.listen = listen;
-  so.seeds = seeds;
-  so.identity.run_id = absl::GetFlag(FLAGS_run_id);
-  so.identity.algo = "gossip";  // a DiLoCo node cannot join
+  MemberChanges changes;
   so.identity.compression = run.param_policy->Name();
-  so.identity.model = MakeFingerprint(trainer.model().Architecture(),
-                                      run.n_params, run.init_hash);
-  so.chunk_bytes = run.chunk;
-  so.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_round_timeout));
-  so.suspect_after = absl::Seconds(suspect);
-  so.partition_file = absl::GetFlag(FLAGS_partition_file);
-  so.found_after = absl::Seconds(found_after);
   so.push_elements = run.n_params;
   so.push_codec = lossy ? run.param_policy.get() : nullptr;
   so.push_timeout = absl::Seconds(push_timeout_s);
-  so.on_member_change = [&](const MembershipChange& c) {
-    absl::MutexLock lock(&changes_mu);
-    changes.push_back(c);
-  };
+  so.on_member_change = [&](const MembershipChange& c) { changes.Add(c); };
   absl::StatusOr<std::unique_ptr<Swarm>> started = Swarm::Start(so);
   if (!started.ok()) {
     return Fail(started.status(),
@@ -1393,25 +1359,7 @@ int RunGossip(NodeRun& run) {
   Swarm& swarm = **started;
   auto bytes_sent = [&] { return run.prior[0] + swarm.bytes_sent(); };
   auto bytes_received = [&] { return run.prior[1] + swarm.bytes_received(); };
-  auto log_changes = [&] {
-    std::vector<MembershipChange> batch;
-    {
-      absl::MutexLock lock(&changes_mu);
-      batch.swap(changes);
-    }
-    static const char* kNames[] = {"unknown", "alive", "suspect", "dead",
-                                   "left"};
-    for (const MembershipChange& c : batch) {
-      const char* to = kNames[std::clamp(static_cast<int>(c.to), 0, 4)];
-      events.Write("member", JsonObject()
-                                 .Add("id", c.id)
-                                 .Add("state", to)
-                                 .Add("incarnation", c.incarnation));
-      LogEvent(LogLevel::kInfo, "member",
-               absl::StrCat("member ", c.id, " is ", to),
-               {{"peer", c.id}, {"state", to}});
-    }
-  };
+  auto log_changes = [&] { changes.Log(events); };
   swarm.SetProgress(0, "", /*joining=*/false);
   STARLING_LOG(INFO) << node_id << " (gossip, push-sum) listening on "
                      << swarm.address() << ", "

@@ -32,16 +32,31 @@ OuterOptimizer::OuterOptimizer(const OuterOptions& options, int64_t size)
     : options_(options), momentum_(options.momentum > 0 ? size : 0, 0.0f) {}
 
 absl::Status OuterOptimizer::Step(absl::Span<float> theta,
-                                  absl::Span<const float> delta) {
+                                  absl::Span<const float> delta, double span) {
   if (theta.size() != delta.size() ||
       (!momentum_.empty() && momentum_.size() != theta.size())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "outer step: θ has ", theta.size(), " elements, Δ has ", delta.size()));
   }
+  if (!(span > 0) || !std::isfinite(span)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer step: span ", span, " must be > 0"));
+  }
   const float lr = static_cast<float>(options_.lr);
   const float mu = static_cast<float>(options_.momentum);
   if (momentum_.empty()) {
     for (size_t i = 0; i < theta.size(); ++i) theta[i] -= lr * delta[i];
+  } else if (span != 1.0) {
+    // b ← μ^s·b + Δ; θ ← θ − lr·(Δ + s·μ^s·b): over 1/s rounds of span s
+    // the buffer gains about one full round's Δ and the momentum term is
+    // applied about once.
+    const float mu_s = static_cast<float>(std::pow(options_.momentum, span));
+    const float carry = static_cast<float>(span) * mu_s;
+    for (size_t i = 0; i < theta.size(); ++i) {
+      float b = steps_ == 0 ? delta[i] : mu_s * momentum_[i] + delta[i];
+      momentum_[i] = b;
+      theta[i] -= lr * (delta[i] + carry * b);
+    }
   } else {
     for (size_t i = 0; i < theta.size(); ++i) {
       // The first step initializes b = Δ, as torch.optim.SGD does.

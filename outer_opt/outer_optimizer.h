@@ -31,7 +31,15 @@ class OuterOptimizer {
   // θ ← θ − lr·(Δ + μ·b) with b ← μ·b + Δ (PyTorch's Nesterov SGD; plain
   // averaging is lr 1, μ 0, i.e. θ ← θ − Δ). InvalidArgument when sizes
   // differ.
-  absl::Status Step(absl::Span<float> theta, absl::Span<const float> delta);
+  //
+  // `span`: the round's length relative to the H the lr and momentum are
+  // tuned for (τ_eff / --inner_steps). A round of span s decays the buffer
+  // by μ^s (b ← μ^s·b + Δ) and applies θ ← θ − lr·(Δ + s·μ^s·b): k short
+  // rounds of span 1/k then carry about as much momentum as one full round
+  // instead of k times as much (adaptive and time-bounded rounds). span 1 is
+  // exactly the plain step. InvalidArgument for span <= 0 or not finite.
+  absl::Status Step(absl::Span<float> theta, absl::Span<const float> delta,
+                    double span = 1.0);
 
   // Serialized momentum buffer and step count, for checkpoints.
   std::string SaveState() const;

@@ -75,5 +75,37 @@ TEST(OuterOptimizerTest, SizeMismatchIsAnError) {
   EXPECT_TRUE(absl::IsInvalidArgument((*o)->Step(absl::MakeSpan(t), d)));
 }
 
+// span: k short rounds of span 1/k move θ about as far as one full round
+// (instead of applying the momentum k times), and span 1 is the plain step.
+TEST(OuterOptimizerTest, SpanScalesMomentumWithTheRoundLength) {
+  auto make = [] {
+    auto o = OuterOptimizer::Create(OuterOptions(), 1);
+    EXPECT_TRUE(o.ok());
+    return std::move(o).value();
+  };
+  auto full = make(), split = make(), unscaled = make(), plain = make();
+  std::vector<float> a(1, 0.f), b(1, 0.f), c(1, 0.f), d(1, 0.f);
+  const std::vector<float> delta = {1.0f};
+  for (int r = 0; r < 5; ++r) {  // warm the momentum up with full rounds
+    ASSERT_TRUE(full->Step(absl::MakeSpan(a), delta).ok());
+    ASSERT_TRUE(split->Step(absl::MakeSpan(b), delta).ok());
+    ASSERT_TRUE(unscaled->Step(absl::MakeSpan(c), delta).ok());
+    ASSERT_TRUE(plain->Step(absl::MakeSpan(d), delta, 1.0).ok());
+  }
+  EXPECT_EQ(a[0], d[0]);  // span 1 is bit-identical
+  const float a0 = a[0], b0 = b[0], c0 = c[0];
+  ASSERT_TRUE(full->Step(absl::MakeSpan(a), delta).ok());
+  const std::vector<float> tenth = {0.1f};
+  for (int k = 0; k < 10; ++k) {
+    ASSERT_TRUE(split->Step(absl::MakeSpan(b), tenth, 0.1).ok());
+    ASSERT_TRUE(unscaled->Step(absl::MakeSpan(c), tenth).ok());
+  }
+  const double one = a0 - a[0], ten = b0 - b[0], naive = c0 - c[0];
+  EXPECT_NEAR(ten / one, 1.0, 0.3);
+  EXPECT_GT(naive / one, 3.0);  // without span the momentum runs away
+  EXPECT_FALSE(full->Step(absl::MakeSpan(a), delta, 0.0).ok());
+  EXPECT_FALSE(full->Step(absl::MakeSpan(a), delta, NAN).ok());
+}
+
 }  // namespace
 }  // namespace starling
