@@ -679,7 +679,10 @@ absl::Status MergeOutputs(const MergeInput& in, const TrainConfig& config,
       {"utilization (compute / wall)",
        absl::StrFormat("%.1f%%",
                        node_wall > 0 ? 100 * compute / node_wall : 0)},
-      {"model hashes agree every round", all_agree ? "yes" : "NO"},
+      {"model hashes agree every round", absl::GetFlag(FLAGS_algo) == "gossip"
+                                             ? "n/a (gossip)"
+                                         : all_agree ? "yes"
+                                                     : "NO"},
       {"wall time", FormatDuration(in.wall)},
   };
   if (!report.consensus.empty()) {
@@ -1200,7 +1203,10 @@ int RunSimCommand() {
         FormatBytes(Get(fin, "total_bytes").number_value()),
         FormatBytes(Get(fin, "allreduce_equivalent_bytes").number_value()),
         Get(fin, "comm_reduction").number_value(),
-        Get(fin, "all_hashes_agree").bool_value() ? "yes" : "NO",
+        absl::GetFlag(FLAGS_algo) == "gossip"
+            ? "n/a (gossip: each node keeps its own model)"
+        : Get(fin, "all_hashes_agree").bool_value() ? "yes"
+                                                    : "NO",
         FormatDuration(wall), dir));
   }
   return 0;

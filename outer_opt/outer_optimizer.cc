@@ -1,5 +1,6 @@
 #include "outer_opt/outer_optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -42,6 +43,9 @@ absl::Status OuterOptimizer::Step(absl::Span<float> theta,
     return absl::InvalidArgumentError(
         absl::StrCat("outer step: span ", span, " must be > 0"));
   }
+  // Longer rounds are plain rounds: DiLoCo keeps one outer lr and momentum
+  // across H from 50 to 1000+.
+  span = std::min(span, 1.0);
   const float lr = static_cast<float>(options_.lr);
   const float mu = static_cast<float>(options_.momentum);
   if (momentum_.empty()) {

@@ -36,8 +36,9 @@ class OuterOptimizer {
   // tuned for (τ_eff / --inner_steps). A round of span s decays the buffer
   // by μ^s (b ← μ^s·b + Δ) and applies θ ← θ − lr·(Δ + s·μ^s·b): k short
   // rounds of span 1/k then carry about as much momentum as one full round
-  // instead of k times as much (adaptive and time-bounded rounds). span 1 is
-  // exactly the plain step. InvalidArgument for span <= 0 or not finite.
+  // instead of k times as much (adaptive and time-bounded rounds). A span of
+  // 1 or more is exactly the plain step (DiLoCo keeps one outer lr and
+  // momentum across H). InvalidArgument for span <= 0 or not finite.
   absl::Status Step(absl::Span<float> theta, absl::Span<const float> delta,
                     double span = 1.0);
 

@@ -76,7 +76,7 @@ TEST(OuterOptimizerTest, SizeMismatchIsAnError) {
 }
 
 // span: k short rounds of span 1/k move θ about as far as one full round
-// (instead of applying the momentum k times), and span 1 is the plain step.
+// (instead of applying the momentum k times); span >= 1 is the plain step.
 TEST(OuterOptimizerTest, SpanScalesMomentumWithTheRoundLength) {
   auto make = [] {
     auto o = OuterOptimizer::Create(OuterOptions(), 1);
@@ -93,6 +93,9 @@ TEST(OuterOptimizerTest, SpanScalesMomentumWithTheRoundLength) {
     ASSERT_TRUE(plain->Step(absl::MakeSpan(d), delta, 1.0).ok());
   }
   EXPECT_EQ(a[0], d[0]);  // span 1 is bit-identical
+  ASSERT_TRUE(plain->Step(absl::MakeSpan(d), delta, 2.5).ok());
+  ASSERT_TRUE(full->Step(absl::MakeSpan(a), delta).ok());
+  EXPECT_EQ(a[0], d[0]);  // and so is a longer round
   const float a0 = a[0], b0 = b[0], c0 = c[0];
   ASSERT_TRUE(full->Step(absl::MakeSpan(a), delta).ok());
   const std::vector<float> tenth = {0.1f};
