@@ -43,21 +43,23 @@ absl::Status OuterOptimizer::Step(absl::Span<float> theta,
     return absl::InvalidArgumentError(
         absl::StrCat("outer step: span ", span, " must be > 0"));
   }
-  // Longer rounds are plain rounds: DiLoCo keeps one outer lr and momentum
-  // across H from 50 to 1000+.
+  // A longer round is a plain round: its Δ already carries the extra
+  // progress, and scaling the momentum up as well overshot (measured with
+  // time-bounded and adaptive rounds).
   span = std::min(span, 1.0);
   const float lr = static_cast<float>(options_.lr);
   const float mu = static_cast<float>(options_.momentum);
   if (momentum_.empty()) {
     for (size_t i = 0; i < theta.size(); ++i) theta[i] -= lr * delta[i];
   } else if (span != 1.0) {
-    // b ← μ^s·b + Δ; θ ← θ − lr·(Δ + s·μ^s·b): over 1/s rounds of span s
-    // the buffer gains about one full round's Δ and the momentum term is
-    // applied about once.
-    const float mu_s = static_cast<float>(std::pow(options_.momentum, span));
-    const float carry = static_cast<float>(span) * mu_s;
+    // The buffer holds momentum per round of H steps: b ← μ·b + Δ/s and
+    // θ ← θ − lr·(Δ + μ·s·b). At a constant span this is the plain step on
+    // rounds of that length; when the length changes, the momentum carried
+    // over is rescaled to the new round's length.
+    const float inv = static_cast<float>(1.0 / span);
+    const float carry = mu * static_cast<float>(span);
     for (size_t i = 0; i < theta.size(); ++i) {
-      float b = steps_ == 0 ? delta[i] : mu_s * momentum_[i] + delta[i];
+      float b = steps_ == 0 ? delta[i] * inv : mu * momentum_[i] + delta[i] * inv;
       momentum_[i] = b;
       theta[i] -= lr * (delta[i] + carry * b);
     }

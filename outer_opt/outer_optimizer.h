@@ -32,13 +32,16 @@ class OuterOptimizer {
   // averaging is lr 1, μ 0, i.e. θ ← θ − Δ). InvalidArgument when sizes
   // differ.
   //
-  // `span`: the round's length relative to the H the lr and momentum are
-  // tuned for (τ_eff / --inner_steps). A round of span s decays the buffer
-  // by μ^s (b ← μ^s·b + Δ) and applies θ ← θ − lr·(Δ + s·μ^s·b): k short
-  // rounds of span 1/k then carry about as much momentum as one full round
-  // instead of k times as much (adaptive and time-bounded rounds). A span of
-  // 1 or more is exactly the plain step (DiLoCo keeps one outer lr and
-  // momentum across H). InvalidArgument for span <= 0 or not finite.
+  // `span` s: the round's length relative to the H the lr and momentum are
+  // tuned for (τ_eff / --inner_steps). For s < 1 the buffer is kept per H
+  // steps: b ← μ·b + Δ/s and θ ← θ − lr·(Δ + μ·s·b). A run of rounds of one
+  // span is then exactly the plain step on rounds of that length (momentum
+  // decays per round, as DiLoCo's does at any H), and when the length drops
+  // the momentum carried over is rescaled to it: the first 10-step round
+  // after 50-step rounds applies a fifth of their momentum instead of all of
+  // it (adaptive H after a drift). s >= 1 is exactly the plain step: a
+  // longer round's Δ already carries its extra progress. InvalidArgument for
+  // s <= 0 or not finite.
   absl::Status Step(absl::Span<float> theta, absl::Span<const float> delta,
                     double span = 1.0);
 

@@ -117,7 +117,9 @@ struct InnerStepOptions {
   int max_steps = 50;
   int initial = 50;
   double grow = 2.0;     // H := min(max, ceil(H·grow)) after quiet rounds
-  int quiet_rounds = 2;  // rounds without drift before H grows
+  // Rounds without drift before H grows. 3, not 2: H must stay short long
+  // enough after a drift to speed recovery (bench/adaptive_sync.py drift).
+  int quiet_rounds = 3;
 };
 
 class InnerStepController {

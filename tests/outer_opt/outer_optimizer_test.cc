@@ -1,5 +1,7 @@
 #include "outer_opt/outer_optimizer.h"
 
+#include <cmath>
+
 #include <torch/torch.h>
 
 #include "gtest/gtest.h"
@@ -77,12 +79,13 @@ TEST(OuterOptimizerTest, SizeMismatchIsAnError) {
 
 // span: k short rounds of span 1/k move θ about as far as one full round
 // (instead of applying the momentum k times); span >= 1 is the plain step.
-TEST(OuterOptimizerTest, SpanScalesMomentumWithTheRoundLength) {
+TEST(OuterOptimizerTest, SpanRescalesMomentumToTheRoundLength) {
   auto make = [] {
     auto o = OuterOptimizer::Create(OuterOptions(), 1);
     EXPECT_TRUE(o.ok());
     return std::move(o).value();
   };
+  const double lr = OuterOptions().lr;
   auto full = make(), split = make(), unscaled = make(), plain = make();
   std::vector<float> a(1, 0.f), b(1, 0.f), c(1, 0.f), d(1, 0.f);
   const std::vector<float> delta = {1.0f};
@@ -96,16 +99,29 @@ TEST(OuterOptimizerTest, SpanScalesMomentumWithTheRoundLength) {
   ASSERT_TRUE(plain->Step(absl::MakeSpan(d), delta, 2.5).ok());
   ASSERT_TRUE(full->Step(absl::MakeSpan(a), delta).ok());
   EXPECT_EQ(a[0], d[0]);  // and so is a longer round
+  ASSERT_TRUE(split->Step(absl::MakeSpan(b), delta).ok());
+  ASSERT_TRUE(unscaled->Step(absl::MakeSpan(c), delta).ok());
+  // The first round a tenth as long carries a tenth of the momentum; without
+  // the span it would carry nearly all of it.
   const float a0 = a[0], b0 = b[0], c0 = c[0];
   ASSERT_TRUE(full->Step(absl::MakeSpan(a), delta).ok());
   const std::vector<float> tenth = {0.1f};
-  for (int k = 0; k < 10; ++k) {
-    ASSERT_TRUE(split->Step(absl::MakeSpan(b), tenth, 0.1).ok());
-    ASSERT_TRUE(unscaled->Step(absl::MakeSpan(c), tenth).ok());
+  ASSERT_TRUE(split->Step(absl::MakeSpan(b), tenth, 0.1).ok());
+  ASSERT_TRUE(unscaled->Step(absl::MakeSpan(c), tenth).ok());
+  const double full_carry = a0 - a[0] - lr * 1.0;
+  const double split_carry = b0 - b[0] - lr * 0.1;
+  const double naive_carry = c0 - c[0] - lr * 0.1;
+  EXPECT_NEAR(split_carry / full_carry, 0.1, 1e-4);
+  EXPECT_GT(naive_carry / full_carry, 0.8);
+  // A run of rounds of one span is the plain step on rounds of that length.
+  auto fifth = make(), reference = make();
+  std::vector<float> e = {0.f}, f = {0.f};
+  for (int r = 0; r < 20; ++r) {
+    const std::vector<float> dr = {0.3f + 0.01f * r};
+    ASSERT_TRUE(fifth->Step(absl::MakeSpan(e), dr, 0.2).ok());
+    ASSERT_TRUE(reference->Step(absl::MakeSpan(f), dr).ok());
   }
-  const double one = a0 - a[0], ten = b0 - b[0], naive = c0 - c[0];
-  EXPECT_NEAR(ten / one, 1.0, 0.3);
-  EXPECT_GT(naive / one, 3.0);  // without span the momentum runs away
+  EXPECT_NEAR(e[0], f[0], 1e-5 * std::abs(f[0]));
   EXPECT_FALSE(full->Step(absl::MakeSpan(a), delta, 0.0).ok());
   EXPECT_FALSE(full->Step(absl::MakeSpan(a), delta, NAN).ok());
 }
