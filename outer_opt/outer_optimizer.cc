@@ -59,7 +59,8 @@ absl::Status OuterOptimizer::Step(absl::Span<float> theta,
     const float inv = static_cast<float>(1.0 / span);
     const float carry = mu * static_cast<float>(span);
     for (size_t i = 0; i < theta.size(); ++i) {
-      float b = steps_ == 0 ? delta[i] * inv : mu * momentum_[i] + delta[i] * inv;
+      float b =
+          steps_ == 0 ? delta[i] * inv : mu * momentum_[i] + delta[i] * inv;
       momentum_[i] = b;
       theta[i] -= lr * (delta[i] + carry * b);
     }

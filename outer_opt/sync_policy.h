@@ -116,7 +116,7 @@ struct InnerStepOptions {
   int min_steps = 50;
   int max_steps = 50;
   int initial = 50;
-  double grow = 2.0;     // H := min(max, ceil(H·grow)) after quiet rounds
+  double grow = 2.0;  // H := min(max, ceil(H·grow)) after quiet rounds
   // Rounds without drift before H grows. 3, not 2: H must stay short long
   // enough after a drift to speed recovery (bench/adaptive_sync.py drift).
   int quiet_rounds = 3;

@@ -1,8 +1,8 @@
 #include "outer_opt/outer_optimizer.h"
 
-#include <cmath>
-
 #include <torch/torch.h>
+
+#include <cmath>
 
 #include "gtest/gtest.h"
 
