@@ -20,7 +20,8 @@ int64_t FirstNonFinite(absl::Span<const float> v) {
 }  // namespace
 
 absl::StatusOr<PushShare> PushSum::Share(absl::Span<float> y,
-                                         const Codec* codec) {
+                                         const Codec* codec,
+                                         const PublicCopy* base) {
   if (int64_t bad = FirstNonFinite(y); bad >= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("push-sum share: y[", bad, "] is not finite"));
@@ -38,10 +39,27 @@ absl::StatusOr<PushShare> PushSum::Share(absl::Span<float> y,
     }
   } else {
     share.codec = codec->Name();
-    STARLING_ASSIGN_OR_RETURN(share.payload, codec->Encode(y));
+    const bool relative = base != nullptr && base->sequence > 0 &&
+                          base->values.size() == y.size();
+    if (relative) {
+      std::vector<float> diff(y.size());
+      for (size_t i = 0; i < y.size(); ++i) diff[i] = y[i] - base->values[i];
+      if (int64_t bad = FirstNonFinite(diff); bad >= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "push-sum share: y[", bad, "] minus the public copy overflows"));
+      }
+      STARLING_ASSIGN_OR_RETURN(share.payload, codec->Encode(diff));
+      share.base_sequence = base->sequence;
+    } else {
+      STARLING_ASSIGN_OR_RETURN(share.payload, codec->Encode(y));
+    }
     share.sent.resize(y.size());
     STARLING_RETURN_IF_ERROR(
         codec->Decode(share.payload, absl::MakeSpan(share.sent)));
+    // The same sum the receiver forms (PublicCopies::Resolve), bit for bit.
+    if (relative) {
+      for (size_t i = 0; i < y.size(); ++i) share.sent[i] += base->values[i];
+    }
     share.y_before.assign(y.begin(), y.end());
     // Error feedback: what the codec dropped stays here.
     for (size_t i = 0; i < y.size(); ++i) y[i] = 2.0f * y[i] - share.sent[i];
@@ -105,6 +123,7 @@ std::vector<peer::v1::PushChunk> MakePushChunks(
     c.set_offset(offset);
     c.set_data(share.payload.data() + offset, static_cast<size_t>(len));
     if (offset == 0) c.set_weight(share.weight);
+    c.set_base_sequence(share.base_sequence);
     chunks.push_back(std::move(c));
     offset += len;
   } while (offset < total);
@@ -149,6 +168,13 @@ absl::Status PushAssembler::Add(const peer::v1::PushChunk& c) {
       return absl::InvalidArgumentError(
           absl::StrCat("push starts at offset ", c.offset(), ", not 0"));
     }
+    if (c.base_sequence() < 0 || (c.base_sequence() > 0 && c.codec().empty())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push base_sequence ", c.base_sequence(),
+          c.base_sequence() < 0 ? " is negative"
+                                : " on a raw fp32 push (only lossy pushes "
+                                  "are differences)"));
+    }
     header_ = c;
     header_.clear_data();
     started_ = true;
@@ -156,7 +182,8 @@ absl::Status PushAssembler::Add(const peer::v1::PushChunk& c) {
   } else {
     if (c.from() != header_.from() || c.sequence() != header_.sequence() ||
         c.codec() != header_.codec() ||
-        c.total_bytes() != header_.total_bytes()) {
+        c.total_bytes() != header_.total_bytes() ||
+        c.base_sequence() != header_.base_sequence()) {
       return absl::InvalidArgumentError(
           "push header changed in the middle of the stream");
     }
@@ -189,6 +216,8 @@ absl::StatusOr<ReceivedPush> PushAssembler::Finish() {
   r.sequence = header_.sequence();
   r.weight = header_.weight();
   r.wire_bytes = bytes();
+  r.codec = header_.codec();
+  r.base_sequence = header_.base_sequence();
   if (!(r.weight > 0) || !std::isfinite(r.weight)) {
     return absl::InvalidArgumentError(
         absl::StrCat("push weight ", r.weight, " must be finite and > 0"));
@@ -209,6 +238,43 @@ absl::StatusOr<ReceivedPush> PushAssembler::Finish() {
         absl::StrCat("push value ", bad, " is not finite"));
   }
   return r;
+}
+
+absl::Status PublicCopies::Resolve(ReceivedPush& push) {
+  if (push.codec.empty()) return absl::OkStatus();  // y exactly, no copy
+  absl::MutexLock lock(&mu_);
+  if (push.base_sequence > 0) {
+    auto it = copies_.find(push.from);
+    if (it == copies_.end() || it->second.sequence != push.base_sequence ||
+        it->second.values.size() != push.values.size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "push ", push.sequence, " from ", push.from,
+          " is relative to its push ", push.base_sequence,
+          ", and this node holds ",
+          it == copies_.end() ? std::string("no copy of it")
+                              : absl::StrCat("its push ", it->second.sequence),
+          ": send it in full"));
+    }
+    const std::vector<float>& base = it->second.values;
+    std::vector<float> y(push.values.size());
+    for (size_t i = 0; i < y.size(); ++i) y[i] = push.values[i] + base[i];
+    if (int64_t bad = FirstNonFinite(y); bad >= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push ", push.sequence, " from ", push.from, ": value ",
+                       bad, " plus the public copy is not finite"));
+    }
+    push.values = std::move(y);
+    push.base_sequence = 0;
+  }
+  PublicCopy& copy = copies_[push.from];
+  copy.sequence = push.sequence;
+  copy.values = push.values;
+  return absl::OkStatus();
+}
+
+int64_t PublicCopies::size() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(copies_.size());
 }
 
 }  // namespace starling

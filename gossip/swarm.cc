@@ -266,6 +266,13 @@ class Swarm::Service::PushReader : public grpc::ServerReadReactor<PushChunk> {
                          std::string(push.status().message())));
         return;
       }
+      if (absl::Status s = swarm_->push_copies_.Resolve(*push); !s.ok()) {
+        End(grpc::Status(absl::IsFailedPrecondition(s)
+                             ? grpc::StatusCode::FAILED_PRECONDITION
+                             : grpc::StatusCode::INVALID_ARGUMENT,
+                         std::string(s.message())));
+        return;
+      }
       ack_->set_inbox(1);
       swarm_->EndPush(slot_, &*push);
       reserved_ = false;
@@ -709,7 +716,7 @@ std::vector<std::string> Swarm::AlivePeers() const {
 }
 
 absl::Status Swarm::Push(const std::string& peer_id, const PushShare& share,
-                         absl::Duration timeout) {
+                         absl::Duration timeout, int64_t* sequence) {
   absl::StatusOr<MemberEntry> e = membership_->Get(peer_id);
   if (!e.ok()) {
     return absl::UnavailableError(absl::StrCat(peer_id, " is unknown"));
@@ -722,9 +729,10 @@ absl::Status Swarm::Push(const std::string& peer_id, const PushShare& share,
         absl::StrCat(peer_id, " is across a network partition"));
   }
   const int64_t elements = static_cast<int64_t>(share.sent.size());
-  std::vector<PushChunk> chunks = MakePushChunks(
-      options_.identity.run_id, options_.node_id,
-      push_sequence_.fetch_add(1) + 1, share, elements, options_.chunk_bytes);
+  const int64_t seq = push_sequence_.fetch_add(1) + 1;
+  std::vector<PushChunk> chunks =
+      MakePushChunks(options_.identity.run_id, options_.node_id, seq, share,
+                     elements, options_.chunk_bytes);
   grpc::ClientContext ctx;
   ctx.set_deadline(Deadline(timeout));
   PushAck ack;
@@ -741,7 +749,10 @@ absl::Status Swarm::Push(const std::string& peer_id, const PushShare& share,
   writer->WritesDone();
   grpc::Status s = writer->Finish();
   transport_->rpc_errors().Record(s.error_code());
-  if (s.ok()) return absl::OkStatus();
+  if (s.ok()) {
+    if (sequence != nullptr) *sequence = seq;
+    return absl::OkStatus();
+  }
   const std::string why = absl::StrCat("push to ", peer_id, " at ",
                                        e->address(), ": ", s.error_message());
   switch (s.error_code()) {

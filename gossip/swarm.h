@@ -188,10 +188,13 @@ class Swarm {
   // Push-sum gossip. Streams `share` to member `peer_id` in chunks of
   // chunk_bytes, all within `timeout`. Unavailable when the peer is not
   // alive here, unreachable or too slow; ResourceExhausted when its inbox is
-  // full; InvalidArgument / FailedPrecondition when it refused the push. In
-  // every case the caller may restore its share and try another peer.
+  // full; InvalidArgument / FailedPrecondition when it refused the push
+  // (FailedPrecondition also when it lacks the public copy a relative share
+  // names: push in full next). In every case the caller may restore its
+  // share and try another peer. On success `*sequence` (when not null) is
+  // the push's sequence number, the one a later share's base names.
   absl::Status Push(const std::string& peer_id, const PushShare& share,
-                    absl::Duration timeout);
+                    absl::Duration timeout, int64_t* sequence = nullptr);
   // The pushes received since the last call, in arrival order.
   std::vector<ReceivedPush> TakePushes();
   // Ids of the other members that are alive in this node's view, sorted.
@@ -258,6 +261,7 @@ class Swarm {
   std::atomic<int64_t> push_received_{0};
   std::atomic<int64_t> push_sequence_{0};
   std::atomic<int64_t> pushes_refused_{0};
+  PublicCopies push_copies_;  // the senders' models, for relative pushes
   std::thread gossip_thread_;
   std::thread coord_thread_;
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <random>
 #include <thread>
@@ -1342,6 +1343,8 @@ int RunGossip(NodeRun& run) {
   }
   const bool lossy = !run.param_policy->lossless();
   const Codec* codec = lossy ? run.param_policy.get() : nullptr;
+  // What each peer holds of this node's last push to it (lossy pushes).
+  std::map<std::string, PublicCopy> public_copies;
 
   EventLog events(absl::StrCat(run.out, "/events.jsonl"), node_id,
                   trainer.state().wall_seconds());
@@ -1489,8 +1492,10 @@ int RunGossip(NodeRun& run) {
     }
     std::vector<std::string> peers = candidates();
     for (const std::string& peer : peers) {
-      absl::StatusOr<PushShare> share =
-          push_sum.Share(absl::MakeSpan(y), codec);
+      // With a lossy codec, push y minus the copy `peer` holds of this
+      // node's last push to it (its first push to a peer is absolute).
+      absl::StatusOr<PushShare> share = push_sum.Share(
+          absl::MakeSpan(y), codec, lossy ? &public_copies[peer] : nullptr);
       if (!share.ok()) {
         events.Write("error",
                      JsonObject().Add("message", share.status().message()));
@@ -1500,9 +1505,13 @@ int RunGossip(NodeRun& run) {
       SetCrashRound(pushes + 1);
       ops.watchdog->Waiting(push_timeout);
       const int64_t sent_before = bytes_sent();
-      absl::Status s = swarm.Push(peer, *share, push_timeout);
+      int64_t sequence = 0;
+      absl::Status s = swarm.Push(peer, *share, push_timeout, &sequence);
       if (!s.ok()) {
         push_sum.Restore(*share, absl::MakeSpan(y));
+        // The peer lacks the copy this share was relative to (it restarted,
+        // or took a push this node saw fail): the next push is absolute.
+        if (absl::IsFailedPrecondition(s)) public_copies.erase(peer);
         ++failed_pushes;
         LogEvent(
             LogLevel::kInfo, "exchange",
@@ -1512,6 +1521,7 @@ int RunGossip(NodeRun& run) {
       }
       ++pushes;
       ++exchanges;
+      if (lossy) public_copies[peer] = PublicCopy{sequence, share->sent};
       raw_bytes += run.n_params * static_cast<int64_t>(sizeof(float));
       wire_bytes += static_cast<int64_t>(share->payload.size());
       events.Write(
@@ -1521,7 +1531,8 @@ int RunGossip(NodeRun& run) {
               .Add("peer", peer)
               .Add("step", static_cast<int64_t>(trainer.state().step()))
               .Add("weight", push_sum.weight())
-              .Add("bytes", bytes_sent() - sent_before));
+              .Add("bytes", bytes_sent() - sent_before)
+              .Add("relative_to", share->base_sequence));
       break;
     }
     if (momentum) x0 = y;
