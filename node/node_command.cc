@@ -65,9 +65,11 @@ ABSL_FLAG(int, round_timeout, 300,
 ABSL_FLAG(int, chunk_bytes, 1 << 20,
           "tensor stream chunk size in bytes (1 MiB; at most 4 MiB)");
 ABSL_FLAG(std::string, compression, "fp32",
-          "diloco pseudo-gradient codec: fp32 | fp16 | bf16 | int8[:BLOCK] | "
-          "int4[:BLOCK] | topk:FRACTION[+int8|+fp16], each optionally "
-          "+zstd, e.g. int8, int8+zstd, topk:0.01+int8");
+          "diloco pseudo-gradient codec, and gossip push codec (lossy: a "
+          "push carries the difference to the peer's copy of the last push): "
+          "fp32 | fp16 | bf16 | int8[:BLOCK] | int4[:BLOCK] | "
+          "topk:FRACTION[+int8|+fp16], each optionally +zstd, e.g. int8, "
+          "int8+zstd, topk:0.01+int8");
 ABSL_FLAG(std::string, error_feedback, "auto",
           "auto (on for int4 and topk, off otherwise) | on | off: keep what "
           "the codec dropped and add it to the next round's pseudo-gradient");
