@@ -599,7 +599,9 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(absl::string_view spec,
 }
 
 std::string CompressionSpecHelp() {
-  return "--compression=SPEC picks how pseudo-gradients travel: fp32 "
+  return "--compression=SPEC picks how pseudo-gradients (diloco) and "
+         "pushed models (gossip, where a lossy codec encodes the difference "
+         "to the peer's copy of the last push) travel: fp32 "
          "(lossless), fp16 or bf16 (half precision, round to nearest even), "
          "int8[:BLOCK] (blockwise absmax, 8 bits, block 256 by default), "
          "int4[:BLOCK] (blockwise absmax, 4 bits, block 64 by default), "
