@@ -41,19 +41,21 @@ absl::StatusOr<PushShare> PushSum::Share(absl::Span<float> y,
     share.codec = codec->Name();
     const bool relative = base != nullptr && base->sequence > 0 &&
                           base->values.size() == y.size();
+    share.sent.resize(y.size());
     if (relative) {
-      std::vector<float> diff(y.size());
-      for (size_t i = 0; i < y.size(); ++i) diff[i] = y[i] - base->values[i];
-      if (int64_t bad = FirstNonFinite(diff); bad >= 0) {
+      // `sent` holds y − base until the decode overwrites it.
+      for (size_t i = 0; i < y.size(); ++i) {
+        share.sent[i] = y[i] - base->values[i];
+      }
+      if (int64_t bad = FirstNonFinite(share.sent); bad >= 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             "push-sum share: y[", bad, "] minus the public copy overflows"));
       }
-      STARLING_ASSIGN_OR_RETURN(share.payload, codec->Encode(diff));
+      STARLING_ASSIGN_OR_RETURN(share.payload, codec->Encode(share.sent));
       share.base_sequence = base->sequence;
     } else {
       STARLING_ASSIGN_OR_RETURN(share.payload, codec->Encode(y));
     }
-    share.sent.resize(y.size());
     STARLING_RETURN_IF_ERROR(
         codec->Decode(share.payload, absl::MakeSpan(share.sent)));
     // The same sum the receiver forms (PublicCopies::Resolve), bit for bit.
@@ -255,15 +257,14 @@ absl::Status PublicCopies::Resolve(ReceivedPush& push) {
                               : absl::StrCat("its push ", it->second.sequence),
           ": send it in full"));
     }
+    // In place: a refused push is dropped whole, and the copy is untouched.
     const std::vector<float>& base = it->second.values;
-    std::vector<float> y(push.values.size());
-    for (size_t i = 0; i < y.size(); ++i) y[i] = push.values[i] + base[i];
-    if (int64_t bad = FirstNonFinite(y); bad >= 0) {
+    for (size_t i = 0; i < base.size(); ++i) push.values[i] += base[i];
+    if (int64_t bad = FirstNonFinite(push.values); bad >= 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("push ", push.sequence, " from ", push.from, ": value ",
                        bad, " plus the public copy is not finite"));
     }
-    push.values = std::move(y);
     push.base_sequence = 0;
   }
   PublicCopy& copy = copies_[push.from];

@@ -92,7 +92,7 @@ class PublicCopies {
   // names. FailedPrecondition naming the sender when this node does not hold
   // that copy (a push it took that the sender saw fail, or a restart): the
   // sender then pushes in full. InvalidArgument when the sum is not finite.
-  // The copy is unchanged on error.
+  // On error the copy is unchanged and `push` is to be dropped.
   absl::Status Resolve(ReceivedPush& push);
   int64_t size() const;
 

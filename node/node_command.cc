@@ -1523,7 +1523,9 @@ int RunGossip(NodeRun& run) {
       }
       ++pushes;
       ++exchanges;
-      if (lossy) public_copies[peer] = PublicCopy{sequence, share->sent};
+      if (lossy) {
+        public_copies[peer] = PublicCopy{sequence, std::move(share->sent)};
+      }
       raw_bytes += run.n_params * static_cast<int64_t>(sizeof(float));
       wire_bytes += static_cast<int64_t>(share->payload.size());
       events.Write(

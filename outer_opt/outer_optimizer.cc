@@ -51,25 +51,20 @@ absl::Status OuterOptimizer::Step(absl::Span<float> theta,
   const float mu = static_cast<float>(options_.momentum);
   if (momentum_.empty()) {
     for (size_t i = 0; i < theta.size(); ++i) theta[i] -= lr * delta[i];
-  } else if (span != 1.0) {
+  } else {
     // The buffer holds momentum per round of H steps: b ← μ·b + Δ/s and
     // θ ← θ − lr·(Δ + μ·s·b). At a constant span this is the plain step on
     // rounds of that length; when the length changes, the momentum carried
-    // over is rescaled to the new round's length.
+    // over is rescaled to the new round's length. At s = 1 both factors are
+    // exactly 1 and μ, so this is PyTorch's Nesterov SGD bit for bit.
     const float inv = static_cast<float>(1.0 / span);
     const float carry = mu * static_cast<float>(span);
     for (size_t i = 0; i < theta.size(); ++i) {
+      // The first step initializes b = Δ, as torch.optim.SGD does.
       float b =
           steps_ == 0 ? delta[i] * inv : mu * momentum_[i] + delta[i] * inv;
       momentum_[i] = b;
       theta[i] -= lr * (delta[i] + carry * b);
-    }
-  } else {
-    for (size_t i = 0; i < theta.size(); ++i) {
-      // The first step initializes b = Δ, as torch.optim.SGD does.
-      float b = steps_ == 0 ? delta[i] : mu * momentum_[i] + delta[i];
-      momentum_[i] = b;
-      theta[i] -= lr * (delta[i] + mu * b);
     }
   }
   ++steps_;
