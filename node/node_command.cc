@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <map>
 #include <optional>
 #include <random>
@@ -70,6 +72,14 @@ ABSL_FLAG(std::string, compression, "fp32",
           "fp32 | fp16 | bf16 | int8[:BLOCK] | int4[:BLOCK] | "
           "topk:FRACTION[+int8|+fp16], each optionally +zstd, e.g. int8, "
           "int8+zstd, topk:0.01+int8");
+ABSL_FLAG(bool, overlap, false,
+          "diloco: delayed outer update (overlap of communication with "
+          "compute): after a round's inner steps, start the next round's at "
+          "once, from θ_global without that round's update, and apply the "
+          "update when the next round ends. Hides the exchange behind compute "
+          "at the cost of one round of staleness. Rounds stay synchronous "
+          "while members change, at checkpoints and at the last round. Needs "
+          "a fixed H");
 ABSL_FLAG(std::string, error_feedback, "auto",
           "auto (on for int4 and topk, off otherwise) | on | off: keep what "
           "the codec dropped and add it to the next round's pseudo-gradient");
@@ -393,6 +403,7 @@ const std::vector<std::string>& NodeFlagNames() {
                                    "outer",
                                    "outer_lr",
                                    "outer_momentum",
+                                   "overlap",
                                    "connect_timeout",
                                    "round_timeout",
                                    "chunk_bytes",
@@ -483,6 +494,19 @@ const Subcommand& NodeSubcommand() {
 }
 
 namespace {
+
+// --overlap: true when the members this node sees alive are exactly those of
+// the last committed round (`last`, which holds this node), so the next
+// round's members are known and nobody is joining or gone.
+bool SteadyMembers(const Swarm& swarm, std::vector<std::string> last,
+                   const std::string& self) {
+  if (last.empty()) return false;
+  std::vector<std::string> alive = swarm.AlivePeers();
+  alive.push_back(self);
+  std::sort(alive.begin(), alive.end());
+  std::sort(last.begin(), last.end());
+  return alive == last;
+}
 
 // DiLoCo's adaptive sync (flags --round_seconds ... --divergence_threshold):
 // how long a round runs on this node and how the members' Δ are averaged.
@@ -612,8 +636,11 @@ struct NodeRun {
   }
 
   // Evaluates when an --eval_every boundary was crossed or when forced.
-  absl::Status MaybeEvaluate(bool force, int prev_step, EventLog& events) {
-    const int step = trainer->state().step();
+  // `at_step` (>= 0) labels a model that the trainer's step has passed
+  // (--overlap applies a round's update one round late).
+  absl::Status MaybeEvaluate(bool force, int prev_step, EventLog& events,
+                             int at_step = -1) {
+    const int step = at_step >= 0 ? at_step : trainer->state().step();
     const int every = config.eval_every();
     bool due = every > 0 && step / every > prev_step / every;
     if (!(due || force) || evaluated_step == step) return absl::OkStatus();
@@ -635,8 +662,8 @@ struct NodeRun {
   absl::Status RecordRound(RoundRecord& rec, bool evaluator, int prev_step,
                            EventLog& events) {
     if (evaluator) {
-      STARLING_RETURN_IF_ERROR(
-          MaybeEvaluate(rec.step == config.steps(), prev_step, events));
+      STARLING_RETURN_IF_ERROR(MaybeEvaluate(rec.step == config.steps(),
+                                             prev_step, events, rec.step));
     }
     if (evaluated_step == rec.step) rec.val_loss = eval.loss;
     events.Write("round", RoundJson(rec));
@@ -948,6 +975,192 @@ int RunDiloco(NodeRun& run) {
 
   // When the last round committed here (see --round_seconds).
   absl::Time committed_at = absl::InfiniteFuture();
+  // One round's exchange, from its inner steps to its outer step. With
+  // --overlap it outlives the loop iteration that launched it.
+  struct RoundCtx {
+    int prev_step = 0, steps = 0;
+    bool early = false;
+    double loss_sum = 0;
+    int64_t samples = 0, sent_before = 0;
+    absl::Time round_start, sync_start, sync_end;
+    std::string ef_before;
+    std::vector<float> input, work, delta;
+    RingStats attempt_stats;
+    int attempts_run = 0, rank = 0, world = 1;
+    std::future<absl::StatusOr<Swarm::RoundResult>> result;
+  };
+  enum class RoundAction { kNext, kRetry, kLeave };
+  const bool overlap = absl::GetFlag(FLAGS_overlap);
+  std::shared_ptr<RoundCtx> pending;      // --overlap: the round in flight
+  std::vector<float> eager_start;         // where the round behind it started
+  std::vector<std::string> last_members;  // of the last committed round
+  // Runs the round protocol for `ctx` on run.round: on a thread of its own
+  // (async: the training thread goes on), or deferred to finish_round.
+  auto launch_round = [&](const std::shared_ptr<RoundCtx>& ctx, bool async) {
+    Swarm::Reduce reduce = [&ops, &so, &run, ctx, async](Transport& t,
+                                                         int64_t seq) {
+      ++ctx->attempts_run;
+      if (!async) ops.watchdog->Waiting(so.rpc_timeout * 2);
+      ctx->work = ctx->input;
+      ctx->attempt_stats = RingStats();
+      RingOptions o;
+      o.step_timeout = so.rpc_timeout;
+      o.tensor = kPseudoGrad;
+      o.round = seq;
+      o.codec = run.ring_codec;
+      o.stats = &ctx->attempt_stats;
+      ctx->rank = t.rank();
+      ctx->world = t.world();
+      return RingAllReduceSum(t, absl::MakeSpan(ctx->work), o);
+    };
+    ctx->sync_start = absl::Now();
+    auto body = [&swarm, &ops, &so, round = run.round, lin = lineage, reduce,
+                 ctx, async]() {
+      // The training thread keeps the watchdog fed while it trains.
+      auto alive = [&] {
+        if (!async) ops.watchdog->Waiting(so.round_deadline + so.rpc_timeout);
+      };
+      alive();
+      absl::StatusOr<Swarm::RoundResult> r =
+          swarm.SyncRound(round, lin, reduce, [&] {
+            alive();  // polled while the protocol waits: the loop is alive
+            return StopSignalCount() >= 2;
+          });
+      ctx->sync_end = absl::Now();
+      return r;
+    };
+    ctx->result = std::async(async ? std::launch::async : std::launch::deferred,
+                             std::move(body));
+  };
+  // Waits for `c`'s outcome and applies it: the outer step on commit;
+  // otherwise back to the round's start (and, overlapped, the inner steps
+  // run since then are dropped too). kRetry: catch up, then go on.
+  auto finish_round = [&](RoundCtx& c,
+                          bool overlapped) -> absl::StatusOr<RoundAction> {
+    if (overlapped) {
+      ops.watchdog->Waiting(so.round_deadline + so.rpc_timeout);
+      while (c.result.wait_for(std::chrono::milliseconds(200)) !=
+             std::future_status::ready) {
+        ops.watchdog->Waiting(so.round_deadline + so.rpc_timeout);
+      }
+    }
+    absl::StatusOr<Swarm::RoundResult> res = c.result.get();
+    if (!res.ok()) return res.status();
+    if (c.attempts_run > 0) {
+      last_rank = c.rank;
+      last_world = c.world;
+    }
+    const double sync_seconds =
+        absl::ToDoubleSeconds(c.sync_end - c.sync_start);
+    if (ops.metrics) {
+      const bool committed = res->outcome == Swarm::Outcome::kCommitted;
+      for (int i = 0; i < c.attempts_run - (committed ? 1 : 0); ++i) {
+        ops.metrics->Round(kRoundAborted, 0, 0);
+      }
+      ops.metrics->Round(committed ? "committed"
+                         : res->outcome == Swarm::Outcome::kStopped ? "stopped"
+                                                                    : "stale",
+                         absl::ToDoubleSeconds(absl::Now() - c.round_start),
+                         sync_seconds);
+    }
+    if (res->outcome != Swarm::Outcome::kCommitted) {
+      committed_at = absl::InfiniteFuture();
+      if (run.feedback) (void)run.feedback->LoadState(c.ef_before);
+      trainer.set_step(c.prev_step);
+      STARLING_RETURN_IF_ERROR(Unflatten(theta_global, run.params));
+      if (res->outcome == Swarm::Outcome::kStopped) return RoundAction::kLeave;
+      // Stale: the swarm committed this round without us. Wait (briefly)
+      // until gossip shows who is ahead, then catch up at the loop's top.
+      LogEvent(
+          LogLevel::kInfo, "stale",
+          absl::StrCat(node_id, " missed round ", run.round, "; catching up"));
+      const absl::Time until = absl::Now() + absl::Seconds(5);
+      while (absl::Now() < until &&
+             !Swarm::Ahead(swarm.Best(), run.round, lineage)) {
+        absl::SleepFor(absl::Milliseconds(100));
+      }
+      return RoundAction::kRetry;
+    }
+    run.ring_stats.raw_bytes += c.attempt_stats.raw_bytes;
+    run.ring_stats.wire_bytes += c.attempt_stats.wire_bytes;
+    before_compression = run.prior[2] + run.ring_stats.raw_bytes;
+    after_compression = run.prior[3] + run.ring_stats.wire_bytes;
+    const bool stop_voted = c.work.back() > 0;
+    absl::StatusOr<Averaged> avg =
+        UnpackAverage(run.sync.weighting,
+                      absl::MakeConstSpan(c.work).subspan(0, c.work.size() - 1),
+                      absl::MakeSpan(c.delta));
+    if (!avg.ok()) return avg.status();
+    double norm2 = 0;
+    for (float d : c.delta) norm2 += static_cast<double>(d) * d;
+    if (ops.metrics) ops.metrics->SetPseudoGradientNorm(std::sqrt(norm2));
+    // A round shorter or longer than H moves the outer momentum in
+    // proportion (OuterOptimizer::Step's span).
+    STARLING_RETURN_IF_ERROR(
+        run.outer->Step(absl::MakeSpan(theta_global), c.delta,
+                        avg->effective_steps / static_cast<double>(run.h)));
+    STARLING_RETURN_IF_ERROR(Unflatten(theta_global, run.params));
+    lineage = FlatHash(theta_global);
+    committed_at = absl::Now();
+    const int end_step = c.prev_step + c.steps;
+    if (!overlapped) {
+      // Every member moves the LR schedule by the round's mean step count
+      // (FedNova's τ_eff; H when all ran H), so members that ran different
+      // step counts agree on the step again. (--overlap needs a fixed H.)
+      trainer.set_step(std::clamp(
+          c.prev_step + static_cast<int>(std::llround(avg->effective_steps)),
+          c.prev_step + 1, total));
+    }
+    if (c.early) run.sync.h->OnDrift();
+    run.sync.h->OnRoundEnd(c.early);
+    if (run.sync.detector) run.sync.detector->Suppress();  // θ → θ_global
+    RoundRecord rec;
+    rec.round = run.round;
+    rec.step = overlapped ? end_step : trainer.state().step();
+    rec.inner_steps = c.steps;
+    rec.early = c.early;
+    rec.sync_seconds = sync_seconds;
+    rec.overlapped = overlapped;
+    rec.members = res->members;
+    rec.model_hash = lineage;
+    rec.train_loss = c.loss_sum / std::max(1, c.steps);
+    rec.bytes = bytes_sent() - c.sent_before;
+    rec.seconds = absl::ToDoubleSeconds(absl::Now() - c.round_start);
+    ++run.round;
+    last_members = res->members;
+    swarm.SetProgress(run.round, lineage, /*joining=*/false);
+    serve();
+    // The round's first member evaluates.
+    STARLING_RETURN_IF_ERROR(run.RecordRound(
+        rec, !res->members.empty() && res->members[0] == node_id, c.prev_step,
+        events));
+    double elapsed = events.WallSeconds();
+    double eta = rec.step > 0 ? elapsed * (total - rec.step) / rec.step : 0;
+    SetLogPosition(run.round, rec.step);
+    LogEvent(LogLevel::kInfo, "round",
+             absl::StrFormat("%s round %d/%d | step %d/%d | members %d | loss "
+                             "%.4f | sent %s | hash %s | eta %s",
+                             node_id, run.round, n_rounds, rec.step, total,
+                             res->members.size(), rec.train_loss,
+                             FormatBytes(static_cast<double>(bytes_sent())),
+                             rec.model_hash.substr(0, 8), FormatDuration(eta)),
+             {{"members", absl::StrJoin(res->members, ",")},
+              {"model_hash", rec.model_hash}});
+    if (config.checkpoint_every() > 0 &&
+        rec.step / config.checkpoint_every() >
+            c.prev_step / config.checkpoint_every() &&
+        rec.step < total) {
+      STARLING_RETURN_IF_ERROR(run.Checkpoint(
+          run.round, bytes_sent(), bytes_received(), events.WallSeconds()));
+    }
+    if (stop_voted && StopSignal() != 0 && rec.step < total) {
+      // Overlapped: the inner steps run since are dropped, as at every
+      // member, so all resume from this round.
+      if (overlapped) trainer.set_step(end_step);
+      return RoundAction::kLeave;
+    }
+    return RoundAction::kNext;
+  };
   while (trainer.state().step() < total) {
     log_changes();
     // A second SIGINT/SIGTERM leaves at once (the first: see the vote).
@@ -956,7 +1169,8 @@ int RunDiloco(NodeRun& run) {
       break;
     }
     Swarm::Lineage best = swarm.Best();
-    if (Swarm::Ahead(best, run.round, lineage) && !best.donors.empty()) {
+    if (!pending && Swarm::Ahead(best, run.round, lineage) &&
+        !best.donors.empty()) {
       committed_at = absl::InfiniteFuture();
       if (absl::Status s = catch_up(best); !s.ok()) {
         LogEvent(LogLevel::kWarning, "state_transfer",
@@ -1065,15 +1279,46 @@ int RunDiloco(NodeRun& run) {
       left = true;
       break;
     }
-    // Δ = θ_global − θ_local; error feedback sends C(Δ + e) and keeps the
-    // rest (restored if the round does not commit).
+    // Δ = θ_start − θ_local: the round started from θ_global, or (when it
+    // ran behind an exchange, --overlap) from `eager_start`.
     std::vector<float> delta = Flatten(run.params);
-    for (size_t i = 0; i < delta.size(); ++i) {
-      delta[i] = theta_global[i] - delta[i];
+    {
+      const std::vector<float>& base = pending ? eager_start : theta_global;
+      for (size_t i = 0; i < delta.size(); ++i) delta[i] = base[i] - delta[i];
     }
-    std::string ef_before;
+    if (pending) {
+      // --overlap: the previous round's outcome. When it did not commit,
+      // this round's inner steps are dropped too: they started from a
+      // θ_global the swarm did not keep.
+      std::shared_ptr<RoundCtx> prev = std::move(pending);
+      absl::StatusOr<RoundAction> a = finish_round(*prev, /*overlapped=*/true);
+      if (!a.ok()) return Fail(a.status(), 1);
+      if (*a == RoundAction::kLeave) {
+        left = true;
+        break;
+      }
+      if (*a == RoundAction::kRetry) continue;
+    }
+    // An overlapped next round starts eagerly from the newest θ_global plus
+    // this node's own progress (its Δ, before compression), which the
+    // swarm's update for this round will replace one round later.
+    std::vector<float> eager_next;
+    if (overlap) {
+      eager_next = theta_global;
+      for (size_t i = 0; i < delta.size(); ++i) eager_next[i] -= delta[i];
+    }
+    auto ctx = std::make_shared<RoundCtx>();
+    ctx->prev_step = prev_step;
+    ctx->steps = steps;
+    ctx->early = early;
+    ctx->loss_sum = loss_sum;
+    ctx->samples = samples;
+    ctx->round_start = round_start;
+    ctx->sent_before = sent_before;
+    // Error feedback sends C(Δ + e) and keeps the rest (restored if the
+    // round does not commit).
     if (run.feedback) {
-      ef_before = run.feedback->SaveState();
+      ctx->ef_before = run.feedback->SaveState();
       std::vector<float> sent(delta.size());
       absl::StatusOr<std::string> enc = run.feedback->Compress(
           *run.param_policy, delta, absl::MakeSpan(sent));
@@ -1086,7 +1331,7 @@ int RunDiloco(NodeRun& run) {
     // member that has a pending signal leaves: members signalled together
     // (a sim's Ctrl-C) all stop after the same round and resume exactly,
     // while one signalled alone leaves and the others go on.
-    std::vector<float> input(delta.size() + kWeightingSlots + 1);
+    ctx->input.resize(delta.size() + kWeightingSlots + 1);
     {
       Contribution c;
       c.delta = delta;
@@ -1100,152 +1345,47 @@ int RunDiloco(NodeRun& run) {
                      : static_cast<double>(samples);
       if (absl::Status s = PackContribution(
               sync.weighting, c,
-              absl::MakeSpan(input).subspan(0, input.size() - 1));
+              absl::MakeSpan(ctx->input).subspan(0, ctx->input.size() - 1));
           !s.ok()) {
         return Fail(s, 1);
       }
     }
-    input.back() = StopSignal() != 0 ? 1.0f : 0.0f;
-    std::vector<float> work;
-    RingStats attempt_stats;
-    int attempts_run = 0;
-    Swarm::Reduce reduce = [&](Transport& t, int64_t seq) {
-      ++attempts_run;
-      ops.watchdog->Waiting(so.rpc_timeout * 2);
-      work = input;
-      attempt_stats = RingStats();
-      RingOptions o;
-      o.step_timeout = so.rpc_timeout;
-      o.tensor = kPseudoGrad;
-      o.round = seq;
-      o.codec = run.ring_codec;
-      o.stats = &attempt_stats;
-      last_rank = t.rank();
-      last_world = t.world();
-      return RingAllReduceSum(t, absl::MakeSpan(work), o);
-    };
-    const absl::Time sync_start = absl::Now();
-    ops.watchdog->Waiting(so.round_deadline + so.rpc_timeout);
-    absl::StatusOr<Swarm::RoundResult> res =
-        swarm.SyncRound(run.round, lineage, reduce, [&] {
-          // Polled while the protocol waits: the loop is alive.
-          ops.watchdog->Waiting(so.round_deadline + so.rpc_timeout);
-          return StopSignalCount() >= 2;
-        });
-    if (!res.ok()) return Fail(res.status(), 1);
-    const double sync_seconds = absl::ToDoubleSeconds(absl::Now() - sync_start);
-    if (ops.metrics) {
-      const bool committed = res->outcome == Swarm::Outcome::kCommitted;
-      for (int i = 0; i < attempts_run - (committed ? 1 : 0); ++i) {
-        ops.metrics->Round(kRoundAborted, 0, 0);
+    ctx->input.back() = StopSignal() != 0 ? 1.0f : 0.0f;
+    ctx->delta = std::move(delta);
+    // --overlap: while the membership is steady, run this round's exchange
+    // behind the next round's inner steps. Checkpoints, the last round and
+    // any change of members (a joiner, a departure, a stale lineage) take
+    // the synchronous path, which the elastic protocol already handles.
+    const int end_step = trainer.state().step();
+    const int every = config.checkpoint_every();
+    const bool overlap_now =
+        overlap && end_step < total && StopSignal() == 0 &&
+        !(every > 0 && end_step / every > prev_step / every) &&
+        SteadyMembers(swarm, last_members, node_id) &&
+        !Swarm::Ahead(swarm.Best(), run.round, lineage);
+    launch_round(ctx, overlap_now);
+    if (overlap_now) {
+      eager_start = std::move(eager_next);
+      if (absl::Status s = Unflatten(eager_start, run.params); !s.ok()) {
+        return Fail(s, 1);
       }
-      ops.metrics->Round(committed ? "committed"
-                         : res->outcome == Swarm::Outcome::kStopped ? "stopped"
-                                                                    : "stale",
-                         absl::ToDoubleSeconds(absl::Now() - round_start),
-                         sync_seconds);
-    }
-    if (res->outcome != Swarm::Outcome::kCommitted) {
-      committed_at = absl::InfiniteFuture();
-      if (run.feedback) (void)run.feedback->LoadState(ef_before);
-      if (absl::Status s = back_to_round_start(); !s.ok()) return Fail(s, 1);
-      if (res->outcome == Swarm::Outcome::kStopped) {
-        left = true;
-        break;
-      }
-      // Stale: the swarm committed this round without us. Wait (briefly)
-      // until gossip shows who is ahead, then catch up at the loop's top.
-      LogEvent(
-          LogLevel::kInfo, "stale",
-          absl::StrCat(node_id, " missed round ", run.round, "; catching up"));
-      const absl::Time until = absl::Now() + absl::Seconds(5);
-      while (absl::Now() < until &&
-             !Swarm::Ahead(swarm.Best(), run.round, lineage)) {
-        absl::SleepFor(absl::Milliseconds(100));
-      }
+      if (sync.detector) sync.detector->Suppress();  // θ jumps to θ_global
+      pending = std::move(ctx);
       continue;
     }
-    run.ring_stats.raw_bytes += attempt_stats.raw_bytes;
-    run.ring_stats.wire_bytes += attempt_stats.wire_bytes;
-    before_compression = run.prior[2] + run.ring_stats.raw_bytes;
-    after_compression = run.prior[3] + run.ring_stats.wire_bytes;
-    const bool stop_voted = work.back() > 0;
-    absl::StatusOr<Averaged> avg = UnpackAverage(
-        sync.weighting, absl::MakeConstSpan(work).subspan(0, work.size() - 1),
-        absl::MakeSpan(delta));
-    if (!avg.ok()) return Fail(avg.status(), 1);
-    double norm2 = 0;
-    for (float d : delta) norm2 += static_cast<double>(d) * d;
-    if (ops.metrics) ops.metrics->SetPseudoGradientNorm(std::sqrt(norm2));
-    // A round shorter or longer than H moves the outer momentum in
-    // proportion (OuterOptimizer::Step's span).
-    if (absl::Status s =
-            run.outer->Step(absl::MakeSpan(theta_global), delta,
-                            avg->effective_steps / static_cast<double>(run.h));
-        !s.ok()) {
-      return Fail(s, 1);
-    }
-    if (absl::Status s = Unflatten(theta_global, run.params); !s.ok()) {
-      return Fail(s, 1);
-    }
-    lineage = FlatHash(theta_global);
-    committed_at = absl::Now();
-    // Every member moves the LR schedule by the round's mean step count
-    // (FedNova's τ_eff; H when all ran H), so members that ran different
-    // step counts agree on the step again.
-    trainer.set_step(std::clamp(
-        prev_step + static_cast<int>(std::llround(avg->effective_steps)),
-        prev_step + 1, total));
-    if (early) sync.h->OnDrift();
-    sync.h->OnRoundEnd(early);
-    if (sync.detector) sync.detector->Suppress();  // θ jumps to θ_global
-    RoundRecord rec;
-    rec.round = run.round;
-    rec.step = trainer.state().step();
-    rec.inner_steps = steps;
-    rec.early = early;
-    rec.sync_seconds = sync_seconds;
-    rec.members = res->members;
-    rec.model_hash = lineage;
-    rec.train_loss = loss_sum / std::max(1, steps);
-    rec.bytes = bytes_sent() - sent_before;
-    rec.seconds = absl::ToDoubleSeconds(absl::Now() - round_start);
-    ++run.round;
-    swarm.SetProgress(run.round, lineage, /*joining=*/false);
-    serve();
-    // The round's first member evaluates.
-    if (absl::Status s = run.RecordRound(
-            rec, !res->members.empty() && res->members[0] == node_id, prev_step,
-            events);
-        !s.ok()) {
-      return Fail(s, 1);
-    }
-    double elapsed = events.WallSeconds();
-    double eta = rec.step > 0 ? elapsed * (total - rec.step) / rec.step : 0;
-    SetLogPosition(run.round, rec.step);
-    LogEvent(LogLevel::kInfo, "round",
-             absl::StrFormat("%s round %d/%d | step %d/%d | members %d | loss "
-                             "%.4f | sent %s | hash %s | eta %s",
-                             node_id, run.round, n_rounds, rec.step, total,
-                             res->members.size(), rec.train_loss,
-                             FormatBytes(static_cast<double>(bytes_sent())),
-                             rec.model_hash.substr(0, 8), FormatDuration(eta)),
-             {{"members", absl::StrJoin(res->members, ",")},
-              {"model_hash", rec.model_hash}});
-    if (config.checkpoint_every() > 0 &&
-        rec.step / config.checkpoint_every() >
-            prev_step / config.checkpoint_every() &&
-        rec.step < total) {
-      if (absl::Status s = run.Checkpoint(
-              run.round, bytes_sent(), bytes_received(), events.WallSeconds());
-          !s.ok()) {
-        return Fail(s, 1);
-      }
-    }
-    if (stop_voted && StopSignal() != 0 && rec.step < total) {
+    absl::StatusOr<RoundAction> a = finish_round(*ctx, /*overlapped=*/false);
+    if (!a.ok()) return Fail(a.status(), 1);
+    if (*a == RoundAction::kLeave) {
       left = true;
       break;
     }
+  }
+  if (pending) {
+    // Left while a round was in flight (a second signal): settle it, so that
+    // the checkpoint holds a θ_global the swarm agreed on.
+    std::shared_ptr<RoundCtx> prev = std::move(pending);
+    absl::StatusOr<RoundAction> a = finish_round(*prev, /*overlapped=*/true);
+    if (!a.ok()) return Fail(a.status(), 1);
   }
   log_changes();
   ops.SetReady(false);
@@ -1870,6 +2010,24 @@ int RunNodeCommand() {
     return Fail(a.status(), 2);
   } else {
     run.sync = std::move(a).value();
+  }
+  if (absl::GetFlag(FLAGS_overlap)) {
+    if (run.algo != "diloco") {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+                      "--overlap: only --algo=diloco has outer rounds to "
+                      "overlap (got --algo=",
+                      run.algo, ")")),
+                  2);
+    }
+    if (run.sync.round_seconds > 0 || run.sync.h->adaptive() ||
+        run.sync.detector || run.sync.divergence) {
+      return Fail(absl::InvalidArgumentError(
+                      "--overlap needs a fixed H: drop --round_seconds, "
+                      "--min_inner_steps/--max_inner_steps, "
+                      "--drift_detector=page_hinkley and "
+                      "--divergence_threshold"),
+                  2);
+    }
   }
   run.chunk = absl::GetFlag(FLAGS_chunk_bytes);
   if (run.chunk < 1024 || run.chunk > (4 << 20)) {

@@ -90,6 +90,7 @@ JsonObject RoundJson(const RoundRecord& r) {
   }
   if (r.early) o.Add("early", true);
   if (r.sync_seconds >= 0) o.Add("sync_seconds", r.sync_seconds);
+  if (r.overlapped) o.Add("overlapped", true);
   return o;
 }
 

@@ -55,6 +55,9 @@ struct RoundRecord {
   int inner_steps = 0;   // this node's inner steps in the round (0: unknown)
   bool early = false;    // ended early by a drift/divergence request
   double sync_seconds = -1;  // in the round protocol (< 0: unknown)
+  // --overlap: the exchange ran behind the next round's inner steps and
+  // the update was applied one round late.
+  bool overlapped = false;
 };
 
 JsonObject RoundJson(const RoundRecord& r);

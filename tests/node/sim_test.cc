@@ -187,6 +187,49 @@ TEST(SimTest, SlowAndDriftReachTheirNodes) {
             std::string::npos);
 }
 
+// --overlap: rounds after the first run their exchange behind the next
+// round's inner steps; the last one is synchronous. Every member applies
+// the same update at the same step, so hashes agree after every round.
+TEST(SimTest, OverlapAppliesEachUpdateOneRoundLateAndAgrees) {
+  const std::string out = TempDir() + "/sim";
+  auto r = RunStarling(
+      absl::StrCat("sim --nodes=3 --steps=60 --inner_steps=10 --overlap ",
+                   TinyFlags(), " --out=", out));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("hashes agree: yes"), std::string::npos) << r.err;
+  auto summary = ReadJson(out + "/summary.json");
+  const auto& rounds = Field(summary, "rounds").list_value();
+  ASSERT_EQ(rounds.values_size(), 6);
+  for (const auto& v : rounds.values()) {
+    const auto& round = v.struct_value();
+    EXPECT_TRUE(Field(round, "hashes_agree").bool_value());
+    EXPECT_EQ(Field(round, "members").list_value().values_size(), 3);
+  }
+  const auto& fin = Field(summary, "final").struct_value();
+  EXPECT_TRUE(Field(fin, "all_hashes_agree").bool_value());
+  EXPECT_GT(Field(fin, "val_loss").number_value(), 0.5);
+  EXPECT_LT(Field(fin, "val_loss").number_value(), 5.0);
+  for (int i = 0; i < 3; ++i) {
+    auto node = ReadJson(absl::StrCat(out, "/n", i, "/summary.json"));
+    const auto& nr = Field(node, "rounds").list_value();
+    ASSERT_EQ(nr.values_size(), 6);
+    int overlapped = 0;
+    for (int k = 0; k < 6; ++k) {
+      const auto& round = nr.values(k).struct_value();
+      EXPECT_EQ(Field(round, "step").number_value(), 10 * (k + 1));
+      const bool o = round.fields().count("overlapped") > 0 &&
+                     Field(round, "overlapped").bool_value();
+      // The first round sets the membership; the last one is synchronous.
+      if (k == 0 || k == 5) EXPECT_FALSE(o) << "round " << k;
+      overlapped += o ? 1 : 0;
+    }
+    EXPECT_GE(overlapped, 3) << "n" << i;
+    EXPECT_EQ(Field(Field(node, "final").struct_value(), "inner_steps")
+                  .number_value(),
+              60);
+  }
+}
+
 TEST(NodeTest, UnreachablePeerIsRetriedThenNamed) {
   const std::string out = TempDir() + "/node";
   auto r = RunStarling(absl::StrCat(
@@ -234,7 +277,9 @@ TEST(NodeTest, BadNodeFlagsExitTwo) {
            {"sim --slow=n9:4x", "--slow="},
            {"sim --slow=n1:0.5x", "--slow="},
            {"sim --drift=n0@abc", "--drift="},
-           {"sim --drift=n7@10", "--drift="}}) {
+           {"sim --drift=n7@10", "--drift="},
+           {"node --overlap --round_seconds=2", "--overlap"},
+           {"node --overlap --algo=gossip", "--overlap"}}) {
     auto r = RunStarling(args + " --out=" + TempDir() + "/x");
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
     EXPECT_NE(r.err.find(mention), std::string::npos) << r.err;
