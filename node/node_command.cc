@@ -1921,6 +1921,13 @@ int RunNodeCommand() {
     log_node = absl::StrCat("n", m->rank);
   }
   SetLogNode(log_node);
+  if (run.links) {
+    auto [bandwidth, latency] = FormatLinkFlags(run.links->options());
+    LogEvent(LogLevel::kInfo, "links",
+             absl::StrCat("link emulator: bandwidth (Mbit/s) ", bandwidth,
+                          "; latency (ms) ", latency),
+             {{"bandwidth_mbps", bandwidth}, {"latency_ms", latency}});
+  }
   // Health and metrics answer from the start (a probe during the data load
   // sees "not ready", not a refused connection).
   NodeOps ops;
