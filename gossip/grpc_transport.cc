@@ -505,6 +505,15 @@ absl::Status GrpcTransport::SendOnce(int to, const Message& m,
     return absl::UnavailableError(absl::StrCat(
         "peer ", peers_[to]->address, " is across a network partition"));
   }
+  // The emulated link: its latency once per message, before the stream.
+  LinkShaper* link =
+      options_.links ? options_.links->For(peers_[to]->address) : nullptr;
+  if (link != nullptr) {
+    if (absl::Status s = link->StartMessage(deadline); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("peer ", peers_[to]->address,
+                                                 ": ", s.message()));
+    }
+  }
   grpc::ClientContext ctx;
   ctx.set_deadline(ToChrono(deadline));
   SendAck ack;
@@ -523,11 +532,20 @@ absl::Status GrpcTransport::SendOnce(int to, const Message& m,
   const size_t step =
       static_cast<size_t>(std::max<int64_t>(1, options_.chunk_bytes));
   size_t offset = 0;
+  absl::Status shaped;  // not OK when the emulated link missed the deadline
   do {
     size_t len = std::min(step, m.payload.size() - offset);
     chunk.set_offset(static_cast<int64_t>(offset));
     chunk.set_data(m.payload.data() + offset, len);
-    sent_ += static_cast<int64_t>(chunk.ByteSizeLong());
+    const int64_t bytes = static_cast<int64_t>(chunk.ByteSizeLong());
+    if (link != nullptr) {
+      shaped = link->Acquire(bytes, deadline);
+      if (!shaped.ok()) {
+        ctx.TryCancel();
+        break;
+      }
+    }
+    sent_ += bytes;
     if (!writer->Write(chunk)) break;  // the server ended the stream early
     if (offset == 0 && m.phase == RingPhase::kReduceScatter) {
       CrashPoint("send");
@@ -536,6 +554,11 @@ absl::Status GrpcTransport::SendOnce(int to, const Message& m,
   } while (offset < m.payload.size());
   writer->WritesDone();
   grpc::Status s = writer->Finish();
+  if (!shaped.ok()) {
+    return absl::Status(
+        shaped.code(),
+        absl::StrCat("peer ", peers_[to]->address, ": ", shaped.message()));
+  }
   if (!s.ok()) {
     rpc_errors_.Record(s.error_code());
     absl::Status st = FromGrpc(s);

@@ -1,7 +1,9 @@
 // The Transport over gRPC: a Peer service (callback API) that admits peers
 // through a handshake and assembles streamed chunks into mailbox messages,
 // and client stubs that stream each message to a peer in chunks of
-// `chunk_bytes` under a deadline. Insecure channels on loopback or a trusted
+// `chunk_bytes` under a deadline, through the link emulator when one is set
+// (latency once per message, bandwidth per chunk; handshakes are not
+// shaped). Insecure channels on loopback or a trusted
 // network; TLS and auth tokens belong to the security issue.
 // Thread-safe. The server's reactors never block: they validate, copy into
 // the mailbox and finish.
@@ -17,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "gossip/link_shaper.h"
 #include "gossip/transport.h"
 #include "starling/peer/v1/peer.pb.h"
 
@@ -49,6 +52,9 @@ struct GrpcTransportOptions {
   // When set and true for a peer's address, Send refuses to reach it
   // (Unavailable): an emulated network partition.
   std::function<bool(const std::string& address)> blocked;
+  // When set, shapes the messages Send streams to each peer address (an
+  // emulated slow link). Shared with the Swarm's pushes.
+  std::shared_ptr<LinkEmulator> links;
 };
 
 // Failed client RPCs by gRPC status code name ("UNAVAILABLE", ...), for the

@@ -385,6 +385,7 @@ absl::StatusOr<std::unique_ptr<Swarm>> Swarm::Start(
   to.chunk_bytes = options.chunk_bytes;
   to.rpc_timeout = options.rpc_timeout;
   to.extra_services = {s->service_.get()};
+  to.links = options.links;
   Swarm* self = s.get();
   to.blocked = [self](const std::string& address) {
     return self->Blocked(address);
@@ -733,21 +734,44 @@ absl::Status Swarm::Push(const std::string& peer_id, const PushShare& share,
   std::vector<PushChunk> chunks =
       MakePushChunks(options_.identity.run_id, options_.node_id, seq, share,
                      elements, options_.chunk_bytes);
+  const absl::Time deadline = absl::Now() + timeout;
+  // The emulated link: its latency once per push, before the stream.
+  LinkShaper* link =
+      options_.links ? options_.links->For(e->address()) : nullptr;
+  if (link != nullptr) {
+    if (absl::Status ls = link->StartMessage(deadline); !ls.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "push to ", peer_id, " at ", e->address(), ": ", ls.message()));
+    }
+  }
   grpc::ClientContext ctx;
-  ctx.set_deadline(Deadline(timeout));
+  ctx.set_deadline(absl::ToChronoTime(deadline));
   PushAck ack;
   std::unique_ptr<grpc::ClientWriter<PushChunk>> writer =
       StubFor(e->address())->stub->Push(&ctx, &ack);
+  absl::Status shaped;  // not OK when the emulated link missed the deadline
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (i == chunks.size() / 2 && i > 0) {
       CrashPoint("push_mid_stream");  // test hook: die in the middle
     }
-    push_sent_ += static_cast<int64_t>(chunks[i].ByteSizeLong());
+    const int64_t bytes = static_cast<int64_t>(chunks[i].ByteSizeLong());
+    if (link != nullptr) {
+      shaped = link->Acquire(bytes, deadline);
+      if (!shaped.ok()) {
+        ctx.TryCancel();
+        break;
+      }
+    }
+    push_sent_ += bytes;
     if (!writer->Write(chunks[i])) break;  // Finish says why
   }
   if (chunks.size() == 1) CrashPoint("push_mid_stream");
   writer->WritesDone();
   grpc::Status s = writer->Finish();
+  if (!shaped.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "push to ", peer_id, " at ", e->address(), ": ", shaped.message()));
+  }
   transport_->rpc_errors().Record(s.error_code());
   if (s.ok()) {
     if (sequence != nullptr) *sequence = seq;

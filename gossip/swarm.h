@@ -106,6 +106,9 @@ struct SwarmOptions {
   const PolicyCodec* push_codec = nullptr;
   int push_inbox = 8;
   absl::Duration push_timeout = absl::Seconds(30);
+  // When set, shapes the tensor messages and pushes this node sends to each
+  // peer address (an emulated slow link; control RPCs are not shaped).
+  std::shared_ptr<LinkEmulator> links;
   // Called on the gossip thread, with no lock held, for every change of the
   // peer table.
   std::function<void(const MembershipChange&)> on_member_change;
@@ -186,13 +189,14 @@ class Swarm {
                                         const std::function<bool()>& stop);
 
   // Push-sum gossip. Streams `share` to member `peer_id` in chunks of
-  // chunk_bytes, all within `timeout`. Unavailable when the peer is not
-  // alive here, unreachable or too slow; ResourceExhausted when its inbox is
-  // full; InvalidArgument / FailedPrecondition when it refused the push
-  // (FailedPrecondition also when it lacks the public copy a relative share
-  // names: push in full next). In every case the caller may restore its
-  // share and try another peer. On success `*sequence` (when not null) is
-  // the push's sequence number, the one a later share's base names.
+  // chunk_bytes, all within `timeout` (through the emulated link, when
+  // options.links shapes it). Unavailable when the peer is not alive here,
+  // unreachable or too slow (the emulated link included); ResourceExhausted
+  // when its inbox is full; InvalidArgument / FailedPrecondition when it
+  // refused the push (FailedPrecondition also when it lacks the public copy a
+  // relative share names: push in full next). In every case the caller may
+  // restore its share and try another peer. On success `*sequence` (when not
+  // null) is the push's sequence number, the one a later share's base names.
   absl::Status Push(const std::string& peer_id, const PushShare& share,
                     absl::Duration timeout, int64_t* sequence = nullptr);
   // The pushes received since the last call, in arrival order.

@@ -343,4 +343,119 @@ absl::StatusOr<std::map<std::string, int64_t>> ParseDriftSpec(
   return out;
 }
 
+bool SimLinks::shaped() const {
+  if (defaults.shaped()) return true;
+  for (const auto& [from, to] : links) {
+    for (const auto& [id, p] : to) {
+      if (p.shaped()) return true;
+    }
+  }
+  return false;
+}
+
+absl::StatusOr<SimLinks> ParseSimLinks(const std::string& bandwidth_mbps,
+                                       const std::string& latency_ms,
+                                       const std::vector<std::string>& ids) {
+  SimLinks out;
+  const std::set<std::string> known(ids.begin(), ids.end());
+  struct Flag {
+    const char* name;
+    const std::string& value;
+    double LinkParams::*field;
+    bool smaller_wins;  // when both ends of a link have a node value
+  };
+  const Flag flags[] = {
+      {"link_bandwidth_mbps", bandwidth_mbps, &LinkParams::bandwidth_mbps,
+       true},
+      {"link_latency_ms", latency_ms, &LinkParams::latency_ms, false}};
+  bool any = false;
+  for (const Flag& f : flags) {
+    STARLING_ASSIGN_OR_RETURN(LinkValueSpec spec,
+                              ParseLinkValueSpec(f.name, f.value));
+    any = any || spec.default_value || !spec.entries.empty();
+    const double fallback = spec.default_value.value_or(0);
+    out.defaults.*f.field = fallback;
+    const SpecError error(f.name, f.value);
+    std::map<std::string, double> node;
+    std::map<std::pair<std::string, std::string>, double> pair;
+    for (const LinkValueSpec::Entry& e : spec.entries) {
+      if (known.count(e.key)) {
+        if (!node.emplace(e.key, e.value).second) {
+          return error(e.token,
+                       absl::StrCat("node ", e.key, " is named twice"));
+        }
+        continue;
+      }
+      // ID-ID: split at the '-' that leaves two known ids.
+      std::vector<std::pair<std::string, std::string>> splits;
+      for (size_t dash = e.key.find('-'); dash != std::string::npos;
+           dash = e.key.find('-', dash + 1)) {
+        std::string a(absl::StripAsciiWhitespace(e.key.substr(0, dash)));
+        std::string b(absl::StripAsciiWhitespace(e.key.substr(dash + 1)));
+        if (known.count(a) && known.count(b)) splits.emplace_back(a, b);
+      }
+      if (splits.size() != 1) {
+        return error(e.token,
+                     absl::StrCat(splits.empty() ? "unknown node or pair '"
+                                                 : "ambiguous pair '",
+                                  e.key, "' (want ID or ID-ID; nodes: ",
+                                  absl::StrJoin(ids, ", "), ")"));
+      }
+      auto [a, b] = splits[0];
+      if (a == b) {
+        return error(e.token,
+                     absl::StrCat("a link needs two nodes, not ", a, "-", b));
+      }
+      if (b < a) std::swap(a, b);
+      if (!pair.emplace(std::make_pair(a, b), e.value).second) {
+        return error(e.token,
+                     absl::StrCat("the pair ", a, "-", b, " is named twice"));
+      }
+    }
+    for (const std::string& from : ids) {
+      for (const std::string& to : ids) {
+        if (from == to) continue;
+        double v = fallback;
+        auto p = pair.find(from < to ? std::make_pair(from, to)
+                                     : std::make_pair(to, from));
+        auto a = node.find(from);
+        auto b = node.find(to);
+        if (p != pair.end()) {
+          v = p->second;
+        } else if (a != node.end() && b != node.end()) {
+          if (!f.smaller_wins) {
+            v = std::max(a->second, b->second);
+          } else if (a->second <= 0 || b->second <= 0) {
+            v = std::max(a->second, b->second);  // 0: unlimited
+          } else {
+            v = std::min(a->second, b->second);
+          }
+        } else if (a != node.end()) {
+          v = a->second;
+        } else if (b != node.end()) {
+          v = b->second;
+        }
+        out.links[from][to].*f.field = v;
+      }
+    }
+  }
+  if (!any) out.links.clear();
+  return out;
+}
+
+std::pair<std::string, std::string> NodeLinkFlags(
+    const SimLinks& links, const std::string& from,
+    const std::map<std::string, std::string>& addresses) {
+  LinkEmulatorOptions o;
+  o.defaults = links.defaults;
+  if (auto it = links.links.find(from); it != links.links.end()) {
+    for (const auto& [to, p] : it->second) {
+      if (auto a = addresses.find(to); a != addresses.end()) {
+        o.links[a->second] = p;
+      }
+    }
+  }
+  return FormatLinkFlags(o);
+}
+
 }  // namespace starling

@@ -1,7 +1,8 @@
 // Fault injection for `starling sim`: parses the --kill, --restart, --join,
 // --leave and --partition specs into a FaultPlan, a time-ordered list of
 // events that the sim carries out while its nodes run, and the per-node
-// heterogeneity specs (--slow, --drift). Pure functions over plain values:
+// heterogeneity specs (--slow, --drift, --link_bandwidth_mbps,
+// --link_latency_ms). Pure functions over plain values:
 // thread-compatible, no I/O.
 #ifndef STARLING_NODE_FAULTS_H_
 #define STARLING_NODE_FAULTS_H_
@@ -14,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "gossip/link_shaper.h"
 
 namespace starling {
 
@@ -88,6 +90,36 @@ absl::StatusOr<std::map<std::string, double>> ParseSlowSpec(
 // a step that is not an integer >= 0.
 absl::StatusOr<std::map<std::string, int64_t>> ParseDriftSpec(
     const std::string& value, const std::vector<std::string>& ids);
+
+// The sim's link emulation: the link from every node to every other one.
+struct SimLinks {
+  LinkParams defaults;  // the flags' DEFAULT entries
+  // links[from][to] for every ordered pair of distinct ids; empty when
+  // neither flag is set.
+  std::map<std::string, std::map<std::string, LinkParams>> links;
+  bool shaped() const;
+};
+
+// The sim's --link_bandwidth_mbps and --link_latency_ms, each
+// DEFAULT[,ID=VALUE...][,ID-ID=VALUE...] ("" = none), e.g.
+// 100,n3=10,n0-n1=1000. DEFAULT applies to every link; ID=VALUE to every
+// link from or to that node (when both ends have one, the smaller bandwidth
+// and the larger latency win); ID-ID=VALUE to both directions between the
+// two nodes, over the others. 0 means unlimited / no latency. `ids` lists
+// the sim's nodes, joiners included; an ID-ID key splits at the '-' that
+// leaves two known ids. InvalidArgument naming the flag and the bad entry
+// for a bad number (negative, not finite), an unknown id or pair, a pair of
+// one node with itself, a node or pair named twice, and a second DEFAULT.
+absl::StatusOr<SimLinks> ParseSimLinks(const std::string& bandwidth_mbps,
+                                       const std::string& latency_ms,
+                                       const std::vector<std::string>& ids);
+
+// The node flags for `from`'s links in `links`: --link_bandwidth_mbps and
+// --link_latency_ms values naming each peer by its address (`addresses`:
+// id -> host:port), for ParseLinkFlags.
+std::pair<std::string, std::string> NodeLinkFlags(
+    const SimLinks& links, const std::string& from,
+    const std::map<std::string, std::string>& addresses);
 
 }  // namespace starling
 

@@ -30,6 +30,7 @@
 #include "core/status.h"
 #include "gossip/crash_point.h"
 #include "gossip/grpc_transport.h"
+#include "gossip/link_shaper.h"
 #include "gossip/ring_allreduce.h"
 #include "gossip/swarm.h"
 #include "node/health.h"
@@ -66,6 +67,24 @@ ABSL_FLAG(int, round_timeout, 300,
           "also the longest one attempt of a round may run)");
 ABSL_FLAG(int, chunk_bytes, 1 << 20,
           "tensor stream chunk size in bytes (1 MiB; at most 4 MiB)");
+ABSL_FLAG(std::string, link_bandwidth_mbps, "",
+          "emulated link bandwidth in megabits (1e6 bits) per second, 0 or "
+          "empty = unlimited; each link is a token bucket over the bytes "
+          "actually sent (tensor messages and gossip pushes; control RPCs "
+          "are not shaped). node: DEFAULT[,HOST:PORT=MBPS...]: DEFAULT for "
+          "the link to every peer, MBPS for the link to the peer at "
+          "HOST:PORT, e.g. 100,127.0.0.1:7001=10. sim: "
+          "DEFAULT[,ID=MBPS...][,ID-ID=MBPS...] with node ids: ID=MBPS "
+          "applies to every link from or to that node (when both ends have "
+          "one, the smaller wins), ID-ID=MBPS to both directions between "
+          "the two and overrides the others, e.g. 100,n3=10,n0-n1=1000");
+ABSL_FLAG(std::string, link_latency_ms, "",
+          "emulated link latency in milliseconds, added once per message "
+          "(tensor message or gossip push) before it is sent; 0 or empty = "
+          "none. Same forms as --link_bandwidth_mbps: node "
+          "DEFAULT[,HOST:PORT=MS...], sim DEFAULT[,ID=MS...][,ID-ID=MS...] "
+          "(when both ends of a link have an ID value, the larger wins), "
+          "e.g. 50,n3=200");
 ABSL_FLAG(std::string, compression, "fp32",
           "diloco pseudo-gradient codec, and gossip push codec (lossy: a "
           "push carries the difference to the peer's copy of the last push): "
@@ -407,6 +426,8 @@ const std::vector<std::string>& NodeFlagNames() {
                                    "connect_timeout",
                                    "round_timeout",
                                    "chunk_bytes",
+                                   "link_bandwidth_mbps",
+                                   "link_latency_ms",
                                    "compression",
                                    "error_feedback",
                                    "small_tensor_elems",
@@ -609,6 +630,8 @@ struct NodeRun {
   RingStats ring_stats;
   EvalResult eval;
   int evaluated_step = -1;
+  // The emulated links to peers (null: none shaped).
+  std::shared_ptr<LinkEmulator> links;
   // Gossip: this node's push-sum weight (0: not set), and as checkpointed.
   double gossip_weight = 0;
   std::string resumed_weight;
@@ -783,6 +806,7 @@ absl::StatusOr<SwarmOptions> SharedSwarmOptions(const NodeRun& run,
   so.suspect_after = absl::Seconds(suspect);
   so.partition_file = absl::GetFlag(FLAGS_partition_file);
   so.found_after = absl::Seconds(found_after);
+  so.links = run.links;
   return so;
 }
 
@@ -1818,6 +1842,7 @@ int RunDdp(NodeRun& run) {
     to.listen = membership->members[rank];
     to.chunk_bytes = run.chunk;
     to.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_round_timeout));
+    to.links = run.links;
     PeerIdentity id;
     id.run_id = absl::GetFlag(FLAGS_run_id);
     id.algo = "ddp";
@@ -2036,6 +2061,14 @@ int RunNodeCommand() {
             "--chunk_bytes=", run.chunk, ": must be in [1024, 4194304]")),
         2);
   }
+  if (absl::StatusOr<LinkEmulatorOptions> links =
+          ParseLinkFlags(absl::GetFlag(FLAGS_link_bandwidth_mbps),
+                         absl::GetFlag(FLAGS_link_latency_ms));
+      !links.ok()) {
+    return Fail(links.status(), 2);
+  } else if (links->shaped()) {
+    run.links = std::make_shared<LinkEmulator>(*std::move(links));
+  }
   std::string log_node = absl::GetFlag(FLAGS_node_id);
   if (log_node.empty()) log_node = absl::GetFlag(FLAGS_listen);
   if (run.algo == "ddp") {
@@ -2046,6 +2079,13 @@ int RunNodeCommand() {
     log_node = absl::StrCat("n", m->rank);
   }
   SetLogNode(log_node);
+  if (run.links) {
+    auto [bandwidth, latency] = FormatLinkFlags(run.links->options());
+    LogEvent(LogLevel::kInfo, "links",
+             absl::StrCat("link emulator: bandwidth (Mbit/s) ", bandwidth,
+                          "; latency (ms) ", latency),
+             {{"bandwidth_mbps", bandwidth}, {"latency_ms", latency}});
+  }
   // Health and metrics answer from the start (a probe during the data load
   // sees "not ready", not a refused connection).
   NodeOps ops;

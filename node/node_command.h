@@ -19,6 +19,8 @@ ABSL_DECLARE_FLAG(int, inner_steps);
 ABSL_DECLARE_FLAG(std::string, outer);
 ABSL_DECLARE_FLAG(double, outer_lr);
 ABSL_DECLARE_FLAG(double, outer_momentum);
+ABSL_DECLARE_FLAG(std::string, link_bandwidth_mbps);
+ABSL_DECLARE_FLAG(std::string, link_latency_ms);
 
 namespace starling {
 

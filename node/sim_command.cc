@@ -722,9 +722,11 @@ bool NodeAccepts(absl::string_view name) {
 
 // Flags of `starling sim` itself, never passed to the nodes.
 const std::vector<std::string>& SimOnlyFlagNames() {
-  static const auto* names =
-      new std::vector<std::string>{"nodes", "kill",      "restart", "join",
-                                   "leave", "partition", "slow",    "drift"};
+  static const auto* names = new std::vector<std::string>{
+      "nodes",          "kill",  "restart",
+      "join",           "leave", "partition",
+      "slow",           "drift", "link_bandwidth_mbps",
+      "link_latency_ms"};
   return *names;
 }
 
@@ -732,7 +734,9 @@ const std::vector<std::string>& SimOnlyFlagNames() {
 bool SetPerNode(absl::string_view name) {
   return name == "listen" || name == "peers" || name == "node_id" ||
          name == "min_members" || name == "partition_file" ||
-         name == "test_crash_at";
+         name == "test_crash_at" ||
+         // In the sim by node id (sim-only); each node gets its addresses.
+         name == "link_bandwidth_mbps" || name == "link_latency_ms";
 }
 
 }  // namespace
@@ -771,6 +775,10 @@ const Subcommand& SimSubcommand() {
         "node gets --drift=never. summary.json lists the switches under "
         "\"drift\" (and drift detections under \"drift_detected\"), and the "
         "report marks them on the loss-vs-time chart.\n\n"
+        "Slow links: --link_bandwidth_mbps and --link_latency_ms shape "
+        "every link (DEFAULT), the links from and to a node (n3=10) or "
+        "between two nodes (n0-n1=1000); each node gets them as "
+        "per-address flags. summary.json records them under \"sim\".\n\n"
         "Default: 4 nodes, DiLoCo with H=50 (16 rounds), the small gpt on "
         "KJV, 800 inner steps per node.\n"
         "  starling sim\n"
@@ -778,7 +786,10 @@ const Subcommand& SimSubcommand() {
         "  starling sim --inner_steps=10 --steps=800 --seed=1\n"
         "  starling sim --kill=n2@30s --restart=n2@60s --join=n4@45s "
         "--leave=n1@50s --partition='n0,n1|n2,n3@20s-40s'\n"
-        "  starling sim --slow=n3:4x --drift=n0,n1@400",
+        "  starling sim --slow=n3:4x --drift=n0,n1@400\n"
+        "  starling sim --link_bandwidth_mbps=100 --link_latency_ms=50\n"
+        "  starling sim --link_bandwidth_mbps=100,n3=10 "
+        "--link_latency_ms=20,n0-n1=200",
         flags};
   }();
   return *sub;
@@ -824,6 +835,10 @@ int RunSimCommand() {
   absl::StatusOr<std::map<std::string, int64_t>> drift =
       ParseDriftSpec(drift_flag, ids);
   if (!drift.ok()) return Fail(drift.status(), 2);
+  absl::StatusOr<SimLinks> links =
+      ParseSimLinks(absl::GetFlag(FLAGS_link_bandwidth_mbps),
+                    absl::GetFlag(FLAGS_link_latency_ms), ids);
+  if (!links.ok()) return Fail(links.status(), 2);
   if (absl::Status s = ResolveTrainConfig(&config); !s.ok()) return Fail(s, 2);
   if (config.out().empty()) {
     config.set_out(absl::StrCat(
@@ -852,6 +867,8 @@ int RunSimCommand() {
   for (int p : *ports) addrs.push_back(absl::StrCat("127.0.0.1:", p));
   // Ranks follow the sorted member list; sorting here makes node K rank K.
   std::sort(addrs.begin(), addrs.end());
+  std::map<std::string, std::string> address_of;  // node id -> host:port
+  for (int i = 0; i < total; ++i) address_of[ids[i]] = addrs[i];
   std::string run_id = absl::GetFlag(FLAGS_run_id);
   if (run_id == "starling") {
     run_id = absl::StrCat("sim-", absl::ToUnixMillis(absl::Now()));
@@ -916,6 +933,11 @@ int RunSimCommand() {
       auto d = drift->find(ids[i]);
       args.push_back(absl::StrCat(
           "--drift=", d == drift->end() ? "never" : absl::StrCat(d->second)));
+    }
+    if (links->shaped()) {
+      auto [bandwidth, latency] = NodeLinkFlags(*links, ids[i], address_of);
+      args.push_back(absl::StrCat("--link_bandwidth_mbps=", bandwidth));
+      args.push_back(absl::StrCat("--link_latency_ms=", latency));
     }
     for (const std::string& a : common) args.push_back(a);
     if (absl::GetFlag(FLAGS_algo) == "gossip") {
@@ -1186,6 +1208,10 @@ int RunSimCommand() {
   }
   if (!slow->empty()) sim_cfg.Add("slow", absl::GetFlag(FLAGS_slow));
   if (!drift->empty()) sim_cfg.Add("drift", drift_flag);
+  if (links->shaped()) {
+    sim_cfg.Add("link_bandwidth_mbps", absl::GetFlag(FLAGS_link_bandwidth_mbps))
+        .Add("link_latency_ms", absl::GetFlag(FLAGS_link_latency_ms));
+  }
   merge.dir = dir;
   merge.ids = started;
   merge.start = start;

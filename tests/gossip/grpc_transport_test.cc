@@ -168,6 +168,80 @@ TEST(GrpcTransportTest, UnreachablePeerFailsWithItsAddress) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(15));
 }
 
+TEST(GrpcTransportTest, EmulatedLinkShapesBytesAndAddsLatencyPerMessage) {
+  // Every link at 64 Mbit/s (8 MB/s) with 100 ms latency; two 2 MiB messages
+  // in 256 KiB chunks.
+  constexpr int64_t kSegment = 512 << 10;  // floats per message
+  absl::StatusOr<LinkEmulatorOptions> lo = ParseLinkFlags("64", "100");
+  ASSERT_TRUE(lo.ok()) << lo.status();
+  GrpcTransportOptions o;
+  o.chunk_bytes = 256 << 10;
+  o.links = std::make_shared<LinkEmulator>(*lo);
+  std::vector<std::unique_ptr<GrpcTransport>> nodes;
+  for (int r = 0; r < 2; ++r) {
+    auto t = GrpcTransport::Start(o, Identity(2));
+    ASSERT_TRUE(t.ok()) << t.status();
+    nodes.push_back(std::move(t).value());
+  }
+  std::sort(nodes.begin(), nodes.end(), [](const auto& a, const auto& b) {
+    return a->address() < b->address();
+  });
+  std::vector<std::string> members = {nodes[0]->address(), nodes[1]->address()};
+  MailboxOptions mo;
+  mo.run_id = "test-run";
+  mo.tensors = {{"big", 2 * kSegment}};
+  std::vector<absl::Status> st(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      st[r] =
+          nodes[r]->Connect(members, r, mo, absl::Now() + absl::Seconds(20));
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(st[0].ok() && st[1].ok()) << st[0] << " " << st[1];
+
+  Message m;
+  m.from = 0;
+  m.tensor = "big";
+  m.total_elements = 2 * kSegment;
+  m.payload.assign(kSegment * 4, '\0');
+  const int64_t sent_before = nodes[0]->bytes_sent();
+  const absl::Time start = absl::Now();
+  for (RingPhase phase : {RingPhase::kReduceScatter, RingPhase::kAllGather}) {
+    m.phase = phase;
+    absl::Status s = nodes[0]->Send(1, m, absl::Now() + absl::Seconds(30));
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+  for (RingPhase phase : {RingPhase::kReduceScatter, RingPhase::kAllGather}) {
+    auto got = nodes[1]->mailbox().Take(0, 0, "big", phase, 0,
+                                        absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->payload.size(), m.payload.size());
+  }
+  // The serialized chunks go at the rate (the first burst at once), and
+  // each message waits the latency once.
+  const int64_t bytes = nodes[0]->bytes_sent() - sent_before;
+  LinkShaper* link = o.links->For(members[1]);
+  ASSERT_NE(link, nullptr);
+  const double expected =
+      2 * 0.1 + (bytes - link->burst_bytes()) / link->bytes_per_second();
+  EXPECT_GE(elapsed, expected * 0.9) << bytes << " bytes";
+  EXPECT_LE(elapsed, expected * 2 + 2) << bytes << " bytes";
+
+  // A deadline the emulated link cannot meet fails the send in time.
+  m.phase = RingPhase::kReduceScatter;
+  m.round = 1;
+  nodes[1]->mailbox().AdvanceRound(1);
+  const absl::Time short_start = absl::Now();
+  absl::Status late =
+      nodes[0]->Send(1, m, absl::Now() + absl::Milliseconds(150));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(late)) << late;
+  EXPECT_NE(late.message().find(members[1]), std::string::npos) << late;
+  EXPECT_LT(absl::Now() - short_start, absl::Seconds(5));
+}
+
 // A hostile or buggy peer talks to rank 1 directly through the stub.
 class HostilePeerTest : public ::testing::Test {
  protected:

@@ -38,6 +38,14 @@ TEST(CliTest, HelpListsSubcommandsAndFlags) {
         "--checkpoint_every", "--flagfile", "torchscript:PATH"}) {
     EXPECT_NE(train.out.find(flag), std::string::npos) << flag;
   }
+  for (const char* sub : {"node --help", "sim --help"}) {
+    auto help = RunStarling(sub);
+    EXPECT_EQ(help.exit_code, 0) << sub;
+    for (const char* flag : {"--link_bandwidth_mbps", "--link_latency_ms",
+                             "HOST:PORT=MBPS", "ID-ID=MBPS"}) {
+      EXPECT_NE(help.out.find(flag), std::string::npos) << sub << " " << flag;
+    }
+  }
   EXPECT_EQ(RunStarling("").exit_code, 2);
 }
 
@@ -73,6 +81,10 @@ TEST(CliTest, BadInputExitsTwoNamingTheInput) {
        "--min_inner_steps=80"},
       {"node --drift_detector=cusum", "--drift_detector=cusum"},
       {"node --divergence_threshold=-2", "--divergence_threshold=-2"},
+      {"node --link_bandwidth_mbps=fast", "--link_bandwidth_mbps=fast"},
+      {"node --link_latency_ms=10,peer=5", "in 'peer=5'"},
+      {"sim --link_bandwidth_mbps=100,n7=5", "in 'n7=5'"},
+      {"sim --link_latency_ms=-1", "--link_latency_ms=-1"},
   };
   for (const Case& c : cases) {
     auto r = RunStarling(c.args);

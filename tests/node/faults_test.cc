@@ -255,5 +255,96 @@ TEST(DriftSpecTest, RejectsBadSpecsNamingTheFlag) {
               HasSubstr("unknown node n7"));
 }
 
+TEST(SimLinksTest, NoFlagsShapeNothing) {
+  auto links = ParseSimLinks("", "", Four());
+  ASSERT_TRUE(links.ok()) << links.status();
+  EXPECT_FALSE(links->shaped());
+  EXPECT_TRUE(links->links.empty());
+}
+
+TEST(SimLinksTest, DefaultsNodesAndPairs) {
+  // Every link 100 Mbit/s; n3's links 10; n2's 50 (n2-n3: the smaller, 10);
+  // n0-n1 1000 both ways, over everything else.
+  auto links = ParseSimLinks("100, n3=10, n2=50, n0-n1=1000",
+                             "5,n2=40,n3=20,n1-n0=1", Four());
+  ASSERT_TRUE(links.ok()) << links.status();
+  ASSERT_TRUE(links->shaped());
+  auto at = [&](const char* from, const char* to) {
+    return links->links.at(from).at(to);
+  };
+  EXPECT_DOUBLE_EQ(at("n0", "n2").bandwidth_mbps, 50);
+  EXPECT_DOUBLE_EQ(at("n2", "n0").bandwidth_mbps, 50);
+  EXPECT_DOUBLE_EQ(at("n1", "n3").bandwidth_mbps, 10);
+  EXPECT_DOUBLE_EQ(at("n2", "n3").bandwidth_mbps, 10);
+  EXPECT_DOUBLE_EQ(at("n3", "n2").bandwidth_mbps, 10);
+  EXPECT_DOUBLE_EQ(at("n0", "n1").bandwidth_mbps, 1000);
+  EXPECT_DOUBLE_EQ(at("n1", "n0").bandwidth_mbps, 1000);
+  // Latency: the larger of two node values wins; pairs override.
+  EXPECT_DOUBLE_EQ(at("n2", "n3").latency_ms, 40);
+  EXPECT_DOUBLE_EQ(at("n3", "n0").latency_ms, 20);
+  EXPECT_DOUBLE_EQ(at("n0", "n1").latency_ms, 1);
+  EXPECT_DOUBLE_EQ(at("n1", "n0").latency_ms, 1);
+  EXPECT_DOUBLE_EQ(at("n1", "n0").latency_ms, 1);
+  EXPECT_EQ(links->links.at("n0").count("n0"), 0u);
+
+  // A node at 0 (unlimited) takes the other end's value.
+  auto zero = ParseSimLinks("n0=0,n1=8", "", Four());
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_DOUBLE_EQ(zero->links.at("n0").at("n1").bandwidth_mbps, 8);
+  EXPECT_DOUBLE_EQ(zero->links.at("n0").at("n2").bandwidth_mbps, 0);
+}
+
+TEST(SimLinksTest, NodeFlagsNameEachPeerByAddress) {
+  auto links = ParseSimLinks("100,n1=10", "50", {"n0", "n1", "n2"});
+  ASSERT_TRUE(links.ok()) << links.status();
+  std::map<std::string, std::string> addresses = {{"n0", "127.0.0.1:7000"},
+                                                  {"n1", "127.0.0.1:7001"},
+                                                  {"n2", "127.0.0.1:7002"}};
+  auto [bandwidth, latency] = NodeLinkFlags(*links, "n0", addresses);
+  auto parsed = ParseLinkFlags(bandwidth, latency);
+  ASSERT_TRUE(parsed.ok()) << parsed.status() << " " << bandwidth;
+  EXPECT_DOUBLE_EQ(parsed->defaults.bandwidth_mbps, 100);
+  EXPECT_EQ(parsed->links.size(), 2u);
+  EXPECT_DOUBLE_EQ(parsed->links.at("127.0.0.1:7001").bandwidth_mbps, 10);
+  EXPECT_DOUBLE_EQ(parsed->links.at("127.0.0.1:7002").bandwidth_mbps, 100);
+  EXPECT_DOUBLE_EQ(parsed->links.at("127.0.0.1:7002").latency_ms, 50);
+  EXPECT_EQ(parsed->links.count("127.0.0.1:7000"), 0u);
+}
+
+TEST(SimLinksTest, IdsWithDashesSplitAtTheKnownPair) {
+  auto links = ParseSimLinks("a-b-c=5", "", {"a", "a-b", "c", "b-c"});
+  EXPECT_FALSE(links.ok());  // a-b + c or a + b-c: ambiguous
+  EXPECT_THAT(std::string(links.status().message()), HasSubstr("ambiguous"));
+  links = ParseSimLinks("a-b-c=5", "", {"a-b", "c", "d"});
+  ASSERT_TRUE(links.ok()) << links.status();
+  EXPECT_DOUBLE_EQ(links->links.at("c").at("a-b").bandwidth_mbps, 5);
+  EXPECT_DOUBLE_EQ(links->links.at("c").at("d").bandwidth_mbps, 0);
+}
+
+TEST(SimLinksTest, RejectsBadSpecsNamingTheFlagAndEntry) {
+  struct Case {
+    const char* bandwidth;
+    const char* latency;
+    const char* mention;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"fast", "", "--link_bandwidth_mbps=fast: in 'fast'"},
+           {"n9=5", "", "unknown node or pair 'n9'"},
+           {"n0-n9=5", "", "unknown node or pair 'n0-n9'"},
+           {"n0-n0=5", "", "needs two nodes"},
+           {"n0=5,n0=6", "", "node n0 is named twice"},
+           {"n0-n1=5,n1-n0=6", "", "pair n0-n1 is named twice"},
+           {"", "n1=-3", "--link_latency_ms=n1=-3: in 'n1=-3'"},
+           {"", "1,2", "a second default"},
+           {"1,,n1=2", "", "empty entry"},
+       }) {
+    auto r = ParseSimLinks(c.bandwidth, c.latency, Four());
+    ASSERT_FALSE(r.ok()) << c.bandwidth << " " << c.latency;
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status()));
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.mention))
+        << r.status();
+  }
+}
+
 }  // namespace
 }  // namespace starling

@@ -1,0 +1,138 @@
+// Link emulation for the transport: a LinkShaper is one emulated link (a
+// token bucket for bandwidth plus a fixed latency per message), and a
+// LinkEmulator hands out one shaper per destination address, built from the
+// --link_bandwidth_mbps / --link_latency_ms flags. Senders call StartMessage
+// once before a message's first chunk and Acquire(serialized chunk bytes)
+// before each chunk write, so the stream really is slow and gRPC's flow
+// control sees a slow writer. Only tensor messages (GrpcTransport::Send) and
+// gossip pushes (Swarm::Push) are shaped; control RPCs (handshakes,
+// membership gossip, joins, state transfer) are not. No gRPC dependency.
+// LinkShaper and LinkEmulator are thread-safe; the parse functions are pure.
+#ifndef STARLING_GOSSIP_LINK_SHAPER_H_
+#define STARLING_GOSSIP_LINK_SHAPER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace starling {
+
+// What one link looks like from its sender.
+struct LinkParams {
+  double bandwidth_mbps = 0;  // megabits (1e6 bits) per second; 0: unlimited
+  double latency_ms = 0;      // added once per message; 0: none
+  bool shaped() const { return bandwidth_mbps > 0 || latency_ms > 0; }
+};
+
+struct LinkShaperOptions {
+  double bytes_per_second = 0;  // 0: unlimited
+  absl::Duration latency = absl::ZeroDuration();
+  // The bucket's size: how many bytes may go at once after an idle spell.
+  // 0: max(64 KiB, 10 ms at the rate).
+  int64_t burst_bytes = 0;
+};
+
+// Options for a link with `params`.
+LinkShaperOptions ShaperOptionsFor(const LinkParams& params);
+
+// One emulated link. The bucket starts full. Acquire takes more bytes than
+// the bucket holds by going into debt: the caller sleeps until the debt
+// would be paid, so concurrent senders on one link share its rate.
+class LinkShaper {
+ public:
+  explicit LinkShaper(const LinkShaperOptions& options);
+
+  // Sleeps the link's latency: call once per message, before its first
+  // chunk. DeadlineExceeded (without sleeping) when the latency would end
+  // after `deadline`.
+  absl::Status StartMessage(absl::Time deadline);
+
+  // Sleeps until `bytes` more bytes fit the link's rate, then returns OK;
+  // at once when the link is unlimited. DeadlineExceeded (without sleeping
+  // or taking the tokens) when that would be after `deadline`.
+  absl::Status Acquire(int64_t bytes, absl::Time deadline);
+
+  double bytes_per_second() const { return rate_; }
+  absl::Duration latency() const { return latency_; }
+  int64_t burst_bytes() const { return burst_; }
+
+ private:
+  const double rate_;
+  const absl::Duration latency_;
+  const int64_t burst_;
+  absl::Mutex mu_;
+  double tokens_ ABSL_GUARDED_BY(mu_);  // may be negative: debt
+  absl::Time last_ ABSL_GUARDED_BY(mu_);
+};
+
+// One emulator flag's value: DEFAULT[,KEY=VALUE...]. The default is the
+// entry without '=' (at most one; absent: unset), KEY is as given (checked
+// by the caller) and every VALUE a finite number >= 0.
+struct LinkValueSpec {
+  struct Entry {
+    std::string key;
+    double value = 0;
+    std::string token;  // as given, for error messages
+  };
+  std::optional<double> default_value;
+  std::vector<Entry> entries;  // in the given order
+};
+
+// Parses `value` of --`flag`. "" is an empty spec. InvalidArgument naming
+// the flag, its value and the bad token for an empty token, a bad number, a
+// negative or non-finite value, an empty key, and a second default.
+absl::StatusOr<LinkValueSpec> ParseLinkValueSpec(absl::string_view flag,
+                                                 absl::string_view value);
+
+struct LinkEmulatorOptions {
+  LinkParams defaults;                      // every link not listed below
+  std::map<std::string, LinkParams> links;  // by destination host:port
+  int64_t burst_bytes = 0;                  // see LinkShaperOptions
+  // Whether any link is shaped.
+  bool shaped() const;
+};
+
+// The node flags: --link_bandwidth_mbps and --link_latency_ms, each
+// DEFAULT[,HOST:PORT=VALUE...]. A link listed in only one flag takes the
+// other flag's default. InvalidArgument naming the flag and the bad token
+// (see ParseLinkValueSpec; also a key that is not host:port, or one listed
+// twice).
+absl::StatusOr<LinkEmulatorOptions> ParseLinkFlags(
+    const std::string& bandwidth_mbps, const std::string& latency_ms);
+
+// The flags' values ("DEFAULT,HOST:PORT=VALUE,...") that ParseLinkFlags
+// reads back into `options` (burst aside).
+std::pair<std::string, std::string> FormatLinkFlags(
+    const LinkEmulatorOptions& options);
+
+// Shapers by destination address, made on first use.
+class LinkEmulator {
+ public:
+  explicit LinkEmulator(LinkEmulatorOptions options);
+
+  // The shaper of the link to `address`, or null when that link is not
+  // shaped. Shapers live as long as the emulator.
+  LinkShaper* For(const std::string& address);
+
+  const LinkEmulatorOptions& options() const { return options_; }
+
+ private:
+  const LinkEmulatorOptions options_;
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<LinkShaper>> shapers_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace starling
+
+#endif  // STARLING_GOSSIP_LINK_SHAPER_H_
