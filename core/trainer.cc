@@ -290,7 +290,9 @@ absl::StatusOr<StepResult> Trainer::Step(const GradientHook& hook) {
   state_.set_step(state_.step() + 1);
   state_.set_samples(state_.samples() + r.samples);
   state_.set_tokens(state_.tokens() + r.tokens);
-  state_.set_compute_seconds(state_.compute_seconds() + r.seconds);
+  // Compute only: the hook's communication (ddp's all-reduce) is not.
+  state_.set_compute_seconds(state_.compute_seconds() +
+                             std::max(0.0, r.seconds - hook_seconds));
   state_.set_last_train_loss(r.loss);
   return r;
 }
