@@ -475,13 +475,19 @@ const Subcommand& BenchSubcommand() {
       "against the exact sum (within the codec's error bound when lossy) and "
       "across ranks. Writes allreduce.json and allreduce.md into --out "
       "(default runs/bench-allreduce-TIMESTAMP) and prints the table.\n"
-      "--nodes: worker processes (ranks); --chunk_bytes: Starling's gRPC "
-      "stream chunk size.\n"
       "example:\n"
       "  starling bench allreduce --out=runs/ar --sizes_mib=4,64,256",
       {"out", "nodes", "sizes_mib", "iterations", "compression", "chunk_bytes"},
       "allreduce",
-      {{"compression", "fp32,int8"}}};
+      {{"compression", "fp32,int8"}},
+      {{"out",
+        "directory for allreduce.json and allreduce.md; empty = "
+        "runs/bench-allreduce-TIMESTAMP"},
+       {"nodes", "worker processes (ranks), 2 to 64"},
+       {"compression",
+        "Starling codecs to measure, comma-separated: fp32 (raw) and any "
+        "--compression spec, e.g. fp32,int8,int8+zstd"},
+       {"chunk_bytes", "Starling's gRPC stream chunk size in bytes"}}};
   return *sub;
 }
 

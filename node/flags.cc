@@ -134,12 +134,15 @@ std::string SubcommandUsage(const Subcommand& sub) {
   for (const std::string& name : sub.flags) {
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     if (flag == nullptr) continue;
+    auto own_help = sub.help.find(name);
+    const std::string help =
+        own_help != sub.help.end() ? own_help->second : flag->Help();
     auto own = sub.defaults.find(name);
     std::string def =
         own != sub.defaults.end() ? own->second : flag->DefaultValue();
     absl::StrAppend(&out, "  --", name,
                     "  (default: ", def.empty() ? "\"\"" : def, ")\n      ",
-                    flag->Help(), "\n");
+                    help, "\n");
   }
   absl::StrAppend(&out,
                   "  --flagfile=FILE\n      read more flags from FILE, one "

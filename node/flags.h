@@ -25,6 +25,8 @@ struct Subcommand {
   // Defaults of shared flags that differ for this subcommand (flag name to
   // value): set before the arguments are parsed and shown in its usage.
   std::map<std::string, std::string> defaults;
+  // Help texts of shared flags that read differently for this subcommand.
+  std::map<std::string, std::string> help;
 };
 
 // Parses args (without the program and subcommand names) into the absl
