@@ -1,14 +1,20 @@
 #include "gossip/grpc_transport.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstring>
 #include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/logging.h"
+#include "core/status.h"
 #include "gossip/crash_point.h"
 #include "starling/peer/v1/peer.grpc.pb.h"
 
@@ -31,6 +37,20 @@ absl::Status FromGrpc(const grpc::Status& s) {
 
 std::chrono::system_clock::time_point ToChrono(absl::Time t) {
   return absl::ToChronoTime(t);
+}
+
+// TensorChunk's `data` field key on the wire.
+constexpr uint32_t kDataTag =
+    google::protobuf::internal::WireFormatLite::MakeTag(
+        TensorChunk::kDataFieldNumber,
+        google::protobuf::internal::WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+
+void AppendVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
 }
 
 }  // namespace
@@ -82,7 +102,11 @@ std::string HandshakeMismatch(const HandshakeRequest& theirs,
 }
 
 // Server side: handshakes and chunk streams, on gRPC's callback threads.
-class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
+// SendChunks is raw (ByteBuffer) so that a chunk's bytes are copied once,
+// straight into the message.
+class GrpcTransport::Service final
+    : public peer::v1::Peer::WithRawCallbackMethod_SendChunks<
+          peer::v1::Peer::CallbackService> {
  public:
   explicit Service(const PeerIdentity& identity) : identity_(identity) {}
 
@@ -145,8 +169,8 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
     return reactor;
   }
 
-  grpc::ServerReadReactor<TensorChunk>* SendChunks(
-      grpc::CallbackServerContext* ctx, SendAck* ack) override {
+  grpc::ServerReadReactor<grpc::ByteBuffer>* SendChunks(
+      grpc::CallbackServerContext* ctx, grpc::ByteBuffer* ack) override {
     std::shared_ptr<Mailbox> mailbox;
     bool exact;
     {
@@ -159,10 +183,10 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
 
  private:
   // Assembles one stream of chunks into a Message.
-  class ChunkReader : public grpc::ServerReadReactor<TensorChunk> {
+  class ChunkReader : public grpc::ServerReadReactor<grpc::ByteBuffer> {
    public:
     ChunkReader(Service* service, std::shared_ptr<Mailbox> mailbox,
-                bool exact_round, SendAck* ack)
+                bool exact_round, grpc::ByteBuffer* ack)
         : service_(service),
           mailbox_(std::move(mailbox)),
           exact_round_(exact_round),
@@ -172,7 +196,7 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
                             "this node has not joined its peers yet"));
         return;
       }
-      StartRead(&chunk_);
+      StartRead(&buffer_);
     }
     void OnReadDone(bool ok) override {
       if (!ok) {
@@ -184,13 +208,57 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
         Reject(s);
         return;
       }
-      StartRead(&chunk_);
+      StartRead(&buffer_);
     }
     void OnDone() override { delete this; }
 
    private:
+    // Parses buffer_: the header fields into chunk_ (with protobuf), and
+    // `data`, which must come last, straight into the payload.
     absl::Status Absorb() {
-      service_->received_ += static_cast<int64_t>(chunk_.ByteSizeLong());
+      service_->received_ += static_cast<int64_t>(buffer_.Length());
+      const absl::Status malformed = absl::InvalidArgumentError(absl::StrCat(
+          "message from rank ", first_ ? -1 : m_.from, ": a malformed chunk"));
+      grpc::ProtoBufferReader reader(&buffer_);
+      google::protobuf::io::CodedInputStream in(&reader);
+      in.SetTotalBytesLimit(INT_MAX);
+      std::string header;
+      uint32_t data_len = 0;
+      {
+        google::protobuf::io::StringOutputStream hs(&header);
+        google::protobuf::io::CodedOutputStream hout(&hs);
+        while (true) {
+          const uint32_t tag = in.ReadTag();
+          if (tag == 0) break;
+          if (tag == kDataTag) {
+            if (!in.ReadVarint32(&data_len)) return malformed;
+            break;
+          }
+          if (!google::protobuf::internal::WireFormatLite::SkipField(&in, tag,
+                                                                     &hout)) {
+            return malformed;
+          }
+        }
+      }
+      chunk_.Clear();
+      if (!chunk_.ParseFromString(header)) return malformed;
+      STARLING_RETURN_IF_ERROR(CheckHeader(data_len));
+      if (data_len > 0 &&
+          !in.ReadRaw(&m_.payload[static_cast<size_t>(received_)],
+                      static_cast<int>(data_len))) {
+        return malformed;
+      }
+      received_ += data_len;
+      // Nothing may follow `data`.
+      if (static_cast<size_t>(in.CurrentPosition()) != buffer_.Length()) {
+        return malformed;
+      }
+      return absl::OkStatus();
+    }
+
+    // The checks of a chunk's header (in chunk_) that carries `data_len`
+    // bytes of data.
+    absl::Status CheckHeader(uint32_t data_len) {
       const MailboxOptions& o = mailbox_->options();
       if (first_) {
         first_ = false;
@@ -244,7 +312,7 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
                            expected_bytes_, " bytes for one segment of '",
                            m_.tensor, "'; at most ", max_bytes, " fit"));
         }
-        m_.payload.reserve(static_cast<size_t>(expected_bytes_));
+        m_.payload.resize(static_cast<size_t>(expected_bytes_));
       } else if (chunk_.from_rank() != m_.from || chunk_.round() != m_.round ||
                  chunk_.tensor() != m_.tensor || chunk_.step() != m_.step ||
                  chunk_.segment() != m_.segment) {
@@ -252,16 +320,14 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
             "message from rank ", m_.from,
             ": a chunk's header changed in the middle of a stream"));
       }
-      if (chunk_.offset() != static_cast<int64_t>(m_.payload.size()) ||
-          m_.payload.size() + chunk_.data().size() >
-              static_cast<size_t>(expected_bytes_)) {
+      if (chunk_.offset() != received_ ||
+          received_ + data_len > expected_bytes_) {
         return absl::InvalidArgumentError(
             absl::StrCat("message from rank ", m_.from, ": chunk at offset ",
-                         chunk_.offset(), " with ", chunk_.data().size(),
-                         " bytes does not continue the ", m_.payload.size(),
-                         " of ", expected_bytes_, " bytes received"));
+                         chunk_.offset(), " with ", data_len,
+                         " bytes does not continue the ", received_, " of ",
+                         expected_bytes_, " bytes received"));
       }
-      m_.payload += chunk_.data();
       return absl::OkStatus();
     }
 
@@ -270,10 +336,10 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
         Reject(absl::InvalidArgumentError("empty chunk stream"));
         return;
       }
-      if (static_cast<int64_t>(m_.payload.size()) != expected_bytes_) {
-        Reject(absl::InvalidArgumentError(absl::StrCat(
-            "message from rank ", m_.from, ": stream ended after ",
-            m_.payload.size(), " of ", expected_bytes_, " bytes")));
+      if (received_ != expected_bytes_) {
+        Reject(absl::InvalidArgumentError(
+            absl::StrCat("message from rank ", m_.from, ": stream ended after ",
+                         received_, " of ", expected_bytes_, " bytes")));
         return;
       }
       const int64_t bytes = static_cast<int64_t>(m_.payload.size());
@@ -284,8 +350,12 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
         Finish(grpc::Status(ToGrpc(s.code()), std::string(s.message())));
         return;
       }
-      ack_->set_bytes_received(bytes);
-      Finish(grpc::Status::OK);
+      SendAck ack;
+      ack.set_bytes_received(bytes);
+      bool own = false;
+      grpc::Status serialized =
+          grpc::SerializationTraits<SendAck>::Serialize(ack, ack_, &own);
+      Finish(serialized);
     }
 
     void Reject(const absl::Status& s) {
@@ -303,12 +373,14 @@ class GrpcTransport::Service final : public peer::v1::Peer::CallbackService {
     Service* service_;
     std::shared_ptr<Mailbox> mailbox_;
     const bool exact_round_;
-    SendAck* ack_;
-    TensorChunk chunk_;
+    grpc::ByteBuffer* ack_;
+    grpc::ByteBuffer buffer_;
+    TensorChunk chunk_;  // the header fields of the last chunk
     Message m_;
     bool first_ = true;
     bool early_ = false;
     int64_t expected_bytes_ = 0;
+    int64_t received_ = 0;  // payload bytes so far
   };
 
  public:
@@ -355,11 +427,20 @@ class GrpcTransport::Peer {
     args.SetMaxSendMessageSize(64 << 20);
     args.SetMaxReceiveMessageSize(64 << 20);
     SetReconnectBackoff(args);
-    stub = peer::v1::Peer::NewStub(grpc::CreateCustomChannel(
-        address, grpc::InsecureChannelCredentials(), args));
+    channel = grpc::CreateCustomChannel(
+        address, grpc::InsecureChannelCredentials(), args);
+    stub = peer::v1::Peer::NewStub(channel);
+    send_chunks = std::make_unique<grpc::internal::RpcMethod>(
+        kSendChunksMethod, grpc::internal::RpcMethod::CLIENT_STREAMING,
+        channel);
   }
+  static constexpr char kSendChunksMethod[] =
+      "/starling.peer.v1.Peer/SendChunks";
   std::string address;
+  std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<peer::v1::Peer::Stub> stub;
+  // SendChunks with serialized chunks (see SendOnce).
+  std::unique_ptr<grpc::internal::RpcMethod> send_chunks;
 };
 
 GrpcTransport::GrpcTransport(const GrpcTransportOptions& options,
@@ -482,12 +563,18 @@ void GrpcTransport::InstallRound(const std::vector<std::string>& members,
 
 absl::Status GrpcTransport::Send(int to, const Message& m,
                                  absl::Time deadline) {
+  return SendPayload(to, m, m.payload, deadline);
+}
+
+absl::Status GrpcTransport::SendPayload(int to, const Message& m,
+                                        absl::string_view payload,
+                                        absl::Time deadline) {
   if (to < 0 || to >= world() || to == rank_) {
     return absl::InvalidArgumentError(absl::StrCat("no peer rank ", to));
   }
   absl::Duration backoff = absl::Milliseconds(5);
   while (true) {
-    absl::Status s = SendOnce(to, m, deadline);
+    absl::Status s = SendOnce(to, m, payload, deadline);
     // Elastic rounds: the peer has not reached this attempt yet (or is
     // restarting); retry until the deadline or until the attempt is off.
     if (s.ok() || !elastic_ || !absl::IsUnavailable(s) ||
@@ -500,6 +587,7 @@ absl::Status GrpcTransport::Send(int to, const Message& m,
 }
 
 absl::Status GrpcTransport::SendOnce(int to, const Message& m,
+                                     absl::string_view payload,
                                      absl::Time deadline) {
   if (options_.blocked && options_.blocked(peers_[to]->address)) {
     return absl::UnavailableError(absl::StrCat(
@@ -516,9 +604,14 @@ absl::Status GrpcTransport::SendOnce(int to, const Message& m,
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(ToChrono(deadline));
-  SendAck ack;
-  std::unique_ptr<grpc::ClientWriter<TensorChunk>> writer =
-      peers_[to]->stub->SendChunks(&ctx, &ack);
+  grpc::ByteBuffer ack;
+  // The stub's SendChunks, but writing serialized chunks: each is the
+  // header fields, then field `data`'s key and length, then the bytes,
+  // copied once into a slice that gRPC owns (the wire format protobuf
+  // writes: `data` is the last field).
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+          peers_[to]->channel.get(), *peers_[to]->send_chunks, &ctx, &ack));
   TensorChunk chunk;
   chunk.set_run_id(identity_.run_id);
   chunk.set_from_rank(m.from);
@@ -528,16 +621,21 @@ absl::Status GrpcTransport::SendOnce(int to, const Message& m,
   chunk.set_step(m.step);
   chunk.set_segment(m.segment);
   chunk.set_total_elements(m.total_elements);
-  chunk.set_segment_bytes(static_cast<int64_t>(m.payload.size()));
+  chunk.set_segment_bytes(static_cast<int64_t>(payload.size()));
   const size_t step =
       static_cast<size_t>(std::max<int64_t>(1, options_.chunk_bytes));
   size_t offset = 0;
   absl::Status shaped;  // not OK when the emulated link missed the deadline
+  std::string head;
   do {
-    size_t len = std::min(step, m.payload.size() - offset);
+    const size_t len = std::min(step, payload.size() - offset);
     chunk.set_offset(static_cast<int64_t>(offset));
-    chunk.set_data(m.payload.data() + offset, len);
-    const int64_t bytes = static_cast<int64_t>(chunk.ByteSizeLong());
+    head = chunk.SerializeAsString();
+    if (len > 0) {
+      AppendVarint(kDataTag, &head);
+      AppendVarint(len, &head);
+    }
+    const int64_t bytes = static_cast<int64_t>(head.size() + len);
     if (link != nullptr) {
       shaped = link->Acquire(bytes, deadline);
       if (!shaped.ok()) {
@@ -545,13 +643,18 @@ absl::Status GrpcTransport::SendOnce(int to, const Message& m,
         break;
       }
     }
+    grpc::Slice slice(head.size() + len);
+    uint8_t* dst = const_cast<uint8_t*>(slice.begin());
+    std::memcpy(dst, head.data(), head.size());
+    if (len > 0) std::memcpy(dst + head.size(), payload.data() + offset, len);
+    grpc::ByteBuffer buffer(&slice, 1);
     sent_ += bytes;
-    if (!writer->Write(chunk)) break;  // the server ended the stream early
+    if (!writer->Write(buffer)) break;  // the server ended the stream early
     if (offset == 0 && m.phase == RingPhase::kReduceScatter) {
       CrashPoint("send");
     }
     offset += len;
-  } while (offset < m.payload.size());
+  } while (offset < payload.size());
   writer->WritesDone();
   grpc::Status s = writer->Finish();
   if (!shaped.ok()) {

@@ -99,6 +99,9 @@ class GrpcTransport : public Transport {
   int rank() const override { return rank_; }
   int world() const override { return static_cast<int>(members_.size()); }
   absl::Status Send(int to, const Message& m, absl::Time deadline) override;
+  absl::Status SendPayload(int to, const Message& header,
+                           absl::string_view payload,
+                           absl::Time deadline) override;
   Mailbox& mailbox() override { return *mailbox_; }
   int64_t bytes_sent() const override { return sent_.load(); }
   int64_t bytes_received() const override;
@@ -114,7 +117,8 @@ class GrpcTransport : public Transport {
   GrpcTransport(const GrpcTransportOptions& options,
                 const PeerIdentity& identity);
   void SetPeers(const std::vector<std::string>& members, int rank);
-  absl::Status SendOnce(int to, const Message& m, absl::Time deadline);
+  absl::Status SendOnce(int to, const Message& header,
+                        absl::string_view payload, absl::Time deadline);
 
   const GrpcTransportOptions options_;
   const PeerIdentity identity_;

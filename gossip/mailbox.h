@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -34,6 +35,9 @@ struct Message {
   int64_t total_elements = 0;  // of the whole flat tensor
   std::string payload;         // little-endian fp32 values of the segment
 };
+
+// The index of the first NaN or ±Inf among little-endian fp32 values, or -1.
+int64_t FirstNonFinite(absl::string_view fp32);
 
 // Elements of segment `segment` when `total` elements are split into `parts`
 // nearly equal contiguous segments (the first total % parts get one more).

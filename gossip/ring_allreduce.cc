@@ -9,8 +9,9 @@
 namespace starling {
 namespace {
 
-std::string Bytes(absl::Span<const float> v) {
-  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+absl::string_view Bytes(absl::Span<const float> v) {
+  return absl::string_view(reinterpret_cast<const char*>(v.data()),
+                           v.size() * 4);
 }
 
 }  // namespace
@@ -59,22 +60,26 @@ absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
         if (!s.ok()) return fail(s, "decoding own segment: ");
         forward = std::move(enc).value();
       }
+      // What travels: raw fp32 straight from `data` (the transport streams
+      // it without a copy), or the encoded bytes.
+      absl::string_view payload;
       if (phase == RingPhase::kAllGather && o.codec != nullptr) {
-        m.payload = forward;
+        payload = forward;
       } else if (o.codec != nullptr) {
         absl::StatusOr<std::string> enc =
             o.codec->EncodeSlice(SegmentOffset(total, n, send_seg), out_seg);
         if (!enc.ok()) return fail(enc.status(), "encoding: ");
         m.payload = std::move(enc).value();
+        payload = m.payload;
       } else {
-        m.payload = Bytes(out_seg);
+        payload = Bytes(out_seg);
       }
       if (o.stats != nullptr) {
         o.stats->raw_bytes += static_cast<int64_t>(out_seg.size()) * 4;
-        o.stats->wire_bytes += static_cast<int64_t>(m.payload.size());
+        o.stats->wire_bytes += static_cast<int64_t>(payload.size());
       }
       const absl::Time deadline = absl::Now() + o.step_timeout;
-      absl::Status s = t.Send(next, m, deadline);
+      absl::Status s = t.SendPayload(next, m, payload, deadline);
       if (!s.ok()) {
         return fail(s, absl::StrCat("sending to rank ", next, " failed: "));
       }

@@ -4,6 +4,14 @@
 
 namespace starling {
 
+absl::Status Transport::SendPayload(int to, const Message& header,
+                                    absl::string_view payload,
+                                    absl::Time deadline) {
+  Message m = header;
+  m.payload.assign(payload.data(), payload.size());
+  return Send(to, m, deadline);
+}
+
 class InProcessNetwork::Endpoint : public Transport {
  public:
   Endpoint(InProcessNetwork* net, int rank) : net_(net), rank_(rank) {}

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "gossip/mailbox.h"
 
@@ -27,6 +28,14 @@ class Transport {
   // FailedPrecondition, naming what was wrong) or Unavailable /
   // DeadlineExceeded naming the peer.
   virtual absl::Status Send(int to, const Message& m, absl::Time deadline) = 0;
+
+  // Send with the payload apart from `header` (whose own payload is
+  // ignored), so that a transport can stream it without first copying it
+  // into a Message. `payload` must stay unchanged until this returns. The
+  // default copies and calls Send.
+  virtual absl::Status SendPayload(int to, const Message& header,
+                                   absl::string_view payload,
+                                   absl::Time deadline);
 
   // This rank's inbox.
   virtual Mailbox& mailbox() = 0;

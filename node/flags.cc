@@ -99,20 +99,50 @@ absl::Status ParseSubcommandFlags(const Subcommand& sub,
                                   const std::vector<std::string>& args,
                                   bool* help) {
   *help = false;
-  return ParseArgs(sub, args, help, 0);
+  std::vector<std::string> rest = args;
+  if (!sub.operand.empty()) {
+    if (!rest.empty() && rest[0] == sub.operand) {
+      rest.erase(rest.begin());
+    } else if (std::find_if(rest.begin(), rest.end(), [](const std::string& a) {
+                 return a == "--help" || a == "-h" || a == "--helpfull";
+               }) != rest.end()) {
+      *help = true;
+      return absl::OkStatus();
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "expected 'starling ", sub.name, " ", sub.operand, "'",
+          rest.empty() ? "" : absl::StrCat(", got '", rest[0], "'")));
+    }
+  }
+  for (const auto& [name, value] : sub.defaults) {
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    std::string error;
+    if (flag == nullptr || !flag->ParseFrom(value, &error)) {
+      return absl::InternalError(absl::StrCat("default --", name, "=", value,
+                                              " of 'starling ", sub.name,
+                                              "': ", error));
+    }
+  }
+  return ParseArgs(sub, rest, help, 0);
 }
 
 std::string SubcommandUsage(const Subcommand& sub) {
-  std::string out = absl::StrCat("usage: starling ", sub.name,
-                                 " [--flag=value ...] [--flagfile=FILE]\n\n",
-                                 sub.description, "\n\nflags:\n");
+  std::string out =
+      absl::StrCat("usage: starling ", sub.name, sub.operand.empty() ? "" : " ",
+                   sub.operand, " [--flag=value ...] [--flagfile=FILE]\n\n",
+                   sub.description, "\n\nflags:\n");
   for (const std::string& name : sub.flags) {
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     if (flag == nullptr) continue;
-    std::string def = flag->DefaultValue();
+    auto own_help = sub.help.find(name);
+    const std::string help =
+        own_help != sub.help.end() ? own_help->second : flag->Help();
+    auto own = sub.defaults.find(name);
+    std::string def =
+        own != sub.defaults.end() ? own->second : flag->DefaultValue();
     absl::StrAppend(&out, "  --", name,
                     "  (default: ", def.empty() ? "\"\"" : def, ")\n      ",
-                    flag->Help(), "\n");
+                    help, "\n");
   }
   absl::StrAppend(&out,
                   "  --flagfile=FILE\n      read more flags from FILE, one "

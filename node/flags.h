@@ -6,6 +6,7 @@
 #ifndef STARLING_NODE_FLAGS_H_
 #define STARLING_NODE_FLAGS_H_
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -18,12 +19,21 @@ struct Subcommand {
   std::string summary;             // one line for `starling --help`
   std::string description;         // paragraph for `starling NAME --help`
   std::vector<std::string> flags;  // flag names this subcommand accepts
+  // A word that must follow the name, e.g. "allreduce" in `starling bench
+  // allreduce`; empty for none.
+  std::string operand;
+  // Defaults of shared flags that differ for this subcommand (flag name to
+  // value): set before the arguments are parsed and shown in its usage.
+  std::map<std::string, std::string> defaults;
+  // Help texts of shared flags that read differently for this subcommand.
+  std::map<std::string, std::string> help;
 };
 
 // Parses args (without the program and subcommand names) into the absl
 // flags. Sets *help when --help / -h is present. InvalidArgument naming the
 // flag for unknown flags, flags of other subcommands, bad values, missing
-// values and unreadable flag files.
+// values and unreadable flag files. A subcommand with an operand expects it
+// first in args and consumes it.
 absl::Status ParseSubcommandFlags(const Subcommand& sub,
                                   const std::vector<std::string>& args,
                                   bool* help);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "compression/codec.h"
 #include "core/logging.h"
+#include "node/bench_command.h"
 #include "node/flags.h"
 #include "node/node_command.h"
 #include "node/sim_command.h"
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
       {starling::SimSubcommand(), &starling::RunSimCommand},
       {starling::NodeSubcommand(), &starling::RunNodeCommand},
       {starling::TrainSubcommand(), &starling::RunTrainCommand},
+      {starling::BenchSubcommand(), &starling::RunBenchCommand},
   };
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" ||

@@ -23,6 +23,8 @@ PACKAGES=(
   libtorch-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
   protobuf-compiler libabsl-dev libzstd-dev zlib1g-dev libgtest-dev
   libgmock-dev libbenchmark-dev prometheus-cpp-dev
+  # Gloo's headers, for PyTorch's Gloo all-reduce in `starling bench allreduce`
+  libgloo-dev
   # without it Debian's LibTorch uses reference BLAS and trains ~4x slower
   libopenblas0-openmp
   # real data sets: Fashion-MNIST idx files and the King James Bible
