@@ -735,12 +735,14 @@ struct NodeRun {
   }
 };
 
+// `step` < 0: the trainer's (--overlap serves a θ_global that its trainer
+// has already trained past: the step its round ended at).
 SwarmState CurrentState(const NodeRun& run,
                         const std::vector<float>& theta_global,
-                        const std::string& lineage) {
+                        const std::string& lineage, int step = -1) {
   SwarmState st;
   st.round = run.round;
-  st.step = run.trainer->state().step();
+  st.step = step >= 0 ? step : run.trainer->state().step();
   st.lineage = lineage;
   st.theta = theta_global;
   st.outer_state = run.outer->SaveState();
@@ -951,8 +953,9 @@ int RunDiloco(NodeRun& run) {
   const int64_t n_rounds = (total + run.h - 1) / run.h;
   int last_rank = 0, last_world = 1;
   bool left = false;
-  auto serve = [&] {
-    swarm.ServeState(StateBlob::Make(CurrentState(run, theta_global, lineage)));
+  auto serve = [&](int step = -1) {
+    swarm.ServeState(
+        StateBlob::Make(CurrentState(run, theta_global, lineage, step)));
   };
   serve();
 
@@ -1153,7 +1156,7 @@ int RunDiloco(NodeRun& run) {
     ++run.round;
     last_members = res->members;
     swarm.SetProgress(run.round, lineage, /*joining=*/false);
-    serve();
+    serve(rec.step);
     // The round's first member evaluates.
     STARLING_RETURN_IF_ERROR(run.RecordRound(
         rec, !res->members.empty() && res->members[0] == node_id, c.prev_step,

@@ -293,6 +293,33 @@ TEST(ElasticTest, GracefulLeaveCostsNoTimeoutAndRestartCatchesUp) {
   ExpectRoundsAgree(s, {"n0", "n1", "n2"});
 }
 
+// --overlap under churn: a member killed mid-run and started again (a
+// joiner with its old id) catches up while the others overlap their
+// rounds; every round's θ_global agrees and all end on the same model.
+TEST(ElasticTest, OverlappedRoundsSurviveACrashAndARejoin) {
+  Swarm s("overlap", 800, 10);
+  s.Start("n0", 0, 3, 3, "--overlap");
+  s.Start("n1", 1, 3, 3, "--overlap");
+  s.Start("n2", 2, 3, 3, "--overlap");
+  ASSERT_TRUE(WaitForText(s.Events("n2"), "\"round\":5", absl::Seconds(60)));
+  s.Signal("n2", SIGKILL);
+  s.Wait("n2");
+  s.Start("n2", 2, 3, 1, "--overlap");
+  for (const char* id : {"n0", "n1", "n2"}) {
+    EXPECT_EQ(s.Wait(id), 0) << id << ":\n" << s.LogText(id);
+  }
+  EXPECT_FALSE(s.Events_("n2", "state_transfer").empty()) << s.LogText("n2");
+  int overlapped = 0;
+  for (const auto& ev : s.Events_("n0", "round")) {
+    const auto& f = ev.fields();
+    if (f.count("overlapped") && f.at("overlapped").bool_value()) ++overlapped;
+  }
+  EXPECT_GT(overlapped, 10);
+  EXPECT_EQ(s.FinalHash("n2"), s.FinalHash("n0"));
+  EXPECT_EQ(s.FinalHash("n1"), s.FinalHash("n0"));
+  ExpectRoundsAgree(s, {"n0", "n1", "n2"});
+}
+
 // Two halves that cannot reach each other both continue; after the
 // partition heals one lineage survives and everybody converges to it.
 TEST(ElasticTest, PartitionHealsToOneLineage) {
