@@ -7,7 +7,6 @@
 // namespace it makes is removed when the test ends, passed or failed, and
 // leftovers of killed runs are removed at the start.
 #include <signal.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -308,7 +307,8 @@ struct Measured {
 // all agree on the final model.
 void RunSwarm(NetLab& lab, Qdisc qdisc, double mbit, const std::string& name,
               Measured* out) {
-  ASSERT_TRUE(lab.Shape(kNodes, qdisc, mbit).ok());
+  absl::Status shaped = lab.Shape(kNodes, qdisc, mbit);
+  ASSERT_TRUE(shaped.ok()) << shaped;
   const std::string dir = absl::StrCat(TempDir(), "/", name);
   ASSERT_TRUE(MakeDirs(dir).ok());
   const std::string run_id = absl::StrCat("netem-", name, "-", ::getpid(), "-",
