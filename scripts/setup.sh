@@ -31,8 +31,9 @@ PACKAGES=(
   dataset-fashion-mnist bible-kjv
   # TorchScript test fixtures and the PyTorch reference benchmark
   python3 python3-torch
-  # report.html charts; pgrep for the tests
-  gnuplot-nox procps
+  # report.html charts; pgrep for the tests; ip and tc for the real-network
+  # test (namespaces, veth pairs, tc shaping)
+  gnuplot-nox procps iproute2
   # deploy/ checks: YAML lint, the end-to-end test's YAML and gRPC health
   # client, Node.js for the manifest validator
   yamllint python3-yaml python3-grpcio nodejs
