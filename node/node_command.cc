@@ -1018,7 +1018,15 @@ int RunDiloco(NodeRun& run) {
   };
   enum class RoundAction { kNext, kRetry, kLeave };
   const bool overlap = absl::GetFlag(FLAGS_overlap);
-  std::shared_ptr<RoundCtx> pending;      // --overlap: the round in flight
+  // Set when this function returns with a round still in flight (an
+  // error): the round then gives up at its next wait instead of holding the
+  // exit up (the future's destructor waits for it).
+  std::atomic<bool> abandon_round{false};
+  std::shared_ptr<RoundCtx> pending;  // --overlap: the round in flight
+  struct AbandonOnExit {
+    std::atomic<bool>& flag;
+    ~AbandonOnExit() { flag = true; }
+  } abandon_on_exit{abandon_round};       // destroyed before `pending`
   std::vector<float> eager_start;         // where the round behind it started
   std::vector<std::string> last_members;  // of the last committed round
   // Runs the round protocol for `ctx` on run.round: on a thread of its own
@@ -1041,8 +1049,8 @@ int RunDiloco(NodeRun& run) {
       return RingAllReduceSum(t, absl::MakeSpan(ctx->work), o);
     };
     ctx->sync_start = absl::Now();
-    auto body = [&swarm, &ops, &so, round = run.round, lin = lineage, reduce,
-                 ctx, async]() {
+    auto body = [&swarm, &ops, &so, &abandon_round, round = run.round,
+                 lin = lineage, reduce, ctx, async]() {
       // The training thread keeps the watchdog fed while it trains.
       auto alive = [&] {
         if (!async) ops.watchdog->Waiting(so.round_deadline + so.rpc_timeout);
@@ -1051,7 +1059,7 @@ int RunDiloco(NodeRun& run) {
       absl::StatusOr<Swarm::RoundResult> r =
           swarm.SyncRound(round, lin, reduce, [&] {
             alive();  // polled while the protocol waits: the loop is alive
-            return StopSignalCount() >= 2;
+            return StopSignalCount() >= 2 || abandon_round.load();
           });
       ctx->sync_end = absl::Now();
       return r;
