@@ -21,7 +21,7 @@ DIR/SCENARIO.md (a markdown table), plus plots for `paper`.
       averaged over the nodes.
 
 Wall time is the slowest node's (its start event to its summary), without
-process start-up. Long: `paper` takes about an hour on a 2-core machine,
+process start-up. Long: `paper` takes about 27 minutes on a 2-core machine,
 `utilization` about 8 minutes; progress goes to stderr.
 """
 import argparse
