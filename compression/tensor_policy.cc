@@ -127,6 +127,34 @@ absl::Status PolicyCodec::DecodeSlice(int64_t offset, absl::string_view bytes,
 absl::Status PolicyCodec::DecodeSliceAccumulate(int64_t offset,
                                                 absl::string_view bytes,
                                                 absl::Span<float> acc) const {
+  // One part (one codec covers the slice, the usual case): that codec adds
+  // straight into `acc`, without a decoded copy of the whole slice (a
+  // fresh, zeroed buffer as large as a ring segment). It leaves `acc`
+  // unchanged on error, as does the general path below.
+  const Codec* only = nullptr;
+  int parts = 0;
+  STARLING_RETURN_IF_ERROR(ForEachPart(
+      offset, static_cast<int64_t>(acc.size()),
+      [&](const Codec& c, int64_t, int64_t) -> absl::Status {
+        only = &c;
+        ++parts;
+        return absl::OkStatus();
+      }));
+  if (parts == 1) {
+    uint32_t n = 0;
+    if (bytes.size() < 4) {
+      return absl::DataLossError("compressed slice is truncated");
+    }
+    std::memcpy(&n, bytes.data(), 4);
+    if (bytes.size() - 4 < n) {
+      return absl::DataLossError("compressed slice part is truncated");
+    }
+    if (bytes.size() - 4 != n) {
+      return absl::DataLossError(absl::StrCat(
+          "compressed slice has ", bytes.size() - 4 - n, " trailing bytes"));
+    }
+    return only->DecodeAccumulate(bytes.substr(4, n), acc);
+  }
   std::vector<float> decoded(acc.size());
   STARLING_RETURN_IF_ERROR(DecodeSlice(offset, bytes, absl::MakeSpan(decoded)));
   for (size_t i = 0; i < acc.size(); ++i) acc[i] += decoded[i];
