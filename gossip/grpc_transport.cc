@@ -9,7 +9,9 @@
 #include <climits>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -243,16 +245,68 @@ class GrpcTransport::Service final
       chunk_.Clear();
       if (!chunk_.ParseFromString(header)) return malformed;
       STARLING_RETURN_IF_ERROR(CheckHeader(data_len));
-      if (data_len > 0 &&
-          !in.ReadRaw(&m_.payload[static_cast<size_t>(received_)],
-                      static_cast<int>(data_len))) {
-        return malformed;
+      const size_t start = static_cast<size_t>(in.CurrentPosition());
+      // Nothing may follow `data`.
+      if (start + data_len != buffer_.Length()) return malformed;
+      if (data_len > 0 && sink_ != nullptr) {
+        absl::Status s = ApplyToSink(start, data_len);
+        if (!s.ok()) {
+          return absl::Status(
+              s.code(),
+              absl::StrCat("message from rank ", m_.from, ": segment ",
+                           m_.segment, " of '", m_.tensor, "' round ", m_.round,
+                           ": ", s.message()));
+        }
+      } else if (data_len > 0) {
+        const size_t old = m_.payload.size();
+        m_.payload.resize(old + data_len);
+        if (!in.ReadRaw(&m_.payload[old], static_cast<int>(data_len))) {
+          return malformed;
+        }
       }
       received_ += data_len;
-      // Nothing may follow `data`.
-      if (static_cast<size_t>(in.CurrentPosition()) != buffer_.Length()) {
-        return malformed;
+      return absl::OkStatus();
+    }
+
+    // Applies bytes [start, start + len) of buffer_ to sink_ straight from
+    // gRPC's slices: the whole fp32 values that lie in one slice at once,
+    // a value split between slices (or chunks) through carry_.
+    absl::Status ApplyToSink(size_t start, size_t len) {
+      std::vector<grpc::Slice> slices;
+      if (!buffer_.Dump(&slices).ok()) {
+        return absl::InternalError("cannot read a chunk's bytes");
       }
+      for (const grpc::Slice& slice : slices) {
+        if (len == 0) break;
+        const char* p = reinterpret_cast<const char*>(slice.begin());
+        size_t n = slice.size();
+        if (start >= n) {
+          start -= n;
+          continue;
+        }
+        p += start;
+        n = std::min(n - start, len);
+        start = 0;
+        len -= n;
+        if (!carry_.empty()) {
+          const size_t take = std::min(4 - carry_.size(), n);
+          carry_.append(p, take);
+          p += take;
+          n -= take;
+          if (carry_.size() < 4) continue;
+          STARLING_RETURN_IF_ERROR(sink_->Apply(applied_, carry_));
+          ++applied_;
+          carry_.clear();
+        }
+        const size_t whole = n / 4 * 4;
+        if (whole > 0) {
+          STARLING_RETURN_IF_ERROR(
+              sink_->Apply(applied_, absl::string_view(p, whole)));
+          applied_ += static_cast<int64_t>(whole / 4);
+        }
+        carry_.append(p + whole, n - whole);
+      }
+      if (len != 0) return absl::InternalError("a chunk is shorter than said");
       return absl::OkStatus();
     }
 
@@ -312,7 +366,13 @@ class GrpcTransport::Service final
                            expected_bytes_, " bytes for one segment of '",
                            m_.tensor, "'; at most ", max_bytes, " fit"));
         }
-        m_.payload.resize(static_cast<size_t>(expected_bytes_));
+        // A raw segment the collective already waits for goes straight
+        // into its values (reduced while it streams in); anything else is
+        // buffered whole and delivered at the end.
+        if (!early_) sink_ = mailbox_->ClaimSink(m_, expected_bytes_);
+        if (sink_ == nullptr) {
+          m_.payload.reserve(static_cast<size_t>(expected_bytes_));
+        }
       } else if (chunk_.from_rank() != m_.from || chunk_.round() != m_.round ||
                  chunk_.tensor() != m_.tensor || chunk_.step() != m_.step ||
                  chunk_.segment() != m_.segment) {
@@ -342,9 +402,11 @@ class GrpcTransport::Service final
                          received_, " of ", expected_bytes_, " bytes")));
         return;
       }
-      const int64_t bytes = static_cast<int64_t>(m_.payload.size());
-      absl::Status s = exact_round_ ? service_->Place(std::move(m_))
-                                    : mailbox_->Deliver(std::move(m_));
+      const int64_t bytes = expected_bytes_;
+      absl::Status s = sink_ != nullptr
+                           ? mailbox_->DeliverApplied(std::move(m_))
+                       : exact_round_ ? service_->Place(std::move(m_))
+                                      : mailbox_->Deliver(std::move(m_));
       if (!s.ok()) {
         STARLING_LOG(WARNING) << "rejected: " << s.message();
         Finish(grpc::Status(ToGrpc(s.code()), std::string(s.message())));
@@ -381,6 +443,10 @@ class GrpcTransport::Service final
     bool early_ = false;
     int64_t expected_bytes_ = 0;
     int64_t received_ = 0;  // payload bytes so far
+    // Set when the collective's values take the chunks (see Mailbox::Expect).
+    std::shared_ptr<Sink> sink_;
+    int64_t applied_ = 0;  // values applied to sink_ so far
+    std::string carry_;    // bytes of a value split between slices
   };
 
  public:

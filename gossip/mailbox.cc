@@ -41,12 +41,67 @@ int64_t SegmentOffset(int64_t total, int parts, int segment) {
   return segment * base + std::min<int64_t>(segment, extra);
 }
 
+namespace {
+
+// dst[i] += src[i] over little-endian fp32 `src`, in blocks of 16 that the
+// compiler turns into vector adds. The same single fp32 add per element as
+// a plain loop, so the result is bit for bit the same.
+void AddFloats(float* dst, const char* src, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    float block[16];
+    std::memcpy(block, src + 4 * i, sizeof(block));
+    for (int j = 0; j < 16; ++j) dst[i + j] += block[j];
+  }
+  for (; i < n; ++i) {
+    float x;
+    std::memcpy(&x, src + 4 * i, 4);
+    dst[i] += x;
+  }
+}
+
+}  // namespace
+
+absl::Status Sink::Apply(int64_t offset, absl::string_view fp32) {
+  const int64_t n = static_cast<int64_t>(fp32.size() / 4);
+  if (fp32.size() % 4 != 0 || offset < 0 || offset + n > elements()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fp32.size(), " bytes at element ", offset,
+        " are not whole fp32 values inside the segment's ", elements()));
+  }
+  const int64_t bad = FirstNonFinite(fp32);
+  if (bad >= 0) {
+    float v;
+    std::memcpy(&v, fp32.data() + 4 * bad, 4);
+    return absl::InvalidArgumentError(
+        absl::StrCat("a non-finite value (", v, ") at element ", offset + bad));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!open_) {
+    return absl::FailedPreconditionError(
+        "the collective no longer waits for this message");
+  }
+  if (accumulate_) {
+    AddFloats(values_.data() + offset, fp32.data(), n);
+  } else {
+    std::memcpy(values_.data() + offset, fp32.data(), fp32.size());
+  }
+  return absl::OkStatus();
+}
+
+void Sink::Close() {
+  absl::MutexLock lock(&mu_);
+  open_ = false;
+}
+
 Mailbox::Mailbox(MailboxOptions options)
     : options_(std::move(options)), round_(options_.first_round) {}
 
 absl::Status Mailbox::Deliver(Message m) {
   const int from = m.from;
-  absl::Status s = Validate(m);
+  m.applied = false;
+  absl::Status s =
+      Validate(m, static_cast<int64_t>(m.payload.size()), /*scan=*/true);
   if (!s.ok()) {
     // A bad message for the current or next round fails the wait for it;
     // a stale one cannot hurt and is only refused.
@@ -67,7 +122,8 @@ absl::Status Mailbox::Deliver(Message m) {
                      " is ahead of this node's ", round_, " by more than one"));
   } else {
     Key key{m.round, m.tensor, static_cast<int>(m.phase), m.step, m.from};
-    if (inbox_.count(key)) {
+    auto e = expected_.find(key);
+    if (inbox_.count(key) || (e != expected_.end() && e->second.claimed)) {
       s = absl::FailedPreconditionError(
           absl::StrCat("message from rank ", from, ": duplicate for round ",
                        m.round, " step ", m.step));
@@ -85,7 +141,56 @@ void Mailbox::RecordRejection(int from, const absl::Status& why) {
   rejected_[from] = why;
 }
 
-absl::Status Mailbox::Validate(const Message& m) const {
+std::shared_ptr<Sink> Mailbox::Expect(int from, int64_t round,
+                                      const std::string& tensor,
+                                      RingPhase phase, int step, int segment,
+                                      absl::Span<float> values,
+                                      bool accumulate) {
+  auto sink = std::make_shared<Sink>(values, accumulate);
+  absl::MutexLock lock(&mu_);
+  expected_[Key{round, tensor, static_cast<int>(phase), step, from}] =
+      Expected{segment, sink, false};
+  return sink;
+}
+
+std::shared_ptr<Sink> Mailbox::ClaimSink(const Message& header,
+                                         int64_t segment_bytes) {
+  if (options_.compressed_bytes_per_element.count(header.tensor) ||
+      !Validate(header, segment_bytes, /*scan=*/false).ok()) {
+    return nullptr;  // the buffered path says what is wrong
+  }
+  Key key{header.round, header.tensor, static_cast<int>(header.phase),
+          header.step, header.from};
+  absl::MutexLock lock(&mu_);
+  if (header.round != round_ || inbox_.count(key)) return nullptr;
+  auto it = expected_.find(key);
+  if (it == expected_.end() || it->second.claimed ||
+      it->second.segment != header.segment ||
+      it->second.sink->elements() * 4 != segment_bytes) {
+    return nullptr;
+  }
+  it->second.claimed = true;
+  return it->second.sink;
+}
+
+absl::Status Mailbox::DeliverApplied(Message header) {
+  header.payload.clear();
+  header.applied = true;
+  Key key{header.round, header.tensor, static_cast<int>(header.phase),
+          header.step, header.from};
+  absl::MutexLock lock(&mu_);
+  auto it = expected_.find(key);
+  if (header.round < round_ || it == expected_.end() || !it->second.claimed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "message from rank ", header.from, ": round ", header.round, " step ",
+        header.step, " is no longer expected; this node is at round ", round_));
+  }
+  inbox_.emplace(std::move(key), std::move(header));
+  return absl::OkStatus();
+}
+
+absl::Status Mailbox::Validate(const Message& m, int64_t payload_bytes,
+                               bool scan) const {
   const std::string who = absl::StrCat("message from rank ", m.from);
   if (m.from < 0 || m.from >= options_.world || m.from == options_.rank) {
     return absl::InvalidArgumentError(
@@ -115,19 +220,20 @@ absl::Status Mailbox::Validate(const Message& m) const {
   if (auto c = options_.compressed_bytes_per_element.find(m.tensor);
       c != options_.compressed_bytes_per_element.end()) {
     const int64_t limit = elems * c->second + 4096;
-    if (static_cast<int64_t>(m.payload.size()) > limit) {
+    if (payload_bytes > limit) {
       return absl::InvalidArgumentError(absl::StrCat(
           who, ": compressed segment ", m.segment, " of '", m.tensor, "' has ",
-          m.payload.size(), " bytes; at most ", limit, " fit"));
+          payload_bytes, " bytes; at most ", limit, " fit"));
     }
     return absl::OkStatus();
   }
   const int64_t want = elems * 4;
-  if (static_cast<int64_t>(m.payload.size()) != want) {
+  if (payload_bytes != want) {
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": segment ", m.segment, " of '", m.tensor, "' has ",
-                     m.payload.size(), " bytes; expected ", want));
+                     payload_bytes, " bytes; expected ", want));
   }
+  if (!scan) return absl::OkStatus();
   const int64_t bad = FirstNonFinite(m.payload);
   if (bad >= 0) {
     float v;
@@ -167,6 +273,7 @@ absl::StatusOr<Message> Mailbox::Take(int from, int64_t round,
   }
   Message m = std::move(it->second);
   inbox_.erase(it);
+  expected_.erase(key);
   return m;
 }
 
@@ -177,6 +284,9 @@ void Mailbox::AdvanceRound(int64_t round) {
   rejected_.clear();
   for (auto it = inbox_.begin(); it != inbox_.end();) {
     it = std::get<0>(it->first) < round ? inbox_.erase(it) : std::next(it);
+  }
+  for (auto it = expected_.begin(); it != expected_.end();) {
+    it = std::get<0>(it->first) < round ? expected_.erase(it) : std::next(it);
   }
 }
 

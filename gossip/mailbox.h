@@ -4,6 +4,10 @@
 // size, for an unknown tensor, from a stale round or carrying NaN/Inf is
 // rejected at delivery with an error naming what was wrong; it never reaches
 // the collective, so it cannot corrupt θ.
+// A collective may also name, before a raw fp32 message arrives, the
+// values it will be added to (or copied into): a streaming transport then
+// applies each chunk there as it arrives (see Expect), so the segment is
+// reduced while it is received and never buffered whole.
 // Thread-safe: transports deliver from their threads while the collective
 // thread takes. One absl::Mutex guards all state; no callbacks under it.
 #ifndef STARLING_GOSSIP_MAILBOX_H_
@@ -11,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 
@@ -19,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 
 namespace starling {
 
@@ -34,6 +40,32 @@ struct Message {
   int segment = 0;
   int64_t total_elements = 0;  // of the whole flat tensor
   std::string payload;         // little-endian fp32 values of the segment
+  // Set by the mailbox only (never from the wire): the values went straight
+  // into the collective's buffer through a Sink, and `payload` is empty.
+  bool applied = false;
+};
+
+// Where the chunks of one expected raw fp32 message go as they arrive: the
+// collective's values of that segment. Thread-safe: the transport applies
+// while the collective may close it; once Close returns nothing more is
+// written.
+class Sink {
+ public:
+  Sink(absl::Span<float> values, bool accumulate)
+      : values_(values), accumulate_(accumulate) {}
+  // Adds (reduce-scatter) or copies (all-gather) `fp32`, whole
+  // little-endian values, at element `offset` of the segment.
+  // InvalidArgument for non-finite values or a range outside the segment
+  // (naming the element), FailedPrecondition once closed.
+  absl::Status Apply(int64_t offset, absl::string_view fp32);
+  void Close();
+  int64_t elements() const { return static_cast<int64_t>(values_.size()); }
+
+ private:
+  absl::Mutex mu_;
+  const absl::Span<float> values_;
+  const bool accumulate_;
+  bool open_ ABSL_GUARDED_BY(mu_) = true;
 };
 
 // The index of the first NaN or ±Inf among little-endian fp32 values, or -1.
@@ -81,6 +113,27 @@ class Mailbox {
                                const std::string& tensor, RingPhase phase,
                                int step, absl::Time deadline);
 
+  // The collective expects the raw fp32 message (round, tensor, phase,
+  // step) from `from`, for segment `segment`, whose values `values` will
+  // take (added to them when `accumulate`, else copied over them). Until the
+  // returned sink is closed, a transport that streams chunks may claim it
+  // (ClaimSink) and apply the chunks there; Take then returns the message
+  // with `applied` set. The caller must Close the sink before `values` go
+  // away, whatever happened (on error they hold partial sums).
+  std::shared_ptr<Sink> Expect(int from, int64_t round,
+                               const std::string& tensor, RingPhase phase,
+                               int step, int segment, absl::Span<float> values,
+                               bool accumulate);
+  // For a transport at the first chunk of `header` (payload ignored): the
+  // expected sink for it when the header is valid for a raw fp32 segment of
+  // `segment_bytes` bytes, the collective expects it and nothing claimed or
+  // delivered it yet; else null (the message is then buffered and
+  // delivered whole). A claimed message can only arrive through
+  // DeliverApplied: Deliver refuses it as a duplicate.
+  std::shared_ptr<Sink> ClaimSink(const Message& header, int64_t segment_bytes);
+  // The claimed message `header` was applied whole through its sink.
+  absl::Status DeliverApplied(Message header);
+
   // Messages of rounds before `round` are dropped and later refused as stale.
   void AdvanceRound(int64_t round);
 
@@ -95,13 +148,22 @@ class Mailbox {
   const MailboxOptions& options() const { return options_; }
 
  private:
-  absl::Status Validate(const Message& m) const;
+  // The checks of `m`'s header, with `payload_bytes` for its payload's
+  // size, and of the payload's values when `scan`.
+  absl::Status Validate(const Message& m, int64_t payload_bytes,
+                        bool scan) const;
 
   using Key = std::tuple<int64_t, std::string, int, int, int>;
   const MailboxOptions options_;
   mutable absl::Mutex mu_;
   int64_t round_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<Key, Message> inbox_ ABSL_GUARDED_BY(mu_);
+  struct Expected {
+    int segment = 0;
+    std::shared_ptr<Sink> sink;
+    bool claimed = false;
+  };
+  std::map<Key, Expected> expected_ ABSL_GUARDED_BY(mu_);
   std::map<int, absl::Status> rejected_ ABSL_GUARDED_BY(mu_);
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
 };

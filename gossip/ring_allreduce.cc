@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gossip/crash_point.h"
@@ -32,8 +34,38 @@ absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
   // The bytes the all-gather forwards: the owner's encoded segment first,
   // then what arrived in the previous step, unchanged.
   std::string forward;
+  // Raw fp32: the transport may add (copy) what arrives straight into the
+  // receiving segment, chunk by chunk, through a sink the mailbox hands it
+  // (see Mailbox::Expect). Step i's sink is set up before step i-1's send
+  // when that send reads another segment (3 or more ranks), so that a
+  // sender that is a step ahead still finds it. Every sink is closed on
+  // every way out, before `data` can go away.
+  const int steps = 2 * (n - 1);
+  auto phase_of = [&](int i) {
+    return i < n - 1 ? RingPhase::kReduceScatter : RingPhase::kAllGather;
+  };
+  auto recv_seg_of = [&](int i) {
+    const int shift = i < n - 1 ? 0 : 1, k = i % (n - 1);
+    return ((r + shift - k - 1) % n + n) % n;
+  };
+  std::vector<std::shared_ptr<Sink>> sinks(steps);
+  struct CloseSinks {
+    std::vector<std::shared_ptr<Sink>>& sinks;
+    ~CloseSinks() {
+      for (auto& s : sinks) {
+        if (s != nullptr) s->Close();
+      }
+    }
+  } close_sinks{sinks};
+  auto expect = [&](int i) {
+    if (o.codec != nullptr || i >= steps || sinks[i] != nullptr) return;
+    sinks[i] = t.mailbox().Expect(
+        prev, o.round, o.tensor, phase_of(i), i % (n - 1), recv_seg_of(i),
+        segment(recv_seg_of(i)), phase_of(i) == RingPhase::kReduceScatter);
+  };
   for (RingPhase phase : {RingPhase::kReduceScatter, RingPhase::kAllGather}) {
     for (int k = 0; k < n - 1; ++k) {
+      const int i = (phase == RingPhase::kReduceScatter ? 0 : n - 1) + k;
       // Reduce-scatter: after step k, rank r holds the partial sum of
       // segment (r-k-1) over ranks r-k-1..r; rank r ends owning segment r+1.
       // All-gather: owners' reduced segments travel round the ring unchanged.
@@ -78,8 +110,11 @@ absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
         o.stats->raw_bytes += static_cast<int64_t>(out_seg.size()) * 4;
         o.stats->wire_bytes += static_cast<int64_t>(payload.size());
       }
+      expect(i);
+      if (n >= 3) expect(i + 1);
       const absl::Time deadline = absl::Now() + o.step_timeout;
       absl::Status s = t.SendPayload(next, m, payload, deadline);
+      expect(i + 1);
       if (!s.ok()) {
         return fail(s, absl::StrCat("sending to rank ", next, " failed: "));
       }
@@ -112,7 +147,7 @@ absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
           }
         }
         forward = std::move(in->payload);
-      } else {
+      } else if (!in->applied) {
         const float* src = reinterpret_cast<const float*>(in->payload.data());
         if (phase == RingPhase::kReduceScatter) {
           for (size_t i = 0; i < dst.size(); ++i) dst[i] += src[i];

@@ -3,7 +3,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -94,6 +97,85 @@ TEST(MailboxTest, RejectsBadMessagesNamingTheProblem) {
     EXPECT_EQ(s.code(), c.code) << c.mention << ": " << s;
     EXPECT_NE(s.message().find(c.mention), std::string::npos) << s;
   }
+}
+
+std::string Floats(std::vector<float> v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+}
+
+// A segment the collective expects goes straight into its values through
+// the sink one transport claims: added (reduce-scatter) or copied
+// (all-gather), checked value by value, and refused in every other way.
+TEST(MailboxTest, AnExpectedSegmentIsAppliedStraightIntoTheValues) {
+  MailboxOptions o = Options();
+  o.tensors["packed"] = 10;
+  o.compressed_bytes_per_element["packed"] = 1;
+  Mailbox box(o);
+  std::vector<float> values(10, 1.0f);
+  std::shared_ptr<Sink> sink =
+      box.Expect(0, 0, "pseudo_grad", RingPhase::kReduceScatter, 0, 0,
+                 absl::MakeSpan(values).subspan(0, 4), /*accumulate=*/true);
+  Message header = Good();
+  header.payload.clear();
+  // Not this message: another step, segment, size or sender, or a
+  // compressed tensor.
+  Message other = header;
+  other.step = 1;
+  EXPECT_EQ(box.ClaimSink(other, 16), nullptr);
+  other = header;
+  other.segment = 1;
+  EXPECT_EQ(box.ClaimSink(other, 12), nullptr);
+  EXPECT_EQ(box.ClaimSink(header, 12), nullptr);
+  other = header;
+  other.from = 2;
+  EXPECT_EQ(box.ClaimSink(other, 16), nullptr);
+  other = header;
+  other.tensor = "packed";
+  EXPECT_EQ(box.ClaimSink(other, 16), nullptr);
+  // Claimed once only.
+  ASSERT_EQ(box.ClaimSink(header, 16), sink);
+  EXPECT_EQ(box.ClaimSink(header, 16), nullptr);
+
+  ASSERT_TRUE(sink->Apply(0, Floats({2, 3})).ok());
+  absl::Status nan =
+      sink->Apply(2, Floats({std::numeric_limits<float>::quiet_NaN()}));
+  EXPECT_TRUE(absl::IsInvalidArgument(nan)) << nan;
+  EXPECT_NE(nan.message().find("non-finite value (nan) at element 2"),
+            std::string::npos)
+      << nan;
+  EXPECT_TRUE(absl::IsInvalidArgument(sink->Apply(3, Floats({1, 1}))));
+  EXPECT_TRUE(absl::IsInvalidArgument(sink->Apply(0, "abc")));
+  ASSERT_TRUE(sink->Apply(2, Floats({4, 5})).ok());
+  // The same message delivered whole as well is a duplicate.
+  absl::Status dup = box.Deliver(Good());
+  EXPECT_TRUE(absl::IsFailedPrecondition(dup)) << dup;
+  EXPECT_NE(dup.message().find("duplicate"), std::string::npos) << dup;
+
+  ASSERT_TRUE(box.DeliverApplied(header).ok());
+  auto m = box.Take(0, 0, "pseudo_grad", RingPhase::kReduceScatter, 0,
+                    absl::Now() + absl::Seconds(1));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->applied);
+  EXPECT_TRUE(m->payload.empty());
+  EXPECT_EQ(values, std::vector<float>({3, 4, 5, 6, 1, 1, 1, 1, 1, 1}));
+  // Closed: nothing more is written.
+  sink->Close();
+  EXPECT_TRUE(absl::IsFailedPrecondition(sink->Apply(0, Floats({9}))));
+  EXPECT_EQ(values[0], 3.0f);
+
+  // All-gather copies; a message nobody expected is never applied.
+  std::shared_ptr<Sink> copy =
+      box.Expect(0, 0, "pseudo_grad", RingPhase::kAllGather, 1, 1,
+                 absl::MakeSpan(values).subspan(4, 3), /*accumulate=*/false);
+  header.phase = RingPhase::kAllGather;
+  header.step = 1;
+  header.segment = 1;
+  ASSERT_EQ(box.ClaimSink(header, 12), copy);
+  ASSERT_TRUE(copy->Apply(0, Floats({7, 8, 9})).ok());
+  EXPECT_EQ(values, std::vector<float>({3, 4, 5, 6, 7, 8, 9, 1, 1, 1}));
+  Message unexpected = header;
+  unexpected.from = 2;
+  EXPECT_TRUE(absl::IsFailedPrecondition(box.DeliverApplied(unexpected)));
 }
 
 TEST(MailboxTest, StaleRoundsAndDuplicatesAreRefused) {
