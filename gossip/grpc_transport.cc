@@ -520,6 +520,10 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(
   auto t = std::unique_ptr<GrpcTransport>(new GrpcTransport(options, identity));
   t->service_ = std::make_unique<Service>(identity);
   grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default, so a second server on a port in use
+  // (a stale address, or a port another process took first) would start
+  // silently and take half of its connections. Fail to start instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
                            &port);

@@ -45,6 +45,21 @@ bool IsLive(const MemberEntry& e) {
          e.state() == peer::v1::MEMBER_SUSPECT;
 }
 
+const char* StateName(peer::v1::MemberState s) {
+  switch (s) {
+    case peer::v1::MEMBER_ALIVE:
+      return "alive";
+    case peer::v1::MEMBER_SUSPECT:
+      return "suspect";
+    case peer::v1::MEMBER_DEAD:
+      return "dead";
+    case peer::v1::MEMBER_LEFT:
+      return "left";
+    default:
+      return "unknown";
+  }
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())),
@@ -580,11 +595,20 @@ absl::Status Swarm::WaitForMembers(int n, absl::Time deadline) {
     std::vector<MemberEntry> live = membership_->Live();
     if (static_cast<int>(live.size()) >= n) return absl::OkStatus();
     if (absl::Now() >= deadline || stopping_.load()) {
-      std::vector<std::string> ids;
-      for (const MemberEntry& e : live) ids.push_back(e.id());
+      // Every member this node knows of, with its state and address: a
+      // member declared dead, or one whose address is this node's own (two
+      // servers sharing a port), tells what went wrong.
+      std::vector<std::string> alive, others;
+      for (const MemberEntry& e : membership_->Snapshot()) {
+        std::string line = absl::StrCat(e.id(), " ", StateName(e.state()),
+                                        " at ", e.address());
+        (IsLive(e) ? alive : others).push_back(std::move(line));
+      }
       return absl::DeadlineExceededError(
-          absl::StrCat("waited for ", n, " members but only ", live.size(),
-                       " are known (", absl::StrJoin(ids, ", "), ")"));
+          absl::StrCat("waited for ", n, " members but only ", alive.size(),
+                       " are alive or suspect (", absl::StrJoin(alive, ", "),
+                       "); also known: ",
+                       others.empty() ? "none" : absl::StrJoin(others, ", ")));
     }
     absl::SleepFor(absl::Milliseconds(50));
   }

@@ -73,7 +73,27 @@ inline int InterruptAndWait(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-// A free loopback TCP port (bound once and released; a small race).
+// The address a node serves peers on, from the "listening on HOST:PORT" line
+// it logs to `log_path` once its server is up (text or JSON logs); empty when
+// that line did not appear within `timeout`. Start nodes with
+// --listen=127.0.0.1:0 and read their address here instead of picking a port
+// with FreePort(): the kernel then gives every node its own port.
+inline std::string ListenAddress(const std::string& log_path,
+                                 absl::Duration timeout) {
+  const std::string needle = "listening on ";
+  if (!WaitForText(log_path, needle, timeout)) return "";
+  const std::string text = ReadFile(log_path).value_or("");
+  const size_t begin = text.find(needle) + needle.size();
+  const size_t end = text.find_first_not_of(
+      "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.:-[]",
+      begin);
+  return text.substr(begin, end == std::string::npos ? end : end - begin);
+}
+
+// A free loopback TCP port (bound once and released). Racy: another process
+// (a concurrent test) may take it before the caller binds it, so prefer
+// listening on port 0 and ListenAddress(). Only for addresses that must be
+// known before the node starts (e.g. a node listed among its own seeds).
 inline int FreePort() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr = {};

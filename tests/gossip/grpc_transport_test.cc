@@ -254,6 +254,21 @@ TEST(GrpcTransportTest, MismatchMessageNamesEveryField) {
   EXPECT_NE(HandshakeMismatch(theirs, mine).find("--seed"), std::string::npos);
 }
 
+// A second server on a port in use does not start (gRPC's default
+// SO_REUSEPORT would let it share the port and half the connections).
+TEST(GrpcTransportTest, APortInUseIsRefused) {
+  GrpcTransportOptions o;
+  auto a = GrpcTransport::Start(o, Identity(2));
+  ASSERT_TRUE(a.ok()) << a.status();
+  GrpcTransportOptions same = o;
+  same.listen = (*a)->address();
+  auto b = GrpcTransport::Start(same, Identity(2));
+  EXPECT_TRUE(absl::IsUnavailable(b.status())) << b.status();
+  if (!b.ok()) {
+    EXPECT_NE(b.status().message().find(same.listen), std::string::npos);
+  }
+}
+
 TEST(GrpcTransportTest, UnreachablePeerFailsWithItsAddress) {
   GrpcTransportOptions o;
   auto a = GrpcTransport::Start(o, Identity(2));

@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <iostream>
@@ -26,7 +27,7 @@ namespace starling {
 namespace {
 
 using ::starling::testing::Field;
-using ::starling::testing::FreePort;
+using ::starling::testing::ListenAddress;
 using ::starling::testing::ReadJson;
 using ::starling::testing::SpawnStarling;
 using ::starling::testing::TempDir;
@@ -34,7 +35,10 @@ using ::starling::testing::TinyTextFlags;
 using ::starling::testing::WaitForText;
 using ::starling::testing::WaitUntil;
 
-// A swarm of node processes in one temporary directory.
+// A swarm of node processes in one temporary directory. Every node listens on
+// a port of its own that the kernel picks (--listen=127.0.0.1:0); the others
+// learn it from the node's log. When the test has failed, the destructor
+// prints every node's log.
 class Swarm {
  public:
   Swarm(const std::string& name, int steps, int inner_steps)
@@ -55,32 +59,40 @@ class Swarm {
         ::waitpid(pid, nullptr, 0);
       }
     }
+    if (::testing::Test::HasFailure() && !failed_before_) {
+      std::cerr << "Logs of every node of " << dir_ << ":\n";
+      for (const auto& [id, pid] : pids_) {
+        std::cerr << "---- " << id << " (" << Log(id) << ")\n"
+                  << LogText(id) << "---- end of " << id << "\n";
+      }
+    }
   }
 
   // Starts node `id` (shard k of n) joining through n0 (unless it is n0).
   void Start(const std::string& id, int k, int n, int min_members,
              const std::string& extra = "") {
-    if (!ports_.count(id)) ports_[id] = FreePort();
-    std::string peers =
-        id == "n0" ? "" : absl::StrCat(" --peers=127.0.0.1:", ports_["n0"]);
-    if (id != "n0" && !ports_.count("n0")) ADD_FAILURE() << "start n0 first";
-    pids_[id] = SpawnStarling(
-        absl::StrCat("node ", common_, " --node_id=", id,
-                     " --listen=127.0.0.1:", ports_[id], peers,
-                     " --min_members=", min_members, " --shard=", k, "/", n,
-                     " --out=", dir_, "/", id, " ", extra),
-        Log(id));
+    if (id != "n0" && !pids_.count("n0")) ADD_FAILURE() << "start n0 first";
+    Spawn(id, id == "n0" ? "" : "n0",
+          absl::StrCat("--min_members=", min_members, " --shard=", k, "/", n,
+                       " ", extra));
   }
   // Joins through a given member instead of n0.
   void StartVia(const std::string& id, const std::string& via, int k, int n,
                 const std::string& extra = "") {
-    ports_[id] = ports_.count(id) ? ports_[id] : FreePort();
-    pids_[id] = SpawnStarling(
-        absl::StrCat("node ", common_, " --node_id=", id,
-                     " --listen=127.0.0.1:", ports_[id],
-                     " --peers=127.0.0.1:", ports_[via], " --shard=", k, "/", n,
-                     " --out=", dir_, "/", id, " ", extra),
-        Log(id));
+    Spawn(id, via, absl::StrCat("--shard=", k, "/", n, " ", extra));
+  }
+
+  // The address node `id` listens on, once it has logged it (empty, with a
+  // test failure, when it did not within a minute).
+  std::string Address(const std::string& id) {
+    std::string& address = addresses_[id];
+    if (address.empty()) {
+      address = ListenAddress(Log(id), absl::Seconds(60));
+      if (address.empty()) {
+        ADD_FAILURE() << id << " did not log its address:\n" << LogText(id);
+      }
+    }
+    return address;
   }
 
   int Wait(const std::string& id, absl::Duration timeout = absl::Seconds(120)) {
@@ -130,13 +142,28 @@ class Swarm {
     }
     return out;
   }
-  int port(const std::string& id) { return ports_[id]; }
   const std::string& dir() const { return dir_; }
 
  private:
+  // Starts node `id` on a port of its own, joining through member `via`
+  // (none when empty). A restarted node gets a new log and a new port.
+  void Spawn(const std::string& id, const std::string& via,
+             const std::string& flags) {
+    const std::string peers =
+        via.empty() ? "" : absl::StrCat(" --peers=", Address(via));
+    addresses_.erase(id);
+    ::unlink(Log(id).c_str());  // no stale "listening on" from a past life
+    pids_[id] =
+        SpawnStarling(absl::StrCat("node ", common_, " --node_id=", id,
+                                   " --listen=127.0.0.1:0", peers,
+                                   " --out=", dir_, "/", id, " ", flags),
+                      Log(id));
+  }
+
+  const bool failed_before_ = ::testing::Test::HasFailure();
   std::string dir_;
   std::string common_;
-  std::map<std::string, int> ports_;
+  std::map<std::string, std::string> addresses_;
   std::map<std::string, pid_t> pids_;
 };
 
@@ -380,15 +407,14 @@ TEST(ElasticTest, ForgedOrStaleDeathNoticeDoesNotEvict) {
   s.Start("n2", 2, 3, 3);
   ASSERT_TRUE(WaitForText(s.Events("n0"), "\"round\":2", absl::Seconds(60)));
   auto stub = peer::v1::Swarm::NewStub(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", s.port("n0")),
-                          grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(s.Address("n0"), grpc::InsecureChannelCredentials()));
   for (int64_t incarnation : {int64_t{1}, int64_t{0}}) {
     peer::v1::GossipRequest req;
     req.set_run_id("forged");
     req.set_from("mallory");
     peer::v1::MemberEntry* e = req.add_members();
     e->set_id("n1");
-    e->set_address(absl::StrCat("127.0.0.1:", s.port("n1")));
+    e->set_address(s.Address("n1"));
     e->set_incarnation(incarnation);
     e->set_state(peer::v1::MEMBER_DEAD);
     grpc::ClientContext ctx;

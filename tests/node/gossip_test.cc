@@ -21,7 +21,7 @@ namespace starling {
 namespace {
 
 using ::starling::testing::Field;
-using ::starling::testing::FreePort;
+using ::starling::testing::ListenAddress;
 using ::starling::testing::ReadJson;
 using ::starling::testing::RunStarling;
 using ::starling::testing::SpawnStarling;
@@ -169,20 +169,24 @@ TEST(GossipTest, NodeKilledMidPushNeverStallsTheOthers) {
   const std::string dir = TempDir() + "/gossip-crash";
   ASSERT_TRUE(MakeDirs(dir).ok());
   const std::string common = Common("gossip-crash", 80);
-  std::map<std::string, int> ports;
   std::map<std::string, pid_t> pids;
   const std::vector<std::string> ids = {"n0", "n1", "n2", "n3"};
-  for (const std::string& id : ids) ports[id] = FreePort();
+  // Each node listens on a port the kernel picks; the others join through
+  // the address n0 logs.
+  std::string seed;
   for (int k = 0; k < 4; ++k) {
     const std::string& id = ids[k];
     pids[id] = SpawnStarling(
-        absl::StrCat(
-            "node ", common, " --eval_every=40 --node_id=", id,
-            " --listen=127.0.0.1:", ports[id],
-            id == "n0" ? "" : absl::StrCat(" --peers=127.0.0.1:", ports["n0"]),
-            " --min_members=4 --shard=", k, "/4 --out=", dir, "/", id,
-            id == "n2" ? " --test_crash_at=push_mid_stream@3" : ""),
+        absl::StrCat("node ", common, " --eval_every=40 --node_id=", id,
+                     " --listen=127.0.0.1:0",
+                     id == "n0" ? "" : absl::StrCat(" --peers=", seed),
+                     " --min_members=4 --shard=", k, "/4 --out=", dir, "/", id,
+                     id == "n2" ? " --test_crash_at=push_mid_stream@3" : ""),
         absl::StrCat(dir, "/", id, ".log"));
+    if (id == "n0") {
+      seed = ListenAddress(dir + "/n0.log", absl::Seconds(60));
+      ASSERT_FALSE(seed.empty()) << ReadFile(dir + "/n0.log").value_or("");
+    }
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(90);
   for (const std::string& id : ids) {
@@ -209,19 +213,18 @@ TEST(GossipTest, NodeKilledMidPushNeverStallsTheOthers) {
 TEST(GossipTest, DilocoNodeCannotJoinAGossipSwarm) {
   const std::string dir = TempDir() + "/gossip-mixed";
   ASSERT_TRUE(MakeDirs(dir).ok());
-  const int p0 = FreePort(), p1 = FreePort();
   pid_t g = SpawnStarling(
       absl::StrCat("node ", Common("mixed", 100000),
-                   " --eval_every=0 --node_id=g0 --listen=127.0.0.1:", p0,
+                   " --eval_every=0 --node_id=g0 --listen=127.0.0.1:0",
                    " --out=", dir, "/g0"),
       dir + "/g0.log");
-  ASSERT_TRUE(WaitForText(dir + "/g0.log", "listening on", absl::Seconds(30)));
+  const std::string g0 = ListenAddress(dir + "/g0.log", absl::Seconds(30));
+  ASSERT_FALSE(g0.empty()) << ReadFile(dir + "/g0.log").value_or("");
   auto r = RunStarling(absl::StrCat(
       "node ", TinyTextFlags(60000),
       " --steps=10 --shard_mode=contiguous --threads=1 --run_id=mixed "
-      "--algo=diloco --node_id=d1 --listen=127.0.0.1:",
-      p1, " --peers=127.0.0.1:", p0, " --connect_timeout=20 --out=", dir,
-      "/d1"));
+      "--algo=diloco --node_id=d1 --listen=127.0.0.1:0 --peers=",
+      g0, " --connect_timeout=20 --out=", dir, "/d1"));
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("gossip"), std::string::npos) << r.err;
   ::kill(g, SIGKILL);
@@ -233,17 +236,16 @@ TEST(GossipTest, DilocoNodeCannotJoinAGossipSwarm) {
 TEST(GossipTest, MalformedAndStalledPushesAreRefused) {
   const std::string dir = TempDir() + "/gossip-bad";
   ASSERT_TRUE(MakeDirs(dir).ok());
-  const int port = FreePort();
   pid_t g = SpawnStarling(
       absl::StrCat("node ", Common("bad", 100000),
                    " --eval_every=0 --gossip_timeout=1 --node_id=g0"
-                   " --inner_steps=100000"
-                   " --listen=127.0.0.1:",
-                   port, " --out=", dir, "/g0"),
+                   " --inner_steps=100000 --listen=127.0.0.1:0 --out=",
+                   dir, "/g0"),
       dir + "/g0.log");
-  ASSERT_TRUE(WaitForText(dir + "/g0.log", "listening on", absl::Seconds(30)));
-  auto stub = peer::v1::Swarm::NewStub(grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  const std::string address = ListenAddress(dir + "/g0.log", absl::Seconds(30));
+  ASSERT_FALSE(address.empty()) << ReadFile(dir + "/g0.log").value_or("");
+  auto stub = peer::v1::Swarm::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   // The model's size from the node's log ("N parameters").
   const std::string log = ReadFile(dir + "/g0.log").value_or("");
   const size_t at = log.find(" parameters");

@@ -30,6 +30,7 @@ using ::grpc::health::v1::HealthCheckResponse;
 using ::starling::testing::Field;
 using ::starling::testing::FreePort;
 using ::starling::testing::HttpGet;
+using ::starling::testing::ListenAddress;
 using ::starling::testing::PromtoolCheckMetrics;
 using ::starling::testing::PromtoolRequired;
 using ::starling::testing::PromtoolResult;
@@ -105,12 +106,11 @@ class OpsTest : public ::testing::Test {
 // back after; the metrics endpoint passes promtool mid-run; every stderr
 // line is a JSON object with the node's context.
 TEST_F(OpsTest, HealthMetricsAndLogsOfARunningNode) {
-  const int p0 = FreePort(), p1 = FreePort();
   const std::string log0 = dir_ + "/n0.log", log1 = dir_ + "/n1.log";
   // n0 waits for a second member: not ready until n1 joins.
   pid_t n0 = SpawnStarling(
       absl::StrCat("node ", common_, " --steps=400 --inner_steps=10",
-                   " --node_id=n0 --listen=127.0.0.1:", p0,
+                   " --node_id=n0 --listen=127.0.0.1:0",
                    " --min_members=2 --shard=0/2 --out=", dir_, "/n0",
                    " --health_port=0 --metrics_port=0",
                    " --test_stall=200:6 --watchdog_multiple=5",
@@ -118,6 +118,8 @@ TEST_F(OpsTest, HealthMetricsAndLogsOfARunningNode) {
       log0);
   const std::string health = EventAddress(log0, "health");
   const std::string metrics = EventAddress(log0, "metrics");
+  const std::string seed = ListenAddress(log0, absl::Seconds(60));
+  ASSERT_FALSE(seed.empty()) << ReadFile(log0).value_or("");
   ASSERT_FALSE(health.empty()) << ReadFile(log0).value_or("");
   ASSERT_FALSE(metrics.empty()) << ReadFile(log0).value_or("");
   HealthClient client(health);
@@ -131,9 +133,8 @@ TEST_F(OpsTest, HealthMetricsAndLogsOfARunningNode) {
 
   pid_t n1 = SpawnStarling(
       absl::StrCat("node ", common_, " --steps=400 --inner_steps=10",
-                   " --node_id=n1 --listen=127.0.0.1:", p1,
-                   " --peers=127.0.0.1:", p0, " --shard=1/2 --out=", dir_,
-                   "/n1"),
+                   " --node_id=n1 --listen=127.0.0.1:0 --peers=", seed,
+                   " --shard=1/2 --out=", dir_, "/n1"),
       log1);
   ASSERT_TRUE(client.WaitFor("readiness", kServing, absl::Seconds(60)))
       << ReadFile(log0).value_or("");
