@@ -55,6 +55,10 @@ void AppendVarint(uint64_t v, std::string* out) {
   out->push_back(static_cast<char>(v));
 }
 
+// HTTP/2 settings for tensor streams (see GrpcTransport::Start).
+constexpr int kMaxFrameBytes = (16 << 20) - 1;  // HTTP/2's largest frame
+constexpr int kStreamWindowBytes = 16 << 20;
+
 }  // namespace
 
 void SetReconnectBackoff(grpc::ChannelArguments& args) {
@@ -493,6 +497,8 @@ class GrpcTransport::Peer {
     args.SetMaxSendMessageSize(64 << 20);
     args.SetMaxReceiveMessageSize(64 << 20);
     SetReconnectBackoff(args);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kMaxFrameBytes);
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
     channel = grpc::CreateCustomChannel(
         address, grpc::InsecureChannelCredentials(), args);
     stub = peer::v1::Peer::NewStub(channel);
@@ -531,6 +537,16 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(
   for (grpc::Service* extra : options.extra_services) {
     builder.RegisterService(extra);
   }
+  // Tensor streams: HTTP/2 frames of up to 16 MiB and a fixed 16 MiB
+  // receive window per stream, so that a 1 MiB chunk goes out in one frame
+  // without waiting for window updates (BDP probing grows the window too
+  // slowly for one round's burst). bench allreduce, 64 MiB on loopback:
+  // about 1.7x -> 1.2-1.5x Gloo's time. 16 MiB bounds what one stream can
+  // make this node buffer.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kMaxFrameBytes);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                             kStreamWindowBytes);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::max<int64_t>(options.chunk_bytes * 2, 16 << 20)));
   t->server_ = builder.BuildAndStart();
