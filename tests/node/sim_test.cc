@@ -233,7 +233,7 @@ TEST(SimTest, OverlapAppliesEachUpdateOneRoundLateAndAgrees) {
 TEST(NodeTest, UnreachablePeerIsRetriedThenNamed) {
   const std::string out = TempDir() + "/node";
   auto r = RunStarling(absl::StrCat(
-      "node --listen=127.0.0.1:47613 --peers=127.0.0.1:9 --connect_timeout=2 "
+      "node --listen=127.0.0.1:0 --peers=127.0.0.1:9 --connect_timeout=2 "
       "--steps=5 ",
       TinyFlags(), " --out=", out));
   EXPECT_EQ(r.exit_code, 1) << r.err;
