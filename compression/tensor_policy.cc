@@ -98,11 +98,12 @@ absl::StatusOr<std::string> PolicyCodec::EncodeSlice(
   return out;
 }
 
-absl::Status PolicyCodec::DecodeSlice(int64_t offset, absl::string_view bytes,
-                                      absl::Span<float> out) const {
+absl::StatusOr<std::vector<PolicyCodec::EncodedPart>> PolicyCodec::SplitSlice(
+    int64_t offset, int64_t length, absl::string_view bytes) const {
+  std::vector<EncodedPart> parts;
   size_t pos = 0;
   STARLING_RETURN_IF_ERROR(ForEachPart(
-      offset, static_cast<int64_t>(out.size()),
+      offset, length,
       [&](const Codec& c, int64_t rel, int64_t len) -> absl::Status {
         uint32_t n = 0;
         if (bytes.size() - pos < 4) {
@@ -113,13 +114,25 @@ absl::Status PolicyCodec::DecodeSlice(int64_t offset, absl::string_view bytes,
         if (bytes.size() - pos < n) {
           return absl::DataLossError("compressed slice part is truncated");
         }
-        absl::Status s = c.Decode(bytes.substr(pos, n), out.subspan(rel, len));
+        parts.push_back({&c, rel, len, bytes.substr(pos, n)});
         pos += n;
-        return s;
+        return absl::OkStatus();
       }));
   if (pos != bytes.size()) {
     return absl::DataLossError(absl::StrCat(
         "compressed slice has ", bytes.size() - pos, " trailing bytes"));
+  }
+  return parts;
+}
+
+absl::Status PolicyCodec::DecodeSlice(int64_t offset, absl::string_view bytes,
+                                      absl::Span<float> out) const {
+  STARLING_ASSIGN_OR_RETURN(
+      std::vector<EncodedPart> parts,
+      SplitSlice(offset, static_cast<int64_t>(out.size()), bytes));
+  for (const EncodedPart& p : parts) {
+    STARLING_RETURN_IF_ERROR(
+        p.codec->Decode(p.bytes, out.subspan(p.rel, p.len)));
   }
   return absl::OkStatus();
 }
@@ -127,36 +140,22 @@ absl::Status PolicyCodec::DecodeSlice(int64_t offset, absl::string_view bytes,
 absl::Status PolicyCodec::DecodeSliceAccumulate(int64_t offset,
                                                 absl::string_view bytes,
                                                 absl::Span<float> acc) const {
+  STARLING_ASSIGN_OR_RETURN(
+      std::vector<EncodedPart> parts,
+      SplitSlice(offset, static_cast<int64_t>(acc.size()), bytes));
   // One part (one codec covers the slice, the usual case): that codec adds
-  // straight into `acc`, without a decoded copy of the whole slice (a
-  // fresh, zeroed buffer as large as a ring segment). It leaves `acc`
-  // unchanged on error, as does the general path below.
-  const Codec* only = nullptr;
-  int parts = 0;
-  STARLING_RETURN_IF_ERROR(ForEachPart(
-      offset, static_cast<int64_t>(acc.size()),
-      [&](const Codec& c, int64_t, int64_t) -> absl::Status {
-        only = &c;
-        ++parts;
-        return absl::OkStatus();
-      }));
-  if (parts == 1) {
-    uint32_t n = 0;
-    if (bytes.size() < 4) {
-      return absl::DataLossError("compressed slice is truncated");
-    }
-    std::memcpy(&n, bytes.data(), 4);
-    if (bytes.size() - 4 < n) {
-      return absl::DataLossError("compressed slice part is truncated");
-    }
-    if (bytes.size() - 4 != n) {
-      return absl::DataLossError(absl::StrCat(
-          "compressed slice has ", bytes.size() - 4 - n, " trailing bytes"));
-    }
-    return only->DecodeAccumulate(bytes.substr(4, n), acc);
+  // straight into `acc`, and leaves it unchanged on error, without a
+  // decoded copy of the whole slice (a zeroed buffer as large as a ring
+  // segment). Several: decode all first, so that an error in a later part
+  // leaves `acc` unchanged too.
+  if (parts.size() == 1) {
+    return parts[0].codec->DecodeAccumulate(parts[0].bytes, acc);
   }
   std::vector<float> decoded(acc.size());
-  STARLING_RETURN_IF_ERROR(DecodeSlice(offset, bytes, absl::MakeSpan(decoded)));
+  for (const EncodedPart& p : parts) {
+    STARLING_RETURN_IF_ERROR(p.codec->Decode(
+        p.bytes, absl::MakeSpan(decoded).subspan(p.rel, p.len)));
+  }
   for (size_t i = 0; i < acc.size(); ++i) acc[i] += decoded[i];
   return absl::OkStatus();
 }

@@ -68,6 +68,18 @@ class PolicyCodec : public Codec {
   PolicyCodec() = default;
   template <typename Fn>
   absl::Status ForEachPart(int64_t offset, int64_t length, Fn fn) const;
+  // One part of an encoded slice: its codec, its elements [rel, rel + len)
+  // of the slice, and its bytes (after their u32 length).
+  struct EncodedPart {
+    const Codec* codec;
+    int64_t rel;
+    int64_t len;
+    absl::string_view bytes;
+  };
+  // `bytes` (a slice [offset, offset + length)) split into its parts;
+  // DataLoss for truncated parts or trailing bytes.
+  absl::StatusOr<std::vector<EncodedPart>> SplitSlice(
+      int64_t offset, int64_t length, absl::string_view bytes) const;
 
   std::vector<std::unique_ptr<Codec>> codecs_;
   std::vector<Range> ranges_;

@@ -83,6 +83,21 @@ void Record(std::vector<MembershipChange>* changes, const std::string& id,
 
 }  // namespace
 
+const char* MemberStateName(peer::v1::MemberState s) {
+  switch (s) {
+    case peer::v1::MEMBER_ALIVE:
+      return "alive";
+    case peer::v1::MEMBER_SUSPECT:
+      return "suspect";
+    case peer::v1::MEMBER_DEAD:
+      return "dead";
+    case peer::v1::MEMBER_LEFT:
+      return "left";
+    default:
+      return "unknown";
+  }
+}
+
 Membership::Membership(const MembershipOptions& options) : options_(options) {}
 
 absl::StatusOr<std::unique_ptr<Membership>> Membership::Create(

@@ -50,6 +50,9 @@ struct MembershipOptions {
   absl::Duration suspect_after = absl::Seconds(3);
 };
 
+// "alive", "suspect", "dead", "left" or "unknown": for logs and events.
+const char* MemberStateName(peer::v1::MemberState s);
+
 // A change Merge() or Tick() made, for the event log.
 struct MembershipChange {
   std::string id;

@@ -45,21 +45,6 @@ bool IsLive(const MemberEntry& e) {
          e.state() == peer::v1::MEMBER_SUSPECT;
 }
 
-const char* StateName(peer::v1::MemberState s) {
-  switch (s) {
-    case peer::v1::MEMBER_ALIVE:
-      return "alive";
-    case peer::v1::MEMBER_SUSPECT:
-      return "suspect";
-    case peer::v1::MEMBER_DEAD:
-      return "dead";
-    case peer::v1::MEMBER_LEFT:
-      return "left";
-    default:
-      return "unknown";
-  }
-}
-
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())),
@@ -600,7 +585,7 @@ absl::Status Swarm::WaitForMembers(int n, absl::Time deadline) {
       // servers sharing a port), tells what went wrong.
       std::vector<std::string> alive, others;
       for (const MemberEntry& e : membership_->Snapshot()) {
-        std::string line = absl::StrCat(e.id(), " ", StateName(e.state()),
+        std::string line = absl::StrCat(e.id(), " ", MemberStateName(e.state()),
                                         " at ", e.address());
         (IsLive(e) ? alive : others).push_back(std::move(line));
       }

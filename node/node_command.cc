@@ -827,10 +827,8 @@ class MemberChanges {
       absl::MutexLock lock(&mu_);
       batch.swap(pending_);
     }
-    static const char* kNames[] = {"unknown", "alive", "suspect", "dead",
-                                   "left"};
     for (const MembershipChange& c : batch) {
-      const char* to = kNames[std::clamp(static_cast<int>(c.to), 0, 4)];
+      const char* to = MemberStateName(c.to);
       events.Write("member", JsonObject()
                                  .Add("id", c.id)
                                  .Add("state", to)
