@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <climits>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -54,6 +56,111 @@ void AppendVarint(uint64_t v, std::string* out) {
   }
   out->push_back(static_cast<char>(v));
 }
+
+// Cuts a message's payload into serialized TensorChunks: the header fields,
+// then field `data`'s key and length, then the bytes, copied once into a
+// slice that gRPC owns (the wire format protobuf writes: `data` is last).
+class ChunkSerializer {
+ public:
+  ChunkSerializer(TensorChunk header, absl::string_view payload, size_t step)
+      : header_(std::move(header)), payload_(payload), step_(step) {}
+
+  // The next chunk into *out; returns its size in bytes on the wire.
+  int64_t Next(grpc::ByteBuffer* out) {
+    const size_t len = std::min(step_, payload_.size() - offset_);
+    header_.set_offset(static_cast<int64_t>(offset_));
+    std::string head = header_.SerializeAsString();
+    if (len > 0) {
+      AppendVarint(kDataTag, &head);
+      AppendVarint(len, &head);
+    }
+    grpc::Slice slice(head.size() + len);
+    uint8_t* dst = const_cast<uint8_t*>(slice.begin());
+    std::memcpy(dst, head.data(), head.size());
+    if (len > 0) std::memcpy(dst + head.size(), payload_.data() + offset_, len);
+    grpc::ByteBuffer buffer(&slice, 1);
+    out->Swap(&buffer);
+    offset_ += len;
+    ++written_;
+    return static_cast<int64_t>(head.size() + len);
+  }
+  // Whether every chunk has been cut (a message has at least one).
+  bool done() const { return written_ > 0 && offset_ >= payload_.size(); }
+  int written() const { return written_; }
+
+ private:
+  TensorChunk header_;
+  const absl::string_view payload_;
+  const size_t step_;
+  size_t offset_ = 0;
+  int written_ = 0;
+};
+
+// One SendChunks call on gRPC's callback API. Chunk k+1 is serialized
+// while chunk k is written, and written from k's completion; the last
+// chunk closes the stream. Run() blocks until the call is over. (A
+// std::mutex, as in gRPC's examples: OnDone touches nothing after its
+// unlock, so Run's caller may destroy the writer as soon as Run returns.)
+class ChunkWriter : public grpc::ClientWriteReactor<grpc::ByteBuffer> {
+ public:
+  ChunkWriter(ChunkSerializer* chunks, std::atomic<int64_t>* sent,
+              bool crash_after_first)
+      : chunks_(chunks), sent_(sent), crash_after_first_(crash_after_first) {}
+
+  grpc::Status Run() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Prepare();
+      WriteNext();
+    }
+    StartCall();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return done_; });
+    return status_;
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) return;                        // the stream failed; OnDone follows
+    std::lock_guard<std::mutex> lock(mu_);  // WriteNext may still be cutting
+    if (++completed_ == 1 && crash_after_first_) CrashPoint("send");
+    if (!wrote_last_) WriteNext();
+  }
+  void OnDone(const grpc::Status& s) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = s;
+    done_ = true;
+    cv_.notify_one();
+  }
+
+ private:
+  void Prepare() {
+    next_bytes_ = chunks_->Next(&next_);
+    next_last_ = chunks_->done();
+  }
+  void WriteNext() {
+    current_.Swap(&next_);
+    *sent_ += next_bytes_;
+    if (next_last_) {
+      wrote_last_ = true;
+      StartWriteLast(&current_, grpc::WriteOptions());
+    } else {
+      StartWrite(&current_);
+      Prepare();  // while current_ is on its way
+    }
+  }
+
+  ChunkSerializer* const chunks_;
+  std::atomic<int64_t>* const sent_;
+  const bool crash_after_first_;
+  std::mutex mu_;  // guards everything below
+  std::condition_variable cv_;
+  grpc::ByteBuffer current_, next_;
+  int64_t next_bytes_ = 0;
+  bool next_last_ = false;
+  bool wrote_last_ = false;
+  int completed_ = 0;
+  bool done_ = false;
+  grpc::Status status_;
+};
 
 // HTTP/2 settings for tensor streams (see GrpcTransport::Start).
 constexpr int kMaxFrameBytes = (16 << 20) - 1;  // HTTP/2's largest frame
@@ -252,16 +359,27 @@ class GrpcTransport::Service final
       const size_t start = static_cast<size_t>(in.CurrentPosition());
       // Nothing may follow `data`.
       if (start + data_len != buffer_.Length()) return malformed;
+      // A raw segment the collective waits for goes straight into its
+      // values (reduced while it streams in); anything else is buffered
+      // whole and delivered at the end. A message that began before the
+      // collective expected it (this node reached the step late) switches
+      // to the sink as soon as one waits: what is buffered so far is
+      // applied, the rest streams in.
+      if (sink_ == nullptr && !early_ && data_len > 0) {
+        sink_ = mailbox_->ClaimSink(m_, expected_bytes_);
+        if (sink_ != nullptr) {
+          absl::Status s = ApplyBytes(m_.payload.data(), m_.payload.size());
+          std::string().swap(m_.payload);
+          if (!s.ok()) return Located(s);
+        }
+      }
       if (data_len > 0 && sink_ != nullptr) {
         absl::Status s = ApplyToSink(start, data_len);
-        if (!s.ok()) {
-          return absl::Status(
-              s.code(),
-              absl::StrCat("message from rank ", m_.from, ": segment ",
-                           m_.segment, " of '", m_.tensor, "' round ", m_.round,
-                           ": ", s.message()));
-        }
+        if (!s.ok()) return Located(s);
       } else if (data_len > 0) {
+        if (m_.payload.empty()) {
+          m_.payload.reserve(static_cast<size_t>(expected_bytes_));
+        }
         const size_t old = m_.payload.size();
         m_.payload.resize(old + data_len);
         if (!in.ReadRaw(&m_.payload[old], static_cast<int>(data_len))) {
@@ -272,9 +390,39 @@ class GrpcTransport::Service final
       return absl::OkStatus();
     }
 
+    // `s`, saying which message it is about.
+    absl::Status Located(const absl::Status& s) const {
+      return absl::Status(
+          s.code(), absl::StrCat("message from rank ", m_.from, ": segment ",
+                                 m_.segment, " of '", m_.tensor, "' round ",
+                                 m_.round, ": ", s.message()));
+    }
+
+    // Applies the next n bytes of the payload to sink_: the whole fp32
+    // values at once, a value split between pieces through carry_.
+    absl::Status ApplyBytes(const char* p, size_t n) {
+      if (!carry_.empty()) {
+        const size_t take = std::min(4 - carry_.size(), n);
+        carry_.append(p, take);
+        p += take;
+        n -= take;
+        if (carry_.size() < 4) return absl::OkStatus();
+        STARLING_RETURN_IF_ERROR(sink_->Apply(applied_, carry_));
+        ++applied_;
+        carry_.clear();
+      }
+      const size_t whole = n / 4 * 4;
+      if (whole > 0) {
+        STARLING_RETURN_IF_ERROR(
+            sink_->Apply(applied_, absl::string_view(p, whole)));
+        applied_ += static_cast<int64_t>(whole / 4);
+      }
+      carry_.append(p + whole, n - whole);
+      return absl::OkStatus();
+    }
+
     // Applies bytes [start, start + len) of buffer_ to sink_ straight from
-    // gRPC's slices: the whole fp32 values that lie in one slice at once,
-    // a value split between slices (or chunks) through carry_.
+    // gRPC's slices.
     absl::Status ApplyToSink(size_t start, size_t len) {
       std::vector<grpc::Slice> slices;
       if (!buffer_.Dump(&slices).ok()) {
@@ -292,23 +440,7 @@ class GrpcTransport::Service final
         n = std::min(n - start, len);
         start = 0;
         len -= n;
-        if (!carry_.empty()) {
-          const size_t take = std::min(4 - carry_.size(), n);
-          carry_.append(p, take);
-          p += take;
-          n -= take;
-          if (carry_.size() < 4) continue;
-          STARLING_RETURN_IF_ERROR(sink_->Apply(applied_, carry_));
-          ++applied_;
-          carry_.clear();
-        }
-        const size_t whole = n / 4 * 4;
-        if (whole > 0) {
-          STARLING_RETURN_IF_ERROR(
-              sink_->Apply(applied_, absl::string_view(p, whole)));
-          applied_ += static_cast<int64_t>(whole / 4);
-        }
-        carry_.append(p + whole, n - whole);
+        STARLING_RETURN_IF_ERROR(ApplyBytes(p, n));
       }
       if (len != 0) return absl::InternalError("a chunk is shorter than said");
       return absl::OkStatus();
@@ -369,13 +501,6 @@ class GrpcTransport::Service final
               absl::StrCat("message from rank ", m_.from, ": announces ",
                            expected_bytes_, " bytes for one segment of '",
                            m_.tensor, "'; at most ", max_bytes, " fit"));
-        }
-        // A raw segment the collective already waits for goes straight
-        // into its values (reduced while it streams in); anything else is
-        // buffered whole and delivered at the end.
-        if (!early_) sink_ = mailbox_->ClaimSink(m_, expected_bytes_);
-        if (sink_ == nullptr) {
-          m_.payload.reserve(static_cast<size_t>(expected_bytes_));
         }
       } else if (chunk_.from_rank() != m_.from || chunk_.round() != m_.round ||
                  chunk_.tensor() != m_.tensor || chunk_.step() != m_.step ||
@@ -688,16 +813,6 @@ absl::Status GrpcTransport::SendOnce(int to, const Message& m,
                                                  ": ", s.message()));
     }
   }
-  grpc::ClientContext ctx;
-  ctx.set_deadline(ToChrono(deadline));
-  grpc::ByteBuffer ack;
-  // The stub's SendChunks, but writing serialized chunks: each is the
-  // header fields, then field `data`'s key and length, then the bytes,
-  // copied once into a slice that gRPC owns (the wire format protobuf
-  // writes: `data` is the last field).
-  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
-      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
-          peers_[to]->channel.get(), *peers_[to]->send_chunks, &ctx, &ack));
   TensorChunk chunk;
   chunk.set_run_id(identity_.run_id);
   chunk.set_from_rank(m.from);
@@ -708,41 +823,45 @@ absl::Status GrpcTransport::SendOnce(int to, const Message& m,
   chunk.set_segment(m.segment);
   chunk.set_total_elements(m.total_elements);
   chunk.set_segment_bytes(static_cast<int64_t>(payload.size()));
-  const size_t step =
-      static_cast<size_t>(std::max<int64_t>(1, options_.chunk_bytes));
-  size_t offset = 0;
+  ChunkSerializer chunks(
+      std::move(chunk), payload,
+      static_cast<size_t>(std::max<int64_t>(1, options_.chunk_bytes)));
+  const bool crash_after_first = m.phase == RingPhase::kReduceScatter;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(ToChrono(deadline));
+  grpc::ByteBuffer ack;
+  grpc::Status s;
   absl::Status shaped;  // not OK when the emulated link missed the deadline
-  std::string head;
-  do {
-    const size_t len = std::min(step, payload.size() - offset);
-    chunk.set_offset(static_cast<int64_t>(offset));
-    head = chunk.SerializeAsString();
-    if (len > 0) {
-      AppendVarint(kDataTag, &head);
-      AppendVarint(len, &head);
-    }
-    const int64_t bytes = static_cast<int64_t>(head.size() + len);
-    if (link != nullptr) {
+  if (link == nullptr) {
+    // Each next chunk is written from the previous one's completion, on
+    // gRPC's thread, and serialized while that one is on its way: the
+    // stream does not wait for this thread between chunks.
+    ChunkWriter writer(&chunks, &sent_, crash_after_first);
+    grpc::internal::ClientCallbackWriterFactory<grpc::ByteBuffer>::Create(
+        peers_[to]->channel.get(), *peers_[to]->send_chunks, &ctx, &ack,
+        &writer);
+    s = writer.Run();
+  } else {
+    // The stub's SendChunks, writing serialized chunks, each after the
+    // emulated link lets its bytes through.
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+            peers_[to]->channel.get(), *peers_[to]->send_chunks, &ctx, &ack));
+    do {
+      grpc::ByteBuffer buffer;
+      const int64_t bytes = chunks.Next(&buffer);
       shaped = link->Acquire(bytes, deadline);
       if (!shaped.ok()) {
         ctx.TryCancel();
         break;
       }
-    }
-    grpc::Slice slice(head.size() + len);
-    uint8_t* dst = const_cast<uint8_t*>(slice.begin());
-    std::memcpy(dst, head.data(), head.size());
-    if (len > 0) std::memcpy(dst + head.size(), payload.data() + offset, len);
-    grpc::ByteBuffer buffer(&slice, 1);
-    sent_ += bytes;
-    if (!writer->Write(buffer)) break;  // the server ended the stream early
-    if (offset == 0 && m.phase == RingPhase::kReduceScatter) {
-      CrashPoint("send");
-    }
-    offset += len;
-  } while (offset < payload.size());
-  writer->WritesDone();
-  grpc::Status s = writer->Finish();
+      sent_ += bytes;
+      if (!writer->Write(buffer)) break;  // the server ended the stream early
+      if (chunks.written() == 1 && crash_after_first) CrashPoint("send");
+    } while (!chunks.done());
+    writer->WritesDone();
+    s = writer->Finish();
+  }
   if (!shaped.ok()) {
     return absl::Status(
         shaped.code(),

@@ -407,6 +407,51 @@ class HostilePeerTest : public ::testing::Test {
   std::unique_ptr<peer::v1::Peer::Stub> stub_;
 };
 
+// A segment whose stream began before the receiver's collective expected it
+// (the receiver reached that step late) switches to the collective's values
+// as soon as they are expected: the bytes buffered so far (ending inside a
+// value) are applied, the rest streams straight in.
+TEST_F(HostilePeerTest, ASegmentThatBeganBeforeItWasExpectedSwitchesToTheSink) {
+  const size_t seg = SegmentLength(kElems, 2, 0);
+  std::vector<float> sent(seg), values(seg);
+  for (size_t i = 0; i < seg; ++i) {
+    sent[i] = 0.25f * i + 1;
+    values[i] = 0.5f * i;
+  }
+  const std::string bytes = Bytes(sent);
+  peer::v1::TensorChunk c = Chunk(seg);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  peer::v1::SendAck ack;
+  auto w = stub_->SendChunks(&ctx, &ack);
+  const size_t cuts[] = {0, 1001, 2002, bytes.size()};
+  for (int k = 0; k < 3; ++k) {
+    c.set_offset(static_cast<int64_t>(cuts[k]));
+    c.set_data(bytes.substr(cuts[k], cuts[k + 1] - cuts[k]));
+    ASSERT_TRUE(w->Write(c));
+    if (k > 0) continue;
+    // The first chunk has arrived (and, nobody expecting it, was buffered).
+    for (int i = 0; i < 1000 && swarm_.nodes[1]->bytes_received() == 0; ++i) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+    swarm_.nodes[1]->mailbox().Expect(0, 0, "pseudo_grad",
+                                      RingPhase::kReduceScatter, 0, 0,
+                                      absl::MakeSpan(values), true);
+  }
+  w->WritesDone();
+  grpc::Status st = w->Finish();
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  auto got = swarm_.nodes[1]->mailbox().Take(0, 0, "pseudo_grad",
+                                             RingPhase::kReduceScatter, 0,
+                                             absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->applied);
+  for (size_t i = 0; i < seg; ++i) {
+    ASSERT_EQ(values[i], 0.5f * i + sent[i]) << "element " << i;
+  }
+}
+
 TEST_F(HostilePeerTest, BadChunksAreRefusedAndTheRoundFailsCleanly) {
   const size_t seg = SegmentLength(kElems, 2, 0);
   struct Case {
