@@ -84,6 +84,9 @@ absl::StatusOr<std::unique_ptr<HealthServer>> HealthServer::Start(
   h->watchdog_ = watchdog;
   h->service_ = std::make_unique<Service>(h.get());
   grpc::ServerBuilder builder;
+  // As for the peer server: no silent sharing of a port in use (gRPC sets
+  // SO_REUSEPORT by default), so a probe never reaches another process.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int bound = 0;
   const std::string want = absl::StrCat(host, ":", port);
   builder.AddListeningPort(want, grpc::InsecureServerCredentials(), &bound);

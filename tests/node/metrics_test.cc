@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "node/health.h"
 #include "tests/core/test_util.h"
 #include "tests/node/http_get.h"
 #include "tests/node/promtool.h"
@@ -364,6 +365,19 @@ TEST(NodeMetricsTest, PromtoolAcceptsTheExposition) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->ok) << r->output << "\n--- scraped:\n" << text;
   EXPECT_EQ(r->output, "") << "--- scraped:\n" << text;
+}
+
+TEST(HealthServerTest, APortInUseIsRefused) {
+  auto a = HealthServer::Start("127.0.0.1", 0, nullptr);
+  ASSERT_TRUE(a.ok()) << a.status();
+  int port = 0;
+  const std::string& address = (*a)->address();
+  ASSERT_TRUE(absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port))
+      << address;
+  auto b = HealthServer::Start("127.0.0.1", port, nullptr);
+  EXPECT_TRUE(absl::IsUnavailable(b.status())) << b.status();
+  EXPECT_NE(b.status().message().find(address), std::string::npos)
+      << b.status();
 }
 
 }  // namespace
