@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <string>
@@ -99,7 +100,8 @@ class NetLab {
   NetLab(std::string ip, std::string tc)
       : ip_(std::move(ip)),
         tc_(std::move(tc)),
-        prefix_(absl::StrCat(kPrefix, ::getpid(), "-")) {
+        prefix_(absl::StrCat(kPrefix, ::getpid(), "-")),
+        netns_was_mounted_(IsMountPoint(kNetnsDir)) {
     RemoveLeftovers();
   }
   ~NetLab() {
@@ -109,6 +111,17 @@ class NetLab {
     }
     for (auto it = namespaces_.rbegin(); it != namespaces_.rend(); ++it) {
       KillAndDelete(*it);
+    }
+    // `ip netns add` bind-mounts /run/netns onto itself the first time;
+    // undo that when this run made it and no namespace is left in it, so
+    // that the test leaves no mount behind (one in a chroot keeps the
+    // chroot from being removed).
+    if (!netns_was_mounted_ &&
+        absl::StripAsciiWhitespace(Sh(absl::StrCat(ip_, " netns list")).out)
+            .empty()) {
+      for (int i = 0; i < 4 && IsMountPoint(kNetnsDir); ++i) {
+        Sh(absl::StrCat("umount ", kNetnsDir));
+      }
     }
   }
   NetLab(const NetLab&) = delete;
@@ -233,6 +246,17 @@ class NetLab {
   }
 
  private:
+  static constexpr char kNetnsDir[] = "/run/netns";
+  // Whether `path` is a mount point (a line of /proc/self/mountinfo has it
+  // as its fifth field).
+  static bool IsMountPoint(const std::string& path) {
+    std::ifstream info("/proc/self/mountinfo");  // size 0: not ReadFile
+    for (std::string line; std::getline(info, line);) {
+      std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
+      if (f.size() > 4 && f[4] == path) return true;
+    }
+    return false;
+  }
   absl::Status Run(const std::string& cmd) {
     CmdResult r = Sh(cmd);
     if (r.code == 0) return absl::OkStatus();
@@ -275,6 +299,7 @@ class NetLab {
   }
 
   const std::string ip_, tc_, prefix_;
+  const bool netns_was_mounted_;         // before this lab
   std::vector<std::string> namespaces_;  // made by this lab, in order
   std::vector<pid_t> pids_;              // started and not yet waited for
   std::string netem_error_;

@@ -220,7 +220,9 @@ TEST_F(OpsTest, HealthMetricsAndLogsOfARunningNode) {
 // itself and, after --found_after, founds the swarm; the second joins it
 // (both wait for two members before their first round).
 TEST_F(OpsTest, ANodeThatIsItsOwnSeedFoundsTheSwarmAndOthersJoin) {
-  const int p0 = FreePort(), p1 = FreePort();
+  const int p0 = FreePort();
+  int p1 = FreePort();
+  while (p1 == p0) p1 = FreePort();
   const std::string hosts = dir_ + "/hosts";
   // node-0 listens on 0.0.0.0 and its seed name maps to 127.0.0.1: not
   // its --listen string, so it must learn from its own answer that the

@@ -17,8 +17,10 @@ namespace starling {
 namespace {
 
 using ::starling::testing::Field;
+using ::starling::testing::ListenAddress;
 using ::starling::testing::ReadJson;
 using ::starling::testing::RunStarling;
+using ::starling::testing::SpawnStarling;
 using ::starling::testing::TempDir;
 
 std::string TinyFlags() {
@@ -244,20 +246,24 @@ TEST(NodeTest, UnreachablePeerIsRetriedThenNamed) {
 
 TEST(NodeTest, MismatchedModelsRefuseEachOther) {
   std::string dir = TempDir();
-  // Two nodes whose --width differs: the handshake names the difference.
-  std::string a = "127.0.0.1:47611", b = "127.0.0.1:47612";
-  std::string cmd_a =
-      absl::StrCat(STARLING_BINARY, " node --listen=", a, " --peers=", b,
-                   " --connect_timeout=20 ", TinyFlags(),
-                   " --steps=5 --out=", dir, "/a >", dir, "/a.log 2>&1 &");
-  ASSERT_EQ(std::system(cmd_a.c_str()), 0);
-  auto r = RunStarling(absl::StrCat("node --listen=", b, " --peers=", a,
-                                    " --connect_timeout=20 ", TinyFlags(),
-                                    " --width=64 --steps=5 --out=", dir, "/b"));
+  // Node a founds a swarm and waits for a second member; node b, whose
+  // --width differs, tries to join it: the handshake names the difference.
+  // Both listen on port 0, so no other process can hold their ports.
+  pid_t a =
+      SpawnStarling(absl::StrCat("node --listen=127.0.0.1:0 --min_members=2 "
+                                 "--connect_timeout=60 ",
+                                 TinyFlags(), " --steps=5 --out=", dir, "/a"),
+                    dir + "/a.log");
+  const std::string address = ListenAddress(dir + "/a.log", absl::Seconds(60));
+  ASSERT_FALSE(address.empty()) << ReadFile(dir + "/a.log").value_or("");
+  auto r = RunStarling(absl::StrCat(
+      "node --listen=127.0.0.1:0 --peers=", address, " --connect_timeout=20 ",
+      TinyFlags(), " --width=64 --steps=5 --out=", dir, "/b"));
+  ::kill(a, SIGKILL);
+  ::waitpid(a, nullptr, 0);
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("model architecture differs"), std::string::npos)
       << r.err;
-  std::system("sleep 1");
 }
 
 TEST(NodeTest, BadNodeFlagsExitTwo) {
