@@ -28,8 +28,9 @@ absl::Status ArmCrashPoint(const std::string& spec) {
           absl::StrCat("crash point '", spec, "': round must be a number"));
     }
   }
-  for (const char* known : {"ready", "send", "reduce", "all_gather", "donate",
-                            "commit", "corrupt_state", "push_mid_stream"}) {
+  for (const char* known :
+       {"ready", "send", "reduce", "all_gather", "donate", "commit",
+        "commit_partial", "corrupt_state", "push_mid_stream"}) {
     if (point == known) {
       g_point = new std::string(point);
       g_round = round;
@@ -40,7 +41,7 @@ absl::Status ArmCrashPoint(const std::string& spec) {
   return absl::InvalidArgumentError(absl::StrCat(
       "crash point '", spec,
       "': expected ready, send, reduce, all_gather, donate, commit, "
-      "push_mid_stream or corrupt_state"));
+      "commit_partial, push_mid_stream or corrupt_state"));
 }
 
 void SetCrashRound(int64_t round) { g_current.store(round); }

@@ -1,8 +1,10 @@
 // Test-only fault injection: integration tests make a node kill itself with
 // SIGKILL at a named point of the protocol (e.g. "send", "reduce",
-// "all_gather", "ready", "donate"; "push_mid_stream" in gossip mode, where
-// the "round" is the push's number), optionally only in a given round, to
-// check that the others survive a crash at exactly that moment. Unarmed
+// "all_gather", "ready", "donate", "commit" (a coordinator before it tells
+// anyone to commit), "commit_partial" (a coordinator that told one other
+// member); "push_mid_stream" in gossip mode, where the "round" is the
+// push's number), optionally only in a given round, to check that the
+// others survive a crash at exactly that moment. Unarmed
 // (the default), CrashPoint costs one relaxed atomic load.
 // Thread-safe: arm once at startup, before other threads start.
 #ifndef STARLING_GOSSIP_CRASH_POINT_H_

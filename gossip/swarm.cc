@@ -1179,6 +1179,23 @@ void Swarm::CoordinatorLoop() {
           c.plan.clear();
         }
       }
+      // This node has moved past the round the others are ready for: an
+      // earlier coordinator committed it and died before telling them
+      // all. They must catch up with that commit, not run the round again
+      // among themselves (two different models for one round).
+      if (auto self = live.find(options_.node_id);
+          !c.running && !c.ready.empty() && c.round > c.committed &&
+          self != live.end() && !self->second.joining() &&
+          self->second.round() > c.round) {
+        STARLING_LOG(INFO) << "round " << c.round
+                           << " was committed without its ready members ("
+                           << c.ready.size() << "); they catch up";
+        for (const auto& [id, addr] : c.ready) {
+          outbox.emplace_back(id, msg(ControlMessage::STALE));
+        }
+        c.committed = c.round;
+        c.ready.clear();
+      }
       if (!c.running && !c.ready.empty() && c.round > c.committed) {
         for (auto it = c.ready.begin(); it != c.ready.end();) {
           auto l = live.find(it->first);
@@ -1224,7 +1241,15 @@ void Swarm::CoordinatorLoop() {
       outbox.insert(outbox.begin(), c.outbox.begin(), c.outbox.end());
       c.outbox.clear();
     }
-    for (const auto& [to, m] : outbox) (void)SendControl(to, m);
+    bool told_one = false;  // a COMMIT to another member
+    for (const auto& [to, m] : outbox) {
+      (void)SendControl(to, m);
+      if (m.kind() == ControlMessage::COMMIT && to != options_.node_id &&
+          !told_one) {
+        told_one = true;
+        CrashPoint("commit_partial");
+      }
+    }
     // Plans need every member's acceptance.
     std::string refused;
     for (const auto& [to, m] : plans) {

@@ -229,8 +229,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(CrashCase{"ready", "n2"}, CrashCase{"send", "n2"},
                       CrashCase{"reduce", "n1"}, CrashCase{"all_gather", "n3"},
                       // The coordinator itself, after all are done but
-                      // before anyone was told to commit.
-                      CrashCase{"commit", "n0"}),
+                      // before anyone was told to commit, and after it
+                      // told only one other member.
+                      CrashCase{"commit", "n0"},
+                      CrashCase{"commit_partial", "n0"}),
     [](const auto& info) { return std::string(info.param.point); });
 
 // A joiner fetches the state from a donor that dies half-way through the
