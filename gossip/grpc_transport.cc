@@ -371,7 +371,7 @@ class GrpcTransport::Service final
       // collective expected it (this node reached the step late) switches
       // to the sink as soon as one waits: what is buffered so far is
       // applied, the rest streams in.
-      if (sink_ == nullptr && !early_ && data_len > 0) {
+      if (sink_ == nullptr && may_claim_ && data_len > 0) {
         sink_ = mailbox_->ClaimSink(m_, expected_bytes_);
         if (sink_ != nullptr) {
           absl::Status s = ApplyBytes(m_.payload.data(), m_.payload.size());
@@ -496,6 +496,10 @@ class GrpcTransport::Service final
             c != o.compressed_bytes_per_element.end()) {
           per_element = c->second;
         }
+        // Only a raw fp32 segment of the installed round can go into a
+        // sink; decided once, not at every chunk.
+        may_claim_ =
+            !early_ && !o.compressed_bytes_per_element.count(m_.tensor);
         // An early message's member count is not known yet: bound it by
         // the whole tensor; Deliver checks the exact size later.
         int64_t max_bytes =
@@ -576,6 +580,7 @@ class GrpcTransport::Service final
     Message m_;
     bool first_ = true;
     bool early_ = false;
+    bool may_claim_ = false;  // see CheckHeader
     int64_t expected_bytes_ = 0;
     int64_t received_ = 0;  // payload bytes so far
     // Set when the collective's values take the chunks (see Mailbox::Expect).
