@@ -1183,10 +1183,12 @@ void Swarm::CoordinatorLoop() {
       // earlier coordinator committed it and died before telling them
       // all. They must catch up with that commit, not run the round again
       // among themselves (two different models for one round).
+      // Only the coordinator decides this: any other node's ready set is
+      // left over from a time it was taken for the coordinator.
       if (auto self = live.find(options_.node_id);
           !c.running && !c.ready.empty() && c.round > c.committed &&
-          self != live.end() && !self->second.joining() &&
-          self->second.round() > c.round) {
+          CoordinatorId() == options_.node_id && self != live.end() &&
+          !self->second.joining() && self->second.round() > c.round) {
         STARLING_LOG(INFO) << "round " << c.round
                            << " was committed without its ready members ("
                            << c.ready.size() << "); they catch up";
@@ -1390,8 +1392,12 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
           }
           break;
         }
+        // COMMIT, ABORT and STALE count only from the coordinator that
+        // planned the attempt or was last sent READY: another node's view
+        // of the round (one this node once took for the coordinator, say)
+        // is not the swarm's decision.
         case ControlMessage::COMMIT:
-          if (m.attempt() == done_attempt) {
+          if (m.attempt() == done_attempt && m.from() == done_coordinator) {
             RoundResult res;
             res.outcome = Outcome::kCommitted;
             res.members = done_members;
@@ -1402,9 +1408,17 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
           }
           break;
         case ControlMessage::ABORT:
-          if (m.attempt() == done_attempt) done_attempt = -1;
+          if (m.attempt() == done_attempt && m.from() == done_coordinator) {
+            done_attempt = -1;
+          }
           break;
         case ControlMessage::STALE: {
+          if (m.from() != sent_to) {
+            STARLING_LOG(INFO)
+                << "round " << round << ": ignoring STALE from " << m.from()
+                << " (READY went to " << sent_to << ")";
+            break;
+          }
           RoundResult res;
           res.outcome = Outcome::kStale;
           absl::MutexLock lock(&inbox_->mu);

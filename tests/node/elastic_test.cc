@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <iostream>
 #include <map>
 #include <random>
@@ -444,6 +446,51 @@ TEST(ElasticTest, ForgedOrStaleDeathNoticeDoesNotEvict) {
     EXPECT_TRUE(members.count("n1")) << Field(ev, "round").number_value();
   }
   EXPECT_EQ(s.FinalHash("n1"), s.FinalHash("n0"));
+}
+
+// A STALE notice counts only from the coordinator a member sent READY to.
+// Here n1 (never the coordinator while n0 lives) tells n2 again and again
+// that every round was committed without it: the notices must be ignored,
+// so n2 is in every round. (A node that was once taken for the coordinator,
+// at start-up, sends exactly such notices from its left-over ready set.)
+TEST(ElasticTest, StaleNoticeFromANonCoordinatorIsIgnored) {
+  constexpr int kRounds = 40;
+  Swarm s("stale_notice", kRounds * 10, 10);
+  s.Start("n0", 0, 3, 3);
+  s.Start("n1", 1, 3, 3);
+  s.Start("n2", 2, 3, 3);
+  ASSERT_TRUE(WaitForText(s.Events("n2"), "\"round\":1", absl::Seconds(60)));
+  auto stub = peer::v1::Swarm::NewStub(
+      grpc::CreateChannel(s.Address("n2"), grpc::InsecureChannelCredentials()));
+  std::atomic<bool> done{false};
+  int accepted = 0;
+  std::thread forger([&] {
+    while (!done.load()) {
+      for (int round = 0; round <= kRounds && !done.load(); ++round) {
+        peer::v1::ControlMessage m;
+        m.set_run_id("stale_notice");
+        m.set_from("n1");
+        m.set_kind(peer::v1::ControlMessage::STALE);
+        m.set_round(round);
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(2));
+        peer::v1::ControlAck ack;
+        if (stub->Control(&ctx, m, &ack).ok() && ack.accepted()) ++accepted;
+      }
+    }
+  });
+  int codes[3];
+  for (int k = 0; k < 3; ++k) codes[k] = s.Wait(absl::StrCat("n", k));
+  done = true;
+  forger.join();
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(codes[k], 0) << "n" << k;
+  EXPECT_GT(accepted, kRounds) << "the notices did not reach n2";
+  EXPECT_EQ(s.LogText("n2").find("missed round"), std::string::npos)
+      << "n2 took a non-coordinator's STALE:\n"
+      << s.LogText("n2");
+  EXPECT_EQ(s.RoundHashes("n2").size(), static_cast<size_t>(kRounds));
+  EXPECT_EQ(s.FinalHash("n2"), s.FinalHash("n0"));
 }
 
 // Bytes per second through a loopback TCP connection (256 MiB).
