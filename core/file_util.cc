@@ -59,20 +59,26 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, " is not a regular file"));
   }
+  // To the end, not to st_size: files of /proc report size 0, and a log
+  // being appended to may have grown since fstat.
   std::string data;
-  data.resize(static_cast<size_t>(st.st_size));
+  data.resize(static_cast<size_t>(st.st_size) + 4096);
   size_t done = 0;
-  while (done < data.size()) {
+  while (true) {
+    if (done == data.size()) data.resize(data.size() * 2);
     ssize_t n = ::read(fd, &data[done], data.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot read ", path, ": ", std::strerror(err)));
+    }
+    if (n == 0) break;
     done += static_cast<size_t>(n);
   }
   ::close(fd);
-  if (done != data.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "short read on ", path, ": ", done, " of ", data.size(), " bytes"));
-  }
+  data.resize(done);
   return data;
 }
 

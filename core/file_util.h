@@ -15,8 +15,9 @@
 
 namespace starling {
 
-// NotFound if `path` does not exist; InvalidArgument if it is not a readable
-// regular file.
+// The whole file, read to its end (so also /proc files, whose stat size is
+// 0). NotFound if `path` does not exist; InvalidArgument if it is not a
+// readable regular file.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 
 // The bytes of `path` from byte `offset` to its end (empty when the file is

@@ -38,6 +38,20 @@ TEST(CheckpointTest, MissingFileIsNotFound) {
   EXPECT_TRUE(absl::IsNotFound(r.status())) << r.status();
 }
 
+// ReadFile reads to the end, not to the size stat reports: /proc files say 0.
+TEST(FileUtilTest, ReadFileReadsProcFilesWhole) {
+  absl::StatusOr<std::string> status = ReadFile("/proc/self/status");
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_NE(status->find("Pid:"), std::string::npos) << *status;
+  const std::string path = testing::TempDir() + "/big";
+  const std::string big = testing::SampleText(3 << 20);
+  ASSERT_TRUE(WriteFileAtomic(path, big).ok());
+  EXPECT_EQ(ReadFile(path).value_or(""), big);
+  EXPECT_TRUE(
+      absl::IsNotFound(ReadFile(testing::TempDir() + "/none").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(ReadFile(testing::TempDir()).status()));
+}
+
 TEST(CheckpointTest, FlippedByteIsDataLossNamingTheFile) {
   std::string path = testing::TempDir() + "/c.ckpt";
   ASSERT_TRUE(WriteCheckpoint(path, Make(1, 5000)).ok());

@@ -14,7 +14,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <string>
@@ -250,8 +249,8 @@ class NetLab {
   // Whether `path` is a mount point (a line of /proc/self/mountinfo has it
   // as its fifth field).
   static bool IsMountPoint(const std::string& path) {
-    std::ifstream info("/proc/self/mountinfo");  // size 0: not ReadFile
-    for (std::string line; std::getline(info, line);) {
+    const std::string info = ReadFile("/proc/self/mountinfo").value_or("");
+    for (absl::string_view line : absl::StrSplit(info, '\n')) {
       std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
       if (f.size() > 4 && f[4] == path) return true;
     }
