@@ -376,7 +376,10 @@ void RunSwarm(NetLab& lab, Qdisc qdisc, double mbit, const std::string& name,
   }
   for (int k = 1; k < kNodes; ++k) {
     EXPECT_EQ(nodes[k].final_hash, nodes[0].final_hash) << "n" << k;
-    EXPECT_EQ(nodes[k].sync_seconds.size(), nodes[0].sync_seconds.size());
+    EXPECT_EQ(nodes[k].sync_seconds.size(), nodes[0].sync_seconds.size())
+        << "n" << k << " and n0 ran different rounds; their logs:\n"
+        << ReadFile(absl::StrCat(dir, "/n", k, ".log")).value_or("") << "\n"
+        << ReadFile(absl::StrCat(dir, "/n0.log")).value_or("");
   }
   ASSERT_FALSE(nodes[0].final_hash.empty());
   std::vector<double> sync, expected;
