@@ -37,6 +37,28 @@ std::string DirName(const std::string& path) {
   return path.substr(0, slash);
 }
 
+// Reads `fd` from byte `offset` to its end into *out (`hint`: the expected
+// size). InvalidArgument naming `path` on a read error.
+absl::Status ReadToEnd(int fd, int64_t offset, size_t hint,
+                       const std::string& path, std::string* out) {
+  out->resize(hint + 4096);
+  size_t done = 0;
+  while (true) {
+    if (done == out->size()) out->resize(out->size() * 2);
+    ssize_t n = ::pread(fd, &(*out)[done], out->size() - done,
+                        static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+    }
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  out->resize(done);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool FileExists(const std::string& path) {
@@ -62,23 +84,10 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   // To the end, not to st_size: files of /proc report size 0, and a log
   // being appended to may have grown since fstat.
   std::string data;
-  data.resize(static_cast<size_t>(st.st_size) + 4096);
-  size_t done = 0;
-  while (true) {
-    if (done == data.size()) data.resize(data.size() * 2);
-    ssize_t n = ::read(fd, &data[done], data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot read ", path, ": ", std::strerror(err)));
-    }
-    if (n == 0) break;
-    done += static_cast<size_t>(n);
-  }
+  absl::Status read =
+      ReadToEnd(fd, 0, static_cast<size_t>(st.st_size), path, &data);
   ::close(fd);
-  data.resize(done);
+  if (!read.ok()) return read;
   return data;
 }
 
@@ -92,16 +101,9 @@ absl::StatusOr<std::string> ReadFileFrom(const std::string& path,
     return Errno("cannot open", path);
   }
   std::string out;
-  char buf[1 << 16];
-  off_t pos = static_cast<off_t>(offset);
-  while (true) {
-    ssize_t n = ::pread(fd, buf, sizeof(buf), pos);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
-    pos += n;
-  }
+  absl::Status read = ReadToEnd(fd, offset, 0, path, &out);
   ::close(fd);
+  if (!read.ok()) return read;
   return out;
 }
 

@@ -78,6 +78,15 @@ class Swarm {
           absl::StrCat("--min_members=", min_members, " --shard=", k, "/", n,
                        " ", extra));
   }
+  // n0, n1 and n2, shard k of 3 each, waiting for all three.
+  void StartThree() {
+    for (int k = 0; k < 3; ++k) Start(absl::StrCat("n", k), k, 3, 3);
+  }
+  // A client of node `id`'s Swarm service, to send it forged messages.
+  std::unique_ptr<peer::v1::Swarm::Stub> StubTo(const std::string& id) {
+    return peer::v1::Swarm::NewStub(
+        grpc::CreateChannel(Address(id), grpc::InsecureChannelCredentials()));
+  }
   // Joins through a given member instead of n0.
   void StartVia(const std::string& id, const std::string& via, int k, int n,
                 const std::string& extra = "") {
@@ -406,12 +415,9 @@ TEST(ElasticTest, MismatchedJoinerIsRefusedOnBothSides) {
 // incarnation, which the victim refutes) does not evict a live member.
 TEST(ElasticTest, ForgedOrStaleDeathNoticeDoesNotEvict) {
   Swarm s("forged", 600, 10);
-  s.Start("n0", 0, 3, 3);
-  s.Start("n1", 1, 3, 3);
-  s.Start("n2", 2, 3, 3);
+  s.StartThree();
   ASSERT_TRUE(WaitForText(s.Events("n0"), "\"round\":2", absl::Seconds(60)));
-  auto stub = peer::v1::Swarm::NewStub(
-      grpc::CreateChannel(s.Address("n0"), grpc::InsecureChannelCredentials()));
+  auto stub = s.StubTo("n0");
   for (int64_t incarnation : {int64_t{1}, int64_t{0}}) {
     peer::v1::GossipRequest req;
     req.set_run_id("forged");
@@ -456,12 +462,9 @@ TEST(ElasticTest, ForgedOrStaleDeathNoticeDoesNotEvict) {
 TEST(ElasticTest, StaleNoticeFromANonCoordinatorIsIgnored) {
   constexpr int kRounds = 40;
   Swarm s("stale_notice", kRounds * 10, 10);
-  s.Start("n0", 0, 3, 3);
-  s.Start("n1", 1, 3, 3);
-  s.Start("n2", 2, 3, 3);
+  s.StartThree();
   ASSERT_TRUE(WaitForText(s.Events("n2"), "\"round\":1", absl::Seconds(60)));
-  auto stub = peer::v1::Swarm::NewStub(
-      grpc::CreateChannel(s.Address("n2"), grpc::InsecureChannelCredentials()));
+  auto stub = s.StubTo("n2");
   std::atomic<bool> done{false};
   int accepted = 0;
   std::thread forger([&] {
