@@ -116,17 +116,20 @@ class Swarm::Service final : public peer::v1::Swarm::CallbackService {
 };
 
 // Streams the served blob from the requested offset (or from 0 when the
-// requester's digest is not the one served any more).
+// requester's digest is not the one served any more). The blob is fetched
+// (built, the first time a state is asked for: seconds for a large model)
+// on a thread of its own, never on gRPC's callback thread.
 class Swarm::Service::StateWriter
     : public grpc::ServerWriteReactor<StateChunk> {
  public:
-  StateWriter(std::shared_ptr<const StateBlob> blob, int64_t offset,
+  StateWriter(Swarm* swarm, std::string digest, int64_t offset,
               int64_t chunk_bytes)
-      : blob_(std::move(blob)),
-        offset_(offset),
-        chunk_bytes_(std::max<int64_t>(1024, chunk_bytes)) {
-    half_ = static_cast<int64_t>(blob_->bytes().size()) / 2;
-    Next();
+      : chunk_bytes_(std::max<int64_t>(1024, chunk_bytes)) {
+    // Detached: after Start() the thread touches nothing of this reactor,
+    // which OnDone deletes once the stream has finished.
+    std::thread([this, swarm, digest = std::move(digest), offset] {
+      Start(swarm->ServedBlob(), digest, offset);
+    }).detach();
   }
   void OnWriteDone(bool ok) override {
     if (!ok) {
@@ -143,6 +146,21 @@ class Swarm::Service::StateWriter
   void OnDone() override { delete this; }
 
  private:
+  void Start(std::shared_ptr<const StateBlob> blob, const std::string& digest,
+             int64_t offset) {
+    if (blob == nullptr) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "this node has no committed state to serve yet"));
+      return;
+    }
+    blob_ = std::move(blob);
+    const int64_t size = static_cast<int64_t>(blob_->bytes().size());
+    if (digest == blob_->digest() && offset > 0 && offset < size) {
+      offset_ = offset;
+    }
+    half_ = size / 2;
+    Next();
+  }
   void Next() {
     const int64_t size = static_cast<int64_t>(blob_->bytes().size());
     if (offset_ >= size) {
@@ -166,7 +184,7 @@ class Swarm::Service::StateWriter
   }
 
   std::shared_ptr<const StateBlob> blob_;
-  int64_t offset_;
+  int64_t offset_ = 0;
   const int64_t chunk_bytes_;
   int64_t len_ = 0;
   int64_t half_ = 0;
@@ -176,37 +194,20 @@ class Swarm::Service::StateWriter
 
 grpc::ServerWriteReactor<StateChunk>* Swarm::Service::FetchState(
     grpc::CallbackServerContext* ctx, const StateRequest* req) {
-  std::shared_ptr<const StateBlob> blob;
-  {
-    absl::MutexLock lock(&swarm_->state_mu_);
-    blob = swarm_->served_;
-  }
-  auto fail = [](grpc::StatusCode code, std::string why) {
+  if (req->run_id() != swarm_->options_.identity.run_id) {
     class Refuse : public grpc::ServerWriteReactor<StateChunk> {
      public:
-      Refuse(grpc::StatusCode code, std::string why) {
-        Finish(grpc::Status(code, why));
+      explicit Refuse(std::string why) {
+        Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, why));
       }
       void OnDone() override { delete this; }
     };
-    return new Refuse(code, std::move(why));
-  };
-  if (req->run_id() != swarm_->options_.identity.run_id) {
-    return fail(grpc::StatusCode::FAILED_PRECONDITION,
-                absl::StrCat("state request for run '", req->run_id(),
-                             "'; this node is in run '",
-                             swarm_->options_.identity.run_id, "'"));
+    return new Refuse(absl::StrCat("state request for run '", req->run_id(),
+                                   "'; this node is in run '",
+                                   swarm_->options_.identity.run_id, "'"));
   }
-  if (blob == nullptr) {
-    return fail(grpc::StatusCode::UNAVAILABLE,
-                "this node has no committed state to serve yet");
-  }
-  int64_t offset = 0;
-  if (req->digest() == blob->digest() && req->offset() > 0 &&
-      req->offset() < static_cast<int64_t>(blob->bytes().size())) {
-    offset = req->offset();
-  }
-  return new StateWriter(std::move(blob), offset, swarm_->options_.chunk_bytes);
+  return new StateWriter(swarm_, req->digest(), req->offset(),
+                         swarm_->options_.chunk_bytes);
 }
 
 // One incoming push stream, as the gossip thread sees it to drop it when it
@@ -617,9 +618,25 @@ bool Swarm::EarlySyncRequested(int64_t round) const {
   return false;
 }
 
-void Swarm::ServeState(std::shared_ptr<const StateBlob> blob) {
+void Swarm::ServeState(SwarmState state) {
+  auto serving = std::make_shared<const SwarmState>(std::move(state));
   absl::MutexLock lock(&state_mu_);
-  served_ = std::move(blob);
+  serving_ = std::move(serving);
+  served_ = nullptr;
+}
+
+std::shared_ptr<const StateBlob> Swarm::ServedBlob() {
+  absl::MutexLock build(&build_mu_);
+  std::shared_ptr<const SwarmState> state;
+  {
+    absl::MutexLock lock(&state_mu_);
+    if (served_ != nullptr || serving_ == nullptr) return served_;
+    state = serving_;
+  }
+  std::shared_ptr<const StateBlob> blob = StateBlob::Make(*state);
+  absl::MutexLock lock(&state_mu_);
+  if (serving_ == state) served_ = blob;
+  return blob;
 }
 
 bool Swarm::Ahead(const Lineage& best, int64_t round,
