@@ -88,7 +88,7 @@ def transfer(args, width, out, rep):
               "--steps=1000000", "--inner_steps=2", "--threads=1",
               "--eval_every=0", "--checkpoint_every=0", "--min_members=1",
               f"--run_id=transfer-{width}-{rep}", "--listen=127.0.0.1:0",
-              f"--chunk_bytes={args.chunk_bytes}"]
+              f"--chunk_bytes={args.chunk_bytes}", "--insecure"]
     procs = []
     try:
         os.makedirs(out, exist_ok=True)

@@ -628,15 +628,16 @@ class GrpcTransport::Service final
 
 class GrpcTransport::Peer {
  public:
-  explicit Peer(const std::string& address) : address(address) {
+  Peer(const std::string& address, const PeerCredentials& credentials)
+      : address(address) {
     grpc::ChannelArguments args;
+    credentials.Apply(&args);
     args.SetMaxSendMessageSize(64 << 20);
     args.SetMaxReceiveMessageSize(64 << 20);
     SetReconnectBackoff(args);
     args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kMaxFrameBytes);
     args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-    channel = grpc::CreateCustomChannel(
-        address, grpc::InsecureChannelCredentials(), args);
+    channel = grpc::CreateCustomChannel(address, credentials.channel, args);
     stub = peer::v1::Peer::NewStub(channel);
     send_chunks = std::make_unique<grpc::internal::RpcMethod>(
         kSendChunksMethod, grpc::internal::RpcMethod::CLIENT_STREAMING,
@@ -667,8 +668,7 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(
   // silently and take half of its connections. Fail to start instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
-                           &port);
+  builder.AddListeningPort(options.listen, options.credentials.server, &port);
   builder.RegisterService(t->service_.get());
   for (grpc::Service* extra : options.extra_services) {
     builder.RegisterService(extra);
@@ -767,7 +767,7 @@ void GrpcTransport::SetPeers(const std::vector<std::string>& members,
       continue;
     }
     std::unique_ptr<Peer>& p = stubs_[members[r]];
-    if (!p) p = std::make_unique<Peer>(members[r]);
+    if (!p) p = std::make_unique<Peer>(members[r], options_.credentials);
     peers_.push_back(p.get());
   }
 }

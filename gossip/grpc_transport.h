@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "gossip/link_shaper.h"
+#include "gossip/peer_credentials.h"
 #include "gossip/transport.h"
 #include "starling/peer/v1/peer.pb.h"
 
@@ -55,6 +56,8 @@ struct GrpcTransportOptions {
   // When set, shapes the messages Send streams to each peer address (an
   // emulated slow link). Shared with the Swarm's pushes.
   std::shared_ptr<LinkEmulator> links;
+  // TLS or plaintext, for the server and every channel to a peer.
+  PeerCredentials credentials = InsecurePeerCredentials();
 };
 
 // Failed client RPCs by gRPC status code name ("UNAVAILABLE", ...), for the

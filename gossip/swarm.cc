@@ -58,12 +58,13 @@ std::chrono::system_clock::time_point Deadline(absl::Duration d) {
 }  // namespace
 
 struct Swarm::Stub {
-  explicit Stub(const std::string& address) {
+  Stub(const std::string& address, const PeerCredentials& credentials) {
     grpc::ChannelArguments args;
+    credentials.Apply(&args);
     args.SetMaxReceiveMessageSize(64 << 20);
     SetReconnectBackoff(args);
-    stub = peer::v1::Swarm::NewStub(grpc::CreateCustomChannel(
-        address, grpc::InsecureChannelCredentials(), args));
+    stub = peer::v1::Swarm::NewStub(
+        grpc::CreateCustomChannel(address, credentials.channel, args));
   }
   std::unique_ptr<peer::v1::Swarm::Stub> stub;
 };
@@ -387,6 +388,7 @@ absl::StatusOr<std::unique_ptr<Swarm>> Swarm::Start(
   to.rpc_timeout = options.rpc_timeout;
   to.extra_services = {s->service_.get()};
   to.links = options.links;
+  to.credentials = options.credentials;
   Swarm* self = s.get();
   to.blocked = [self](const std::string& address) {
     return self->Blocked(address);
@@ -421,7 +423,7 @@ void Swarm::Shutdown() {
 std::shared_ptr<Swarm::Stub> Swarm::StubFor(const std::string& address) {
   absl::MutexLock lock(&state_mu_);
   std::shared_ptr<Stub>& s = stubs_[address];
-  if (!s) s = std::make_shared<Stub>(address);
+  if (!s) s = std::make_shared<Stub>(address, options_.credentials);
   return s;
 }
 

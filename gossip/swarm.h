@@ -109,6 +109,8 @@ struct SwarmOptions {
   // When set, shapes the tensor messages and pushes this node sends to each
   // peer address (an emulated slow link; control RPCs are not shaped).
   std::shared_ptr<LinkEmulator> links;
+  // TLS or plaintext, for the server and every channel to a peer.
+  PeerCredentials credentials = InsecurePeerCredentials();
   // Called on the gossip thread, with no lock held, for every change of the
   // peer table.
   std::function<void(const MembershipChange&)> on_member_change;

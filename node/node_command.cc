@@ -31,6 +31,7 @@
 #include "gossip/crash_point.h"
 #include "gossip/grpc_transport.h"
 #include "gossip/link_shaper.h"
+#include "gossip/peer_credentials.h"
 #include "gossip/ring_allreduce.h"
 #include "gossip/swarm.h"
 #include "node/health.h"
@@ -48,6 +49,24 @@ ABSL_FLAG(std::string, peers, "",
           "comma-separated host:port of members to join through. diloco: "
           "any live members (empty: this node starts the swarm); ddp: "
           "every other member (ranks follow the sorted list of all)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate (chain) this node presents to peers; with "
+          "--tls_key and --tls_ca all peer traffic uses TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificate(s): a peer's certificate must chain to one, "
+          "and its name match the host it is reached at (or "
+          "--tls_server_name)");
+ABSL_FLAG(bool, tls_require_client_cert, false,
+          "mutual TLS: refuse peers that connect without a certificate that "
+          "chains to --tls_ca");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "the name every peer's certificate must carry, instead of the host "
+          "of its address (one certificate for the whole swarm)");
+ABSL_FLAG(bool, insecure, false,
+          "plaintext peer traffic, without TLS: only on a network you trust "
+          "(the node logs a warning); one of --insecure or --tls_cert/"
+          "--tls_key/--tls_ca is required");
 ABSL_FLAG(std::string, run_id, "starling",
           "peers must share it; the handshake refuses others");
 ABSL_FLAG(std::string, algo, "diloco",
@@ -417,6 +436,12 @@ const std::vector<std::string>& NodeFlagNames() {
   static const auto* names =
       new std::vector<std::string>{"listen",
                                    "peers",
+                                   "tls_cert",
+                                   "tls_key",
+                                   "tls_ca",
+                                   "tls_require_client_cert",
+                                   "tls_server_name",
+                                   "insecure",
                                    "run_id",
                                    "algo",
                                    "inner_steps",
@@ -505,10 +530,14 @@ const Subcommand& NodeSubcommand() {
         "liveness) for Kubernetes probes, --metrics_port Prometheus "
         "/metrics, --log_format=json one JSON object per stderr line; "
         "deploy/ runs nodes as a Kubernetes StatefulSet.\n\n"
-        "Example, two members on one machine:\n"
-        "  starling node --node_id=a --listen=127.0.0.1:7001 --shard=0/2 "
-        "--out=runs/a\n"
-        "  starling node --node_id=b --listen=127.0.0.1:7002 "
+        "Security: peer traffic uses TLS with --tls_cert, --tls_key and "
+        "--tls_ca (PEM files; --tls_require_client_cert for mutual TLS), or "
+        "plaintext with an explicit --insecure; one of the two is "
+        "required.\n\n"
+        "Example, two members on one machine (plaintext on loopback):\n"
+        "  starling node --insecure --node_id=a --listen=127.0.0.1:7001 "
+        "--shard=0/2 --out=runs/a\n"
+        "  starling node --insecure --node_id=b --listen=127.0.0.1:7002 "
         "--peers=127.0.0.1:7001 --shard=1/2 --out=runs/b",
         flags};
   }();
@@ -633,6 +662,8 @@ struct NodeRun {
   int evaluated_step = -1;
   // The emulated links to peers (null: none shaped).
   std::shared_ptr<LinkEmulator> links;
+  // TLS (--tls_*) or plaintext (--insecure) for all peer traffic.
+  PeerCredentials credentials;
   // Gossip: this node's push-sum weight (0: not set), and as checkpointed.
   double gossip_weight = 0;
   std::string resumed_weight;
@@ -810,6 +841,7 @@ absl::StatusOr<SwarmOptions> SharedSwarmOptions(const NodeRun& run,
   so.partition_file = absl::GetFlag(FLAGS_partition_file);
   so.found_after = absl::Seconds(found_after);
   so.links = run.links;
+  so.credentials = run.credentials;
   return so;
 }
 
@@ -1852,6 +1884,7 @@ int RunDdp(NodeRun& run) {
     to.chunk_bytes = run.chunk;
     to.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_round_timeout));
     to.links = run.links;
+    to.credentials = run.credentials;
     PeerIdentity id;
     id.run_id = absl::GetFlag(FLAGS_run_id);
     id.algo = "ddp";
@@ -2078,6 +2111,20 @@ int RunNodeCommand() {
   } else if (links->shaped()) {
     run.links = std::make_shared<LinkEmulator>(*std::move(links));
   }
+  PeerSecurityOptions security;
+  security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  security.tls_key = absl::GetFlag(FLAGS_tls_key);
+  security.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  security.tls_require_client_cert =
+      absl::GetFlag(FLAGS_tls_require_client_cert);
+  security.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  security.insecure = absl::GetFlag(FLAGS_insecure);
+  if (absl::StatusOr<PeerCredentials> c = LoadPeerCredentials(security);
+      !c.ok()) {
+    return Fail(c.status(), 2);
+  } else {
+    run.credentials = *std::move(c);
+  }
   std::string log_node = absl::GetFlag(FLAGS_node_id);
   if (log_node.empty()) log_node = absl::GetFlag(FLAGS_listen);
   if (run.algo == "ddp") {
@@ -2088,6 +2135,17 @@ int RunNodeCommand() {
     log_node = absl::StrCat("n", m->rank);
   }
   SetLogNode(log_node);
+  if (!run.credentials.tls) {
+    LogEvent(LogLevel::kWarning, "insecure",
+             "--insecure: peer traffic is plaintext and unauthenticated; use "
+             "it only on a network you trust (--tls_cert, --tls_key and "
+             "--tls_ca turn TLS on)");
+  } else {
+    LogEvent(LogLevel::kInfo, "tls",
+             absl::StrCat("peer traffic uses TLS",
+                          run.credentials.mutual ? " (mutual)" : "", ", CA ",
+                          security.tls_ca));
+  }
   if (run.links) {
     auto [bandwidth, latency] = FormatLinkFlags(run.links->options());
     LogEvent(LogLevel::kInfo, "links",

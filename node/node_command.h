@@ -15,6 +15,9 @@
 // Node flags that `starling sim` reads too.
 ABSL_DECLARE_FLAG(std::string, algo);
 ABSL_DECLARE_FLAG(std::string, run_id);
+ABSL_DECLARE_FLAG(std::string, tls_cert);
+ABSL_DECLARE_FLAG(std::string, tls_key);
+ABSL_DECLARE_FLAG(std::string, tls_ca);
 ABSL_DECLARE_FLAG(int, inner_steps);
 ABSL_DECLARE_FLAG(std::string, outer);
 ABSL_DECLARE_FLAG(double, outer_lr);

@@ -887,6 +887,13 @@ int RunSimCommand() {
   }
   common.push_back(absl::StrCat("--run_id=", run_id));
   common.push_back(absl::StrCat("--threads=", std::max(1, config.threads())));
+  // The sim's nodes talk over 127.0.0.1: plaintext unless TLS was asked for
+  // (then --tls_* reach every node above).
+  if (absl::GetFlag(FLAGS_tls_cert).empty() &&
+      absl::GetFlag(FLAGS_tls_key).empty() &&
+      absl::GetFlag(FLAGS_tls_ca).empty()) {
+    common.push_back("--insecure=true");
+  }
 
   struct sigaction sa = {};
   sa.sa_handler = OnSimSignal;

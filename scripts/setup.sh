@@ -23,6 +23,9 @@ PACKAGES=(
   libtorch-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
   protobuf-compiler libabsl-dev libzstd-dev zlib1g-dev libgtest-dev
   libgmock-dev libbenchmark-dev prometheus-cpp-dev
+  # TLS between peers: OpenSSL checks the PEM files; the tests make their
+  # certificates with the openssl command
+  libssl-dev openssl
   # Gloo's headers, for PyTorch's Gloo all-reduce in `starling bench allreduce`
   libgloo-dev
   # without it Debian's LibTorch uses reference BLAS and trains ~4x slower

@@ -43,13 +43,13 @@ class Swarm {
  public:
   Swarm(const std::string& name, int steps, int inner_steps)
       : dir_(absl::StrCat(TempDir(), "/", name)),
-        common_(
-            absl::StrCat(TinyTextFlags(60000), " --steps=", steps,
-                         " --inner_steps=", inner_steps,
-                         " --shard_mode=contiguous --threads=1 --eval_every=0"
-                         " --suspect_timeout=1"
-                         " --round_deadline=20 --chunk_bytes=1024 --run_id=",
-                         name)) {
+        common_(absl::StrCat(
+            TinyTextFlags(60000), " --steps=", steps,
+            " --inner_steps=", inner_steps,
+            " --shard_mode=contiguous --threads=1 --eval_every=0"
+            " --suspect_timeout=1"
+            " --round_deadline=20 --chunk_bytes=1024 --insecure --run_id=",
+            name)) {
     (void)MakeDirs(dir_);
   }
   ~Swarm() {

@@ -52,7 +52,7 @@ std::string Common(const std::string& run_id, int steps) {
   return absl::StrCat(TinyTextFlags(60000), " --steps=", steps,
                       " --inner_steps=5 --shard_mode=contiguous --threads=1"
                       " --suspect_timeout=1 --chunk_bytes=1024"
-                      " --gossip_timeout=2 --algo=gossip --run_id=",
+                      " --gossip_timeout=2 --algo=gossip --insecure --run_id=",
                       run_id);
 }
 
@@ -223,7 +223,7 @@ TEST(GossipTest, DilocoNodeCannotJoinAGossipSwarm) {
   auto r = RunStarling(absl::StrCat(
       "node ", TinyTextFlags(60000),
       " --steps=10 --shard_mode=contiguous --threads=1 --run_id=mixed "
-      "--algo=diloco --node_id=d1 --listen=127.0.0.1:0 --peers=",
+      "--algo=diloco --insecure --node_id=d1 --listen=127.0.0.1:0 --peers=",
       g0, " --connect_timeout=20 --out=", dir, "/d1"));
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("gossip"), std::string::npos) << r.err;

@@ -348,7 +348,7 @@ void RunSwarm(NetLab& lab, Qdisc qdisc, double mbit, const std::string& name,
         k,
         absl::StrCat("node ", *model,
                      " --steps=35 --inner_steps=5 --eval_every=0 --threads=1"
-                     " --shard_mode=contiguous --connect_timeout=30",
+                     " --shard_mode=contiguous --connect_timeout=30 --insecure",
                      " --run_id=", run_id, " --node_id=n", k,
                      " --listen=", NetLab::Address(k), ":", kPort, " --peers=",
                      absl::StrJoin(peers, ","), " --min_members=", kNodes,

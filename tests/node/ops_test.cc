@@ -94,11 +94,11 @@ constexpr int kNotServing = HealthCheckResponse::NOT_SERVING;
 class OpsTest : public ::testing::Test {
  protected:
   std::string dir_ = TempDir();
-  std::string common_ =
-      absl::StrCat(TinyTextFlags(60000),
-                   " --shard_mode=contiguous --threads=1 --eval_every=0 "
-                   "--suspect_timeout=1 --round_deadline=20 --run_id=ops "
-                   "--log_format=json");
+  std::string common_ = absl::StrCat(
+      TinyTextFlags(60000),
+      " --shard_mode=contiguous --threads=1 --eval_every=0 "
+      "--suspect_timeout=1 --round_deadline=20 --insecure --run_id=ops "
+      "--log_format=json");
 };
 
 // Readiness waits for the swarm and then holds steady across rounds;

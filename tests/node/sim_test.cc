@@ -234,10 +234,11 @@ TEST(SimTest, OverlapAppliesEachUpdateOneRoundLateAndAgrees) {
 
 TEST(NodeTest, UnreachablePeerIsRetriedThenNamed) {
   const std::string out = TempDir() + "/node";
-  auto r = RunStarling(absl::StrCat(
-      "node --listen=127.0.0.1:0 --peers=127.0.0.1:9 --connect_timeout=2 "
-      "--steps=5 ",
-      TinyFlags(), " --out=", out));
+  auto r = RunStarling(
+      absl::StrCat("node --insecure --listen=127.0.0.1:0 --peers=127.0.0.1:9 "
+                   "--connect_timeout=2 "
+                   "--steps=5 ",
+                   TinyFlags(), " --out=", out));
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("cannot reach any of --peers=127.0.0.1:9"),
             std::string::npos)
@@ -250,15 +251,17 @@ TEST(NodeTest, MismatchedModelsRefuseEachOther) {
   // --width differs, tries to join it: the handshake names the difference.
   // Both listen on port 0, so no other process can hold their ports.
   pid_t a =
-      SpawnStarling(absl::StrCat("node --listen=127.0.0.1:0 --min_members=2 "
+      SpawnStarling(absl::StrCat("node --insecure --listen=127.0.0.1:0 "
+                                 "--min_members=2 "
                                  "--connect_timeout=60 ",
                                  TinyFlags(), " --steps=5 --out=", dir, "/a"),
                     dir + "/a.log");
   const std::string address = ListenAddress(dir + "/a.log", absl::Seconds(60));
   ASSERT_FALSE(address.empty()) << ReadFile(dir + "/a.log").value_or("");
-  auto r = RunStarling(absl::StrCat(
-      "node --listen=127.0.0.1:0 --peers=", address, " --connect_timeout=20 ",
-      TinyFlags(), " --width=64 --steps=5 --out=", dir, "/b"));
+  auto r = RunStarling(
+      absl::StrCat("node --insecure --listen=127.0.0.1:0 --peers=", address,
+                   " --connect_timeout=20 ", TinyFlags(),
+                   " --width=64 --steps=5 --out=", dir, "/b"));
   ::kill(a, SIGKILL);
   ::waitpid(a, nullptr, 0);
   EXPECT_EQ(r.exit_code, 2) << r.err;
@@ -269,23 +272,24 @@ TEST(NodeTest, MismatchedModelsRefuseEachOther) {
 TEST(NodeTest, BadNodeFlagsExitTwo) {
   for (const auto& [args, mention] :
        std::vector<std::pair<std::string, std::string>>{
-           {"node --algo=allreduce", "--algo=allreduce"},
-           {"node --inner_steps=0", "--inner_steps=0"},
-           {"node --peers=nonsense", "nonsense"},
-           {"node --algo=ddp --listen=127.0.0.1:0 --peers=127.0.0.1:5000",
+           {"node --insecure --algo=allreduce", "--algo=allreduce"},
+           {"node --insecure --inner_steps=0", "--inner_steps=0"},
+           {"node --insecure --peers=nonsense", "nonsense"},
+           {"node --insecure --algo=ddp --listen=127.0.0.1:0 "
+            "--peers=127.0.0.1:5000",
             "fixed port"},
            {"sim --nodes=0", "--nodes=0"},
-           {"node --outer=adam", "--outer=adam"},
+           {"node --insecure --outer=adam", "--outer=adam"},
            {"train --slowdown=0.5", "--slowdown"},
-           {"node --slowdown=inf", "--slowdown"},
+           {"node --insecure --slowdown=inf", "--slowdown"},
            {"train --drift=abc", "--drift"},
-           {"node --drift=-4", "--drift"},
+           {"node --insecure --drift=-4", "--drift"},
            {"sim --slow=n9:4x", "--slow="},
            {"sim --slow=n1:0.5x", "--slow="},
            {"sim --drift=n0@abc", "--drift="},
            {"sim --drift=n7@10", "--drift="},
-           {"node --overlap --round_seconds=2", "--overlap"},
-           {"node --overlap --algo=gossip", "--overlap"}}) {
+           {"node --insecure --overlap --round_seconds=2", "--overlap"},
+           {"node --insecure --overlap --algo=gossip", "--overlap"}}) {
     auto r = RunStarling(args + " --out=" + TempDir() + "/x");
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
     EXPECT_NE(r.err.find(mention), std::string::npos) << r.err;

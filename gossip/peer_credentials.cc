@@ -1,0 +1,180 @@
+#include "gossip/peer_credentials.h"
+
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509_vfy.h>
+
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/file_util.h"
+
+namespace starling {
+namespace {
+
+struct FreeX509 {
+  void operator()(X509* x) const { X509_free(x); }
+};
+using X509Ptr = std::unique_ptr<X509, FreeX509>;
+
+std::string OpenSslError() {
+  const unsigned long e = ERR_get_error();
+  ERR_clear_error();
+  if (e == 0) return "no PEM data";
+  char buf[256];
+  ERR_error_string_n(e, buf, sizeof(buf));
+  return buf;
+}
+
+absl::Status Bad(const char* flag, const std::string& path,
+                 absl::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, "=", path, ": ", why));
+}
+
+absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
+  if (path.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag,
+                     " is missing: TLS needs --tls_cert, --tls_key and "
+                     "--tls_ca (or --insecure for plaintext)"));
+  }
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return Bad(flag, path, text.status().message());
+  return text;
+}
+
+// Every certificate in `pem`, in order; an error when there is none.
+absl::StatusOr<std::vector<X509Ptr>> ParseCerts(const char* flag,
+                                                const std::string& path,
+                                                const std::string& pem) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
+  std::vector<X509Ptr> certs;
+  while (X509* x = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
+    certs.emplace_back(x);
+  }
+  ERR_clear_error();  // the read past the last certificate
+  if (certs.empty()) {
+    return Bad(flag, path, "no PEM certificate in the file");
+  }
+  return certs;
+}
+
+// Checks that the key parses and matches the leaf, and that the leaf
+// chains to one of the CA certificates (through the chain file's others).
+absl::Status CheckPems(const PeerSecurityOptions& o, const std::string& cert,
+                       const std::string& key, const std::string& ca) {
+  absl::StatusOr<std::vector<X509Ptr>> chain =
+      ParseCerts("tls_cert", o.tls_cert, cert);
+  if (!chain.ok()) return chain.status();
+  absl::StatusOr<std::vector<X509Ptr>> roots =
+      ParseCerts("tls_ca", o.tls_ca, ca);
+  if (!roots.ok()) return roots.status();
+
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(key.data(), static_cast<int>(key.size())), BIO_free);
+  // An empty passphrase: an encrypted key fails here instead of prompting.
+  char empty[] = "";
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> pkey(
+      PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, empty),
+      EVP_PKEY_free);
+  if (pkey == nullptr) {
+    return Bad("tls_key", o.tls_key,
+               absl::StrCat("not an unencrypted PEM private key (",
+                            OpenSslError(), ")"));
+  }
+  if (X509_check_private_key(chain->front().get(), pkey.get()) != 1) {
+    ERR_clear_error();
+    return Bad("tls_key", o.tls_key,
+               absl::StrCat("does not match the certificate in --tls_cert=",
+                            o.tls_cert));
+  }
+
+  std::unique_ptr<X509_STORE, decltype(&X509_STORE_free)> store(
+      X509_STORE_new(), X509_STORE_free);
+  for (const X509Ptr& root : *roots)
+    X509_STORE_add_cert(store.get(), root.get());
+  std::unique_ptr<STACK_OF(X509), void (*)(STACK_OF(X509)*)> untrusted(
+      sk_X509_new_null(), [](STACK_OF(X509) * s) { sk_X509_free(s); });
+  for (size_t i = 1; i < chain->size(); ++i) {
+    sk_X509_push(untrusted.get(), (*chain)[i].get());
+  }
+  std::unique_ptr<X509_STORE_CTX, decltype(&X509_STORE_CTX_free)> ctx(
+      X509_STORE_CTX_new(), X509_STORE_CTX_free);
+  X509_STORE_CTX_init(ctx.get(), store.get(), chain->front().get(),
+                      untrusted.get());
+  if (X509_verify_cert(ctx.get()) != 1) {
+    const int err = X509_STORE_CTX_get_error(ctx.get());
+    ERR_clear_error();
+    return Bad("tls_cert", o.tls_cert,
+               absl::StrCat("does not verify against --tls_ca=", o.tls_ca, ": ",
+                            X509_verify_cert_error_string(err)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void PeerCredentials::Apply(grpc::ChannelArguments* args) const {
+  if (!server_name.empty()) args->SetSslTargetNameOverride(server_name);
+}
+
+PeerCredentials InsecurePeerCredentials() {
+  PeerCredentials c;
+  c.server = grpc::InsecureServerCredentials();
+  c.channel = grpc::InsecureChannelCredentials();
+  return c;
+}
+
+absl::StatusOr<PeerCredentials> LoadPeerCredentials(
+    const PeerSecurityOptions& o) {
+  const bool any_tls = !o.tls_cert.empty() || !o.tls_key.empty() ||
+                       !o.tls_ca.empty() || o.tls_require_client_cert ||
+                       !o.tls_server_name.empty();
+  if (o.insecure) {
+    if (any_tls) {
+      return absl::InvalidArgumentError(
+          "--insecure turns TLS off, but --tls_* flags were given too: pick "
+          "one");
+    }
+    return InsecurePeerCredentials();
+  }
+  if (!any_tls) {
+    return absl::InvalidArgumentError(
+        "no transport security chosen: pass --tls_cert, --tls_key and "
+        "--tls_ca (PEM files) for TLS, or --insecure for plaintext (a "
+        "trusted network only)");
+  }
+  absl::StatusOr<std::string> cert = ReadPem("tls_cert", o.tls_cert);
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem("tls_key", o.tls_key);
+  if (!key.ok()) return key.status();
+  absl::StatusOr<std::string> ca = ReadPem("tls_ca", o.tls_ca);
+  if (!ca.ok()) return ca.status();
+  if (absl::Status s = CheckPems(o, *cert, *key, *ca); !s.ok()) return s;
+
+  grpc::SslServerCredentialsOptions server(
+      o.tls_require_client_cert
+          ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+          : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  server.pem_root_certs = *ca;
+  server.pem_key_cert_pairs.push_back({*key, *cert});
+  grpc::SslCredentialsOptions channel;
+  channel.pem_root_certs = *ca;
+  channel.pem_private_key = *key;  // presented when the server asks
+  channel.pem_cert_chain = *cert;
+  PeerCredentials c;
+  c.server = grpc::SslServerCredentials(server);
+  c.channel = grpc::SslCredentials(channel);
+  c.server_name = o.tls_server_name;
+  c.tls = true;
+  c.mutual = o.tls_require_client_cert;
+  return c;
+}
+
+}  // namespace starling

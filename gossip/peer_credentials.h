@@ -1,0 +1,53 @@
+// Transport security for peer traffic: TLS (optionally mutual) from PEM
+// files, or plaintext only when the user asked for it (--insecure). The
+// same credentials serve the node's gRPC server (the Peer and Swarm
+// services) and every channel it opens to other members.
+// Thread-safe: PeerCredentials is immutable once loaded.
+#ifndef STARLING_GOSSIP_PEER_CREDENTIALS_H_
+#define STARLING_GOSSIP_PEER_CREDENTIALS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace starling {
+
+struct PeerSecurityOptions {
+  std::string tls_cert;  // PEM certificate (chain) of this node
+  std::string tls_key;   // PEM private key of tls_cert
+  std::string tls_ca;    // PEM CA certificate(s) that peers' certificates
+                         // must chain to
+  bool tls_require_client_cert = false;  // mutual TLS
+  // Name checked against every peer's certificate instead of the host part
+  // of its address (one certificate for the whole swarm). Empty: the host.
+  std::string tls_server_name;
+  bool insecure = false;  // plaintext
+};
+
+struct PeerCredentials {
+  std::shared_ptr<grpc::ServerCredentials> server;
+  std::shared_ptr<grpc::ChannelCredentials> channel;
+  std::string server_name;  // SSL target name override, or empty
+  bool tls = false;
+  bool mutual = false;
+  // Sets the target name override (when there is one) on a channel's args.
+  void Apply(grpc::ChannelArguments* args) const;
+};
+
+// Plaintext credentials, for in-process tools and tests (the node's own
+// flags go through LoadPeerCredentials, which wants --insecure for this).
+PeerCredentials InsecurePeerCredentials();
+
+// Reads and checks the PEM files: each parses, the key matches the
+// certificate, the certificate chains to the CA. InvalidArgument naming the
+// flag and the file when not; also when neither TLS nor --insecure was
+// asked for, or both were.
+absl::StatusOr<PeerCredentials> LoadPeerCredentials(
+    const PeerSecurityOptions& options);
+
+}  // namespace starling
+
+#endif  // STARLING_GOSSIP_PEER_CREDENTIALS_H_
