@@ -117,20 +117,17 @@ class Swarm::Service final : public peer::v1::Swarm::CallbackService {
 };
 
 // Streams the served blob from the requested offset (or from 0 when the
-// requester's digest is not the one served any more). The blob is fetched
-// (built, the first time a state is asked for: seconds for a large model)
-// on a thread of its own, never on gRPC's callback thread.
+// requester's digest is not the one served any more).
 class Swarm::Service::StateWriter
     : public grpc::ServerWriteReactor<StateChunk> {
  public:
-  StateWriter(Swarm* swarm, std::string digest, int64_t offset,
+  StateWriter(std::shared_ptr<const StateBlob> blob, int64_t offset,
               int64_t chunk_bytes)
-      : chunk_bytes_(std::max<int64_t>(1024, chunk_bytes)) {
-    // Detached: after Start() the thread touches nothing of this reactor,
-    // which OnDone deletes once the stream has finished.
-    std::thread([this, swarm, digest = std::move(digest), offset] {
-      Start(swarm->ServedBlob(), digest, offset);
-    }).detach();
+      : blob_(std::move(blob)),
+        offset_(offset),
+        chunk_bytes_(std::max<int64_t>(1024, chunk_bytes)) {
+    half_ = static_cast<int64_t>(blob_->bytes().size()) / 2;
+    Next();
   }
   void OnWriteDone(bool ok) override {
     if (!ok) {
@@ -147,21 +144,6 @@ class Swarm::Service::StateWriter
   void OnDone() override { delete this; }
 
  private:
-  void Start(std::shared_ptr<const StateBlob> blob, const std::string& digest,
-             int64_t offset) {
-    if (blob == nullptr) {
-      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "this node has no committed state to serve yet"));
-      return;
-    }
-    blob_ = std::move(blob);
-    const int64_t size = static_cast<int64_t>(blob_->bytes().size());
-    if (digest == blob_->digest() && offset > 0 && offset < size) {
-      offset_ = offset;
-    }
-    half_ = size / 2;
-    Next();
-  }
   void Next() {
     const int64_t size = static_cast<int64_t>(blob_->bytes().size());
     if (offset_ >= size) {
@@ -185,7 +167,7 @@ class Swarm::Service::StateWriter
   }
 
   std::shared_ptr<const StateBlob> blob_;
-  int64_t offset_ = 0;
+  int64_t offset_;
   const int64_t chunk_bytes_;
   int64_t len_ = 0;
   int64_t half_ = 0;
@@ -195,20 +177,37 @@ class Swarm::Service::StateWriter
 
 grpc::ServerWriteReactor<StateChunk>* Swarm::Service::FetchState(
     grpc::CallbackServerContext* ctx, const StateRequest* req) {
-  if (req->run_id() != swarm_->options_.identity.run_id) {
+  std::shared_ptr<const StateBlob> blob;
+  {
+    absl::MutexLock lock(&swarm_->state_mu_);
+    blob = swarm_->served_;
+  }
+  auto fail = [](grpc::StatusCode code, std::string why) {
     class Refuse : public grpc::ServerWriteReactor<StateChunk> {
      public:
-      explicit Refuse(std::string why) {
-        Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, why));
+      Refuse(grpc::StatusCode code, std::string why) {
+        Finish(grpc::Status(code, why));
       }
       void OnDone() override { delete this; }
     };
-    return new Refuse(absl::StrCat("state request for run '", req->run_id(),
-                                   "'; this node is in run '",
-                                   swarm_->options_.identity.run_id, "'"));
+    return new Refuse(code, std::move(why));
+  };
+  if (req->run_id() != swarm_->options_.identity.run_id) {
+    return fail(grpc::StatusCode::FAILED_PRECONDITION,
+                absl::StrCat("state request for run '", req->run_id(),
+                             "'; this node is in run '",
+                             swarm_->options_.identity.run_id, "'"));
   }
-  return new StateWriter(swarm_, req->digest(), req->offset(),
-                         swarm_->options_.chunk_bytes);
+  if (blob == nullptr) {
+    return fail(grpc::StatusCode::UNAVAILABLE,
+                "this node has no committed state to serve yet");
+  }
+  int64_t offset = 0;
+  if (req->digest() == blob->digest() && req->offset() > 0 &&
+      req->offset() < static_cast<int64_t>(blob->bytes().size())) {
+    offset = req->offset();
+  }
+  return new StateWriter(std::move(blob), offset, swarm_->options_.chunk_bytes);
 }
 
 // One incoming push stream, as the gossip thread sees it to drop it when it
@@ -620,25 +619,9 @@ bool Swarm::EarlySyncRequested(int64_t round) const {
   return false;
 }
 
-void Swarm::ServeState(SwarmState state) {
-  auto serving = std::make_shared<const SwarmState>(std::move(state));
+void Swarm::ServeState(std::shared_ptr<const StateBlob> blob) {
   absl::MutexLock lock(&state_mu_);
-  serving_ = std::move(serving);
-  served_ = nullptr;
-}
-
-std::shared_ptr<const StateBlob> Swarm::ServedBlob() {
-  absl::MutexLock build(&build_mu_);
-  std::shared_ptr<const SwarmState> state;
-  {
-    absl::MutexLock lock(&state_mu_);
-    if (served_ != nullptr || serving_ == nullptr) return served_;
-    state = serving_;
-  }
-  std::shared_ptr<const StateBlob> blob = StateBlob::Make(*state);
-  absl::MutexLock lock(&state_mu_);
-  if (serving_ == state) served_ = blob;
-  return blob;
+  served_ = std::move(blob);
 }
 
 bool Swarm::Ahead(const Lineage& best, int64_t round,

@@ -146,9 +146,7 @@ class Swarm {
   void RequestEarlySync(int64_t round);
   bool EarlySyncRequested(int64_t round) const;
   // The state this node serves to joiners (its last committed round).
-  // Cheap: the blob (encoded, zstd-compressed, hashed) is built on the first
-  // request for this state, on a thread of that request's own.
-  void ServeState(SwarmState state);
+  void ServeState(std::shared_ptr<const StateBlob> blob);
 
   struct Lineage {
     int64_t round = 0;
@@ -273,14 +271,7 @@ class Swarm {
   std::thread gossip_thread_;
   std::thread coord_thread_;
 
-  // The served state's blob, built on first use; nullptr when nothing is
-  // served yet. Waits while another request builds it.
-  std::shared_ptr<const StateBlob> ServedBlob();
-
-  absl::Mutex build_mu_;  // held while a blob is built (one at a time)
   mutable absl::Mutex state_mu_;
-  std::shared_ptr<const SwarmState> serving_ ABSL_GUARDED_BY(state_mu_);
-  // serving_'s blob once a request built it.
   std::shared_ptr<const StateBlob> served_ ABSL_GUARDED_BY(state_mu_);
   // Node id -> partition group (empty: no partition).
   std::map<std::string, int> groups_ ABSL_GUARDED_BY(state_mu_);
