@@ -88,6 +88,14 @@ void AdviseHugePages(const void* p, size_t n) {
   }
 }
 
+// Reserves room for `count` elements of a string or vector, backed by huge
+// pages where the kernel allows.
+template <typename Buffer>
+void ReserveHuge(Buffer& buffer, size_t count) {
+  buffer.reserve(count);
+  AdviseHugePages(buffer.data(), count * sizeof(typename Buffer::value_type));
+}
+
 std::string HexDigest(absl::string_view bytes) {
   return absl::StrFormat("%016x", HashBytes(bytes.data(), bytes.size()));
 }
@@ -136,8 +144,7 @@ absl::StatusOr<std::string> DecodeBlob(absl::string_view blob) {
                      num_chunks, ") does not fit ", raw_size, " bytes"));
   }
   std::string raw;
-  raw.reserve(raw_size);
-  AdviseHugePages(raw.data(), raw_size);
+  ReserveHuge(raw, raw_size);
   raw.resize(raw_size);
   STARLING_RETURN_IF_ERROR(
       ci::ZstdDecompressChunks(payload, raw.size(), raw.data()));
@@ -150,8 +157,7 @@ std::string EncodeSwarmState(const SwarmState& s) {
   std::string out;
   const size_t size = 4 + 4 + 8 * 5 + s.lineage.size() + 4 * s.theta.size() +
                       s.outer_state.size();
-  out.reserve(size);
-  AdviseHugePages(out.data(), size);
+  ReserveHuge(out, size);
   out.append(kStateMagic, 4);
   Put<uint32_t>(&out, kStateVersion);
   Put<int64_t>(&out, s.round);
@@ -188,13 +194,11 @@ absl::StatusOr<SwarmState> DecodeSwarmState(absl::string_view bytes) {
   if (!r.Get(&n) || n > r.remaining() / 4 || !r.Bytes(4 * n, &v)) {
     return Truncated("theta");
   }
-  s.theta.reserve(n);
-  AdviseHugePages(s.theta.data(), 4 * n);
+  ReserveHuge(s.theta, n);
   s.theta.resize(n);
   if (n > 0) std::memcpy(s.theta.data(), v.data(), 4 * n);
   if (!r.Get(&n) || !r.Bytes(n, &v)) return Truncated("outer_state");
-  s.outer_state.reserve(v.size());
-  AdviseHugePages(s.outer_state.data(), v.size());
+  ReserveHuge(s.outer_state, v.size());
   s.outer_state.assign(v.data(), v.size());
   if (r.remaining() != 0) {
     return absl::DataLossError(
@@ -282,8 +286,7 @@ absl::Status StateAssembler::Add(const std::string& digest, int64_t total_bytes,
     digest_ = digest;
     total_ = total_bytes;
     bytes_.clear();
-    bytes_.reserve(static_cast<size_t>(total_bytes));
-    AdviseHugePages(bytes_.data(), static_cast<size_t>(total_bytes));
+    ReserveHuge(bytes_, static_cast<size_t>(total_bytes));
   }
   bytes_.append(data.data(), data.size());
   return absl::OkStatus();
