@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -286,7 +287,11 @@ absl::Status StateAssembler::Add(const std::string& digest, int64_t total_bytes,
     digest_ = digest;
     total_ = total_bytes;
     bytes_.clear();
-    ReserveHuge(bytes_, static_cast<size_t>(total_bytes));
+    // total_bytes is the donor's word: reserve at most 256 MiB up front
+    // (a false claim of 4 GiB must not allocate it), grow past that as
+    // chunks actually arrive.
+    ReserveHuge(bytes_, static_cast<size_t>(std::min<int64_t>(
+                            total_bytes, int64_t{256} << 20)));
   }
   bytes_.append(data.data(), data.size());
   return absl::OkStatus();
