@@ -221,7 +221,8 @@ class GrpcTransport::Service final
     : public peer::v1::Peer::WithRawCallbackMethod_SendChunks<
           peer::v1::Peer::CallbackService> {
  public:
-  explicit Service(const PeerIdentity& identity) : identity_(identity) {}
+  Service(const PeerIdentity& identity, const PeerCredentials& credentials)
+      : identity_(identity), credentials_(credentials) {}
 
   void SetMailbox(std::shared_ptr<Mailbox> mailbox, int rank,
                   std::string address, bool exact_round) {
@@ -258,6 +259,10 @@ class GrpcTransport::Service final
                                       const HandshakeRequest* req,
                                       HandshakeResponse* resp) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    if (grpc::Status a = credentials_.Admit(ctx, "Handshake"); !a.ok()) {
+      reactor->Finish(a);
+      return reactor;
+    }
     std::string why = HandshakeMismatch(*req, identity_);
     if (!why.empty()) {
       STARLING_LOG(WARNING) << "refused peer " << req->address() << ": " << why;
@@ -291,7 +296,8 @@ class GrpcTransport::Service final
       mailbox = mailbox_;
       exact = exact_round_;
     }
-    return new ChunkReader(this, std::move(mailbox), exact, ack);
+    return new ChunkReader(this, std::move(mailbox), exact, ack,
+                           credentials_.Admit(ctx, "SendChunks"));
   }
 
  private:
@@ -299,11 +305,15 @@ class GrpcTransport::Service final
   class ChunkReader : public grpc::ServerReadReactor<grpc::ByteBuffer> {
    public:
     ChunkReader(Service* service, std::shared_ptr<Mailbox> mailbox,
-                bool exact_round, grpc::ByteBuffer* ack)
+                bool exact_round, grpc::ByteBuffer* ack, grpc::Status admitted)
         : service_(service),
           mailbox_(std::move(mailbox)),
           exact_round_(exact_round),
           ack_(ack) {
+      if (!admitted.ok()) {
+        Finish(admitted);
+        return;
+      }
       if (mailbox_ == nullptr) {
         Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                             "this node has not joined its peers yet"));
@@ -615,6 +625,7 @@ class GrpcTransport::Service final
   static constexpr int64_t kEarlyBytes = int64_t{1} << 30;
 
   const PeerIdentity identity_;
+  const PeerCredentials credentials_;
   absl::Mutex mu_;
   std::shared_ptr<Mailbox> mailbox_ ABSL_GUARDED_BY(mu_);
   bool exact_round_ ABSL_GUARDED_BY(mu_) = false;
@@ -661,7 +672,7 @@ GrpcTransport::~GrpcTransport() { Shutdown(); }
 absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(
     const GrpcTransportOptions& options, const PeerIdentity& identity) {
   auto t = std::unique_ptr<GrpcTransport>(new GrpcTransport(options, identity));
-  t->service_ = std::make_unique<Service>(identity);
+  t->service_ = std::make_unique<Service>(identity, options.credentials);
   grpc::ServerBuilder builder;
   // gRPC sets SO_REUSEPORT by default, so a second server on a port in use
   // (a stale address, or a port another process took first) would start
@@ -722,6 +733,7 @@ absl::Status GrpcTransport::Connect(const std::vector<std::string>& members,
       grpc::ClientContext ctx;
       ctx.set_deadline(
           ToChrono(std::min(deadline, absl::Now() + absl::Seconds(5))));
+      options_.credentials.Sign(&ctx, "Handshake");
       HandshakeResponse resp;
       last = peers_[r]->stub->Handshake(&ctx, req, &resp);
       rpc_errors_.Record(last.error_code());
@@ -738,6 +750,13 @@ absl::Status GrpcTransport::Connect(const std::vector<std::string>& members,
       if (last.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
         return absl::FailedPreconditionError(absl::StrCat(
             "peer ", members[r], " refused this node: ", last.error_message()));
+      }
+      if (last.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+        return absl::UnauthenticatedError(
+            absl::StrCat("peer ", members[r],
+                         " refused this node's "
+                         "credentials: ",
+                         last.error_message(), " (check --join_token_file)"));
       }
       // The peer may have tried us first, been refused and left.
       if (std::string why = service_->Refusal(members[r]); !why.empty()) {
@@ -840,6 +859,7 @@ absl::Status GrpcTransport::SendOnce(int to, const Message& m,
   const bool crash_after_first = m.phase == RingPhase::kReduceScatter;
   grpc::ClientContext ctx;
   ctx.set_deadline(ToChrono(deadline));
+  options_.credentials.Sign(&ctx, "SendChunks");
   grpc::ByteBuffer ack;
   grpc::Status s;
   absl::Status shaped;  // not OK when the emulated link missed the deadline

@@ -3,8 +3,9 @@
 // and client stubs that stream each message to a peer in chunks of
 // `chunk_bytes` under a deadline, through the link emulator when one is set
 // (latency once per message, bandwidth per chunk; handshakes are not
-// shaped). Insecure channels on loopback or a trusted
-// network; TLS and auth tokens belong to the security issue.
+// shaped). TLS or plaintext per GrpcTransportOptions::credentials, which
+// also sign every call and admit only signed ones when there is a join
+// token.
 // Thread-safe. The server's reactors never block: they validate, copy into
 // the mailbox and finish.
 #ifndef STARLING_GOSSIP_GRPC_TRANSPORT_H_

@@ -131,7 +131,9 @@ PeerCredentials InsecurePeerCredentials() {
   return c;
 }
 
-absl::StatusOr<PeerCredentials> LoadPeerCredentials(
+namespace {
+
+absl::StatusOr<PeerCredentials> LoadTransportCredentials(
     const PeerSecurityOptions& o) {
   const bool any_tls = !o.tls_cert.empty() || !o.tls_key.empty() ||
                        !o.tls_ca.empty() || o.tls_require_client_cert ||
@@ -175,6 +177,30 @@ absl::StatusOr<PeerCredentials> LoadPeerCredentials(
   c.tls = true;
   c.mutual = o.tls_require_client_cert;
   return c;
+}
+
+}  // namespace
+
+absl::StatusOr<PeerCredentials> LoadPeerCredentials(
+    const PeerSecurityOptions& o) {
+  absl::StatusOr<PeerCredentials> c = LoadTransportCredentials(o);
+  if (!c.ok() || o.join_token_file.empty()) return c;
+  absl::StatusOr<std::shared_ptr<JoinAuth>> auth =
+      JoinAuth::FromFile(o.join_token_file);
+  if (!auth.ok()) return auth.status();
+  c->join_auth = *std::move(auth);
+  return c;
+}
+
+void PeerCredentials::Sign(grpc::ClientContext* ctx,
+                           absl::string_view method) const {
+  if (join_auth != nullptr) join_auth->Sign(ctx, method);
+}
+
+grpc::Status PeerCredentials::Admit(grpc::CallbackServerContext* ctx,
+                                    absl::string_view method) const {
+  if (join_auth == nullptr) return grpc::Status::OK;
+  return join_auth->Admit(ctx, method);
 }
 
 }  // namespace starling

@@ -2,6 +2,8 @@
 // files, or plaintext only when the user asked for it (--insecure). The
 // same credentials serve the node's gRPC server (the Peer and Swarm
 // services) and every channel it opens to other members.
+// With a join token (--join_token_file) every call is also signed and
+// checked (see join_auth.h).
 // Thread-safe: PeerCredentials is immutable once loaded.
 #ifndef STARLING_GOSSIP_PEER_CREDENTIALS_H_
 #define STARLING_GOSSIP_PEER_CREDENTIALS_H_
@@ -12,6 +14,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "gossip/join_auth.h"
 
 namespace starling {
 
@@ -25,6 +29,9 @@ struct PeerSecurityOptions {
   // of its address (one certificate for the whole swarm). Empty: the host.
   std::string tls_server_name;
   bool insecure = false;  // plaintext
+  // The swarm secret every call must prove it knows; empty: no admission
+  // check.
+  std::string join_token_file;
 };
 
 struct PeerCredentials {
@@ -33,8 +40,16 @@ struct PeerCredentials {
   std::string server_name;  // SSL target name override, or empty
   bool tls = false;
   bool mutual = false;
+  // Null: calls are not signed and every caller is admitted.
+  std::shared_ptr<JoinAuth> join_auth;
   // Sets the target name override (when there is one) on a channel's args.
   void Apply(grpc::ChannelArguments* args) const;
+  // Signs a client call of `method` with the join token, when there is one.
+  void Sign(grpc::ClientContext* ctx, absl::string_view method) const;
+  // OK, or UNAUTHENTICATED when there is a join token and the call does not
+  // prove it (logged, rate-limited per peer host).
+  grpc::Status Admit(grpc::CallbackServerContext* ctx,
+                     absl::string_view method) const;
 };
 
 // Plaintext credentials, for in-process tools and tests (the node's own
@@ -44,7 +59,7 @@ PeerCredentials InsecurePeerCredentials();
 // Reads and checks the PEM files: each parses, the key matches the
 // certificate, the certificate chains to the CA. InvalidArgument naming the
 // flag and the file when not; also when neither TLS nor --insecure was
-// asked for, or both were.
+// asked for, or both were. Loads the join token when a file is named.
 absl::StatusOr<PeerCredentials> LoadPeerCredentials(
     const PeerSecurityOptions& options);
 

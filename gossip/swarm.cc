@@ -79,6 +79,10 @@ class Swarm::Service final : public peer::v1::Swarm::CallbackService {
                                  const JoinRequest* req,
                                  JoinResponse* resp) override {
     auto* reactor = ctx->DefaultReactor();
+    if (grpc::Status a = Admit(ctx, "Join"); !a.ok()) {
+      reactor->Finish(a);
+      return reactor;
+    }
     reactor->Finish(ToGrpcStatus(swarm_->OnJoin(*req, resp)));
     return reactor;
   }
@@ -86,6 +90,10 @@ class Swarm::Service final : public peer::v1::Swarm::CallbackService {
                                    const GossipRequest* req,
                                    GossipResponse* resp) override {
     auto* reactor = ctx->DefaultReactor();
+    if (grpc::Status a = Admit(ctx, "Gossip"); !a.ok()) {
+      reactor->Finish(a);
+      return reactor;
+    }
     reactor->Finish(ToGrpcStatus(swarm_->OnGossip(*req, resp)));
     return reactor;
   }
@@ -93,6 +101,10 @@ class Swarm::Service final : public peer::v1::Swarm::CallbackService {
                                     const ControlMessage* req,
                                     ControlAck* resp) override {
     auto* reactor = ctx->DefaultReactor();
+    if (grpc::Status a = Admit(ctx, "Control"); !a.ok()) {
+      reactor->Finish(a);
+      return reactor;
+    }
     if (req->run_id() != swarm_->options_.identity.run_id) {
       reactor->Finish(
           grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -113,6 +125,10 @@ class Swarm::Service final : public peer::v1::Swarm::CallbackService {
  private:
   class StateWriter;
   class PushReader;
+  grpc::Status Admit(grpc::CallbackServerContext* ctx,
+                     absl::string_view method) {
+    return swarm_->options_.credentials.Admit(ctx, method);
+  }
   Swarm* swarm_;
 };
 
@@ -192,6 +208,9 @@ grpc::ServerWriteReactor<StateChunk>* Swarm::Service::FetchState(
     };
     return new Refuse(code, std::move(why));
   };
+  if (grpc::Status a = Admit(ctx, "FetchState"); !a.ok()) {
+    return fail(a.error_code(), a.error_message());
+  }
   if (req->run_id() != swarm_->options_.identity.run_id) {
     return fail(grpc::StatusCode::FAILED_PRECONDITION,
                 absl::StrCat("state request for run '", req->run_id(),
@@ -242,6 +261,11 @@ class Swarm::Service::PushReader : public grpc::ServerReadReactor<PushChunk> {
       slot_->ctx = ctx;
     }
     slot_->started = absl::Now();
+    if (grpc::Status a = swarm->options_.credentials.Admit(ctx, "Push");
+        !a.ok()) {
+      End(a);
+      return;
+    }
     if (swarm_->options_.push_elements <= 0) {
       End(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                        absl::StrCat(swarm_->options_.node_id,
@@ -513,6 +537,7 @@ absl::Status Swarm::JoinSwarm(absl::Time deadline) {
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(
           std::min(deadline, absl::Now() + absl::Seconds(5))));
+      options_.credentials.Sign(&ctx, "Join");
       JoinResponse resp;
       grpc::Status s = StubFor(seed)->stub->Join(&ctx, req, &resp);
       ++attempts;
@@ -541,6 +566,11 @@ absl::Status Swarm::JoinSwarm(absl::Time deadline) {
       if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
         return absl::FailedPreconditionError(absl::StrCat(
             "peer ", seed, " refused this node: ", s.error_message()));
+      }
+      if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+        return absl::UnauthenticatedError(
+            absl::StrCat("peer ", seed, " refused this node's credentials: ",
+                         s.error_message(), " (check --join_token_file)"));
       }
       last_error = absl::StrCat(seed, ": ", s.error_message());
       // The seed may have tried to join this node first, been refused and
@@ -757,6 +787,7 @@ absl::Status Swarm::Push(const std::string& peer_id, const PushShare& share,
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(deadline));
+  options_.credentials.Sign(&ctx, "Push");
   PushAck ack;
   std::unique_ptr<grpc::ClientWriter<PushChunk>> writer =
       StubFor(e->address())->stub->Push(&ctx, &ack);
@@ -869,6 +900,7 @@ absl::StatusOr<GossipResponse> Swarm::CallGossip(const std::string& address,
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(Deadline(absl::Seconds(1)));
+  options_.credentials.Sign(&ctx, "Gossip");
   GossipResponse resp;
   control_bytes_ += static_cast<int64_t>(req.ByteSizeLong());
   grpc::Status s = StubFor(address)->stub->Gossip(&ctx, req, &resp);
@@ -997,6 +1029,7 @@ absl::StatusOr<ControlAck> Swarm::SendControl(const std::string& to_id,
     if (attempt > 0) absl::SleepFor(absl::Milliseconds(150));
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline(absl::Seconds(3)));
+    options_.credentials.Sign(&ctx, "Control");
     control_bytes_ += static_cast<int64_t>(m.ByteSizeLong());
     s = StubFor(e->address())->stub->Control(&ctx, m, &ack);
     transport_->rpc_errors().Record(s.error_code());
@@ -1476,6 +1509,7 @@ absl::StatusOr<SwarmState> Swarm::FetchState(
       req.set_digest(assembler.digest());
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(deadline));
+      options_.credentials.Sign(&ctx, "FetchState");
       std::unique_ptr<grpc::ClientReader<StateChunk>> reader =
           StubFor(e->address())->stub->FetchState(&ctx, req);
       StateChunk chunk;

@@ -67,6 +67,12 @@ ABSL_FLAG(bool, insecure, false,
           "plaintext peer traffic, without TLS: only on a network you trust "
           "(the node logs a warning); one of --insecure or --tls_cert/"
           "--tls_key/--tls_ca is required");
+ABSL_FLAG(std::string, join_token_file, "",
+          "file holding the swarm secret (16+ bytes, e.g. from `openssl "
+          "rand -hex 32`): every call to and from this node proves it knows "
+          "it (HMAC of a timestamp and a nonce; the secret never travels, a "
+          "captured call cannot be replayed) and calls without the proof are "
+          "refused UNAUTHENTICATED; empty: no admission check");
 ABSL_FLAG(std::string, run_id, "starling",
           "peers must share it; the handshake refuses others");
 ABSL_FLAG(std::string, algo, "diloco",
@@ -442,6 +448,7 @@ const std::vector<std::string>& NodeFlagNames() {
                                    "tls_require_client_cert",
                                    "tls_server_name",
                                    "insecure",
+                                   "join_token_file",
                                    "run_id",
                                    "algo",
                                    "inner_steps",
@@ -533,7 +540,8 @@ const Subcommand& NodeSubcommand() {
         "Security: peer traffic uses TLS with --tls_cert, --tls_key and "
         "--tls_ca (PEM files; --tls_require_client_cert for mutual TLS), or "
         "plaintext with an explicit --insecure; one of the two is "
-        "required.\n\n"
+        "required. --join_token_file admits only peers that know the "
+        "swarm's secret.\n\n"
         "Example, two members on one machine (plaintext on loopback):\n"
         "  starling node --insecure --node_id=a --listen=127.0.0.1:7001 "
         "--shard=0/2 --out=runs/a\n"
@@ -2120,6 +2128,7 @@ int RunNodeCommand() {
       absl::GetFlag(FLAGS_tls_require_client_cert);
   security.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   security.insecure = absl::GetFlag(FLAGS_insecure);
+  security.join_token_file = absl::GetFlag(FLAGS_join_token_file);
   if (absl::StatusOr<PeerCredentials> c = LoadPeerCredentials(security);
       !c.ok()) {
     return Fail(c.status(), 2);
@@ -2138,14 +2147,25 @@ int RunNodeCommand() {
   SetLogNode(log_node);
   if (!run.credentials.tls) {
     LogEvent(LogLevel::kWarning, "insecure",
-             "--insecure: peer traffic is plaintext and unauthenticated; use "
-             "it only on a network you trust (--tls_cert, --tls_key and "
-             "--tls_ca turn TLS on)");
+             run.credentials.join_auth == nullptr
+                 ? "--insecure: peer traffic is plaintext and "
+                   "unauthenticated; use it only on a network you trust "
+                   "(--tls_cert, --tls_key and --tls_ca turn TLS on)"
+                 : "--insecure: peer traffic is plaintext (the join token "
+                   "admits callers, but anyone on the path can read or alter "
+                   "a call); use it only on a network you trust (--tls_cert, "
+                   "--tls_key and --tls_ca turn TLS on)");
   } else {
     LogEvent(LogLevel::kInfo, "tls",
              absl::StrCat("peer traffic uses TLS",
                           run.credentials.mutual ? " (mutual)" : "", ", CA ",
                           security.tls_ca));
+  }
+  if (run.credentials.join_auth != nullptr) {
+    LogEvent(LogLevel::kInfo, "join_token",
+             absl::StrCat("calls are signed and checked with the join token "
+                          "in ",
+                          security.join_token_file));
   }
   if (run.links) {
     auto [bandwidth, latency] = FormatLinkFlags(run.links->options());

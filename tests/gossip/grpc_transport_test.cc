@@ -42,10 +42,12 @@ struct Swarm {
   std::vector<std::string> members;
 };
 
-Swarm Start(int world, int64_t chunk_bytes = 1 << 20) {
+Swarm Start(int world, int64_t chunk_bytes = 1 << 20,
+            std::shared_ptr<JoinAuth> auth = nullptr) {
   Swarm s;
   GrpcTransportOptions o;
   o.chunk_bytes = chunk_bytes;
+  o.credentials.join_auth = std::move(auth);
   for (int r = 0; r < world; ++r) {
     auto t = GrpcTransport::Start(o, Identity(world));
     EXPECT_TRUE(t.ok()) << t.status();
@@ -223,6 +225,60 @@ TEST(GrpcTransportTest, HandshakeRefusesAMismatchedPeerSayingWhatDiffers) {
   EXPECT_NE(s.message().find("model architecture differs"), std::string::npos)
       << s;
   EXPECT_NE(s.message().find("gpt(layers=3)"), std::string::npos) << s;
+}
+
+// With a join token, handshakes and chunk streams carry its proof and the
+// ring runs as before; a node with another token is refused at the
+// handshake, and a stream without the proof gets UNAUTHENTICATED.
+TEST(GrpcTransportTest, JoinTokenAdmitsOnlyPeersThatProveIt) {
+  auto token = JoinAuth::FromToken("swarm-secret-0123456789");
+  ASSERT_TRUE(token.ok()) << token.status();
+  Swarm s = Start(2, 4096, *token);
+  ConnectAll(s);
+  std::vector<std::vector<float>> v(2, std::vector<float>(kElems - 1, 1.0f));
+  v[1].assign(kElems - 1, 3.0f);
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> st(2);
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      RingOptions o;
+      o.step_timeout = absl::Seconds(20);
+      st[r] = RingWeightedAverage(*s.nodes[r], v[r], 1.0, o);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(st[r].ok()) << st[r];
+    EXPECT_EQ(v[r][7], 2.0f);
+  }
+  EXPECT_EQ((*token)->refused(), 0);
+
+  GrpcTransportOptions o;
+  o.credentials.join_auth =
+      JoinAuth::FromToken("some-other-secret-987654").value();
+  auto intruder = GrpcTransport::Start(o, Identity(2));
+  ASSERT_TRUE(intruder.ok());
+  absl::Status joined =
+      (*intruder)->Connect({s.members[0], (*intruder)->address()}, 1,
+                           Mailboxes(), absl::Now() + absl::Seconds(10));
+  EXPECT_TRUE(absl::IsUnauthenticated(joined)) << joined;
+  EXPECT_NE(joined.message().find("wrong join token"), std::string::npos)
+      << joined;
+
+  auto channel =
+      grpc::CreateChannel(s.members[0], grpc::InsecureChannelCredentials());
+  auto stub = peer::v1::Peer::NewStub(channel);
+  grpc::ClientContext ctx;
+  peer::v1::SendAck ack;
+  auto writer = stub->SendChunks(&ctx, &ack);
+  peer::v1::TensorChunk chunk;
+  chunk.set_run_id("test-run");
+  (void)writer->Write(chunk);
+  (void)writer->WritesDone();
+  grpc::Status unsigned_call = writer->Finish();
+  EXPECT_EQ(unsigned_call.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+      << unsigned_call.error_message();
+  EXPECT_GE((*token)->refused(), 2);
 }
 
 TEST(GrpcTransportTest, MismatchMessageNamesEveryField) {

@@ -1,7 +1,12 @@
-// Transport security of `starling node`: a swarm over mutual TLS with
-// certificates made at test time by the openssl command (none committed),
-// intruders it refuses while it keeps training, and TLS flags refused by
-// name at start-up.
+// Security of `starling node` with real processes. TLS: a swarm over
+// mutual TLS with certificates made at test time by the openssl command
+// (none committed), intruders it refuses while it keeps training, and TLS
+// flags refused by name at start-up. Admission by the swarm secret
+// (--join_token_file): members that hold the token train together; a node
+// without it, one with a wrong token, a replayed call and a stale call are
+// all refused UNAUTHENTICATED while the swarm trains on, and the refusals
+// are logged once per peer host per minute.
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -11,8 +16,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "core/file_util.h"
+#include "gossip/join_auth.h"
 #include "gtest/gtest.h"
+#include "starling/peer/v1/swarm.grpc.pb.h"
 #include "tests/core/run_util.h"
 
 namespace starling {
@@ -74,7 +82,37 @@ std::string TlsFlags(const std::string& dir, const std::string& name,
                       "/", name, ".key --tls_ca=", dir, "/", ca_file);
 }
 
-class TlsTest : public ::testing::Test {
+// Runs nodes of one small run in a temporary directory.
+class SecurityTest : public ::testing::Test {
+ protected:
+  std::string Node(const std::string& id, int steps) const {
+    return absl::StrCat("node ", TinyTextFlags(60000), " --steps=", steps,
+                        " --inner_steps=10 --shard_mode=contiguous --threads=1"
+                        " --eval_every=0 --suspect_timeout=2 --run_id=tls"
+                        " --listen=127.0.0.1:0 --node_id=",
+                        id, " --out=", dir_, "/", id);
+  }
+  std::string Log(const std::string& id) const {
+    return absl::StrCat(dir_, "/", id, ".log");
+  }
+  // Waits for members n0 and n1 to exit 0 with the same final model.
+  void ExpectBothFinishWithOneModel(pid_t n0, pid_t n1) const {
+    EXPECT_EQ(WaitUntil(n0, absl::Now() + absl::Seconds(120)), 0)
+        << ReadFile(Log("n0")).value_or("");
+    EXPECT_EQ(WaitUntil(n1, absl::Now() + absl::Seconds(60)), 0)
+        << ReadFile(Log("n1")).value_or("");
+    EXPECT_FALSE(FinalHash("n0").empty());
+    EXPECT_EQ(FinalHash("n0"), FinalHash("n1"));
+  }
+  std::string FinalHash(const std::string& id) const {
+    auto s = ReadJson(absl::StrCat(dir_, "/", id, "/summary.json"));
+    return Field(Field(s, "final").struct_value(), "model_hash").string_value();
+  }
+
+  std::string dir_ = TempDir();
+};
+
+class TlsTest : public SecurityTest {
  protected:
   void SetUp() override {
     ASSERT_TRUE(MakeCa(dir_, "swarm"));
@@ -90,23 +128,6 @@ class TlsTest : public ::testing::Test {
                              ReadFile(dir_ + "/swarm-ca.pem").value_or("");
     ASSERT_TRUE(WriteFileAtomic(dir_ + "/both-ca.pem", both).ok());
   }
-
-  std::string Node(const std::string& id, int steps) const {
-    return absl::StrCat("node ", TinyTextFlags(60000), " --steps=", steps,
-                        " --inner_steps=10 --shard_mode=contiguous --threads=1"
-                        " --eval_every=0 --suspect_timeout=2 --run_id=tls"
-                        " --listen=127.0.0.1:0 --node_id=",
-                        id, " --out=", dir_, "/", id);
-  }
-  std::string Log(const std::string& id) const {
-    return absl::StrCat(dir_, "/", id, ".log");
-  }
-  std::string FinalHash(const std::string& id) const {
-    auto s = ReadJson(absl::StrCat(dir_, "/", id, "/summary.json"));
-    return Field(Field(s, "final").struct_value(), "model_hash").string_value();
-  }
-
-  std::string dir_ = TempDir();
 };
 
 // n0 and n1 train together over mutual TLS. Meanwhile a node with a
@@ -142,12 +163,7 @@ TEST_F(TlsTest, SwarmRefusesUntrustedAndPlaintextPeersAndTrainsOn) {
   EXPECT_NE(plain.err.find("cannot reach any of --peers"), std::string::npos)
       << plain.err;
 
-  EXPECT_EQ(WaitUntil(n0, absl::Now() + absl::Seconds(120)), 0)
-      << ReadFile(Log("n0")).value_or("");
-  EXPECT_EQ(WaitUntil(n1, absl::Now() + absl::Seconds(60)), 0)
-      << ReadFile(Log("n1")).value_or("");
-  EXPECT_FALSE(FinalHash("n0").empty());
-  EXPECT_EQ(FinalHash("n0"), FinalHash("n1"));
+  ExpectBothFinishWithOneModel(n0, n1);
   const std::string events0 = ReadFile(dir_ + "/n0/events.jsonl").value_or("");
   EXPECT_EQ(events0.find("intruder"), std::string::npos);
   EXPECT_EQ(events0.find("plain"), std::string::npos);
@@ -221,6 +237,127 @@ TEST_F(TlsTest, BadTlsFlagsAreRefusedByName) {
   EXPECT_NE(ok.err.find("--insecure: peer traffic is plaintext"),
             std::string::npos)
       << ok.err;
+}
+
+constexpr char kToken[] = "7f3a9c0e5b2d4f6a8c1e3b5d7f9a0c2e";
+
+class JoinTokenTest : public SecurityTest {
+ protected:
+  // A node with plaintext peer traffic: the token alone admits it.
+  std::string Plain(const std::string& id, int steps) const {
+    return Node(id, steps) + " --insecure";
+  }
+  void SetUp() override {
+    ASSERT_TRUE(
+        WriteFileAtomic(dir_ + "/token", absl::StrCat(kToken, "\n")).ok());
+    ASSERT_TRUE(
+        WriteFileAtomic(dir_ + "/wrong.token", "not-the-swarm-secret-at-all\n")
+            .ok());
+  }
+};
+
+// A Control call to `address` carrying `header` as its join-token proof
+// (none when empty). Control with a foreign run id changes nothing on the
+// node: an admitted call gets FAILED_PRECONDITION, a refused one
+// UNAUTHENTICATED.
+grpc::Status ControlWithProof(const std::string& address,
+                              const std::string& header) {
+  auto stub = peer::v1::Swarm::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  if (!header.empty()) ctx.AddMetadata(kAuthHeader, header);
+  peer::v1::ControlMessage m;
+  m.set_run_id("probe");
+  peer::v1::ControlAck ack;
+  return stub->Control(&ctx, m, &ack);
+}
+
+TEST_F(JoinTokenTest, OnlyTokenHoldersJoinAndReplaysAreRefused) {
+  const std::string token = " --join_token_file=" + dir_ + "/token";
+  const absl::Time start = absl::Now();
+  pid_t n0 = SpawnStarling(
+      absl::StrCat(Plain("n0", 6000), " --min_members=2 --shard=0/2", token),
+      Log("n0"));
+  const std::string seed = ListenAddress(Log("n0"), absl::Seconds(60));
+  ASSERT_FALSE(seed.empty()) << ReadFile(Log("n0")).value_or("");
+  pid_t n1 = SpawnStarling(
+      absl::StrCat(Plain("n1", 6000), " --shard=1/2 --peers=", seed, token),
+      Log("n1"));
+  ASSERT_TRUE(::starling::testing::WaitForText(
+      absl::StrCat(dir_, "/n1/events.jsonl"), "\"event\":\"round\"",
+      absl::Seconds(60)))
+      << ReadFile(Log("n1")).value_or("");
+
+  // No token, and a wrong one: refused at once, saying why.
+  auto none = RunStarling(absl::StrCat(Plain("none", 300),
+                                       " --shard=1/2 --connect_timeout=20",
+                                       " --peers=", seed));
+  EXPECT_NE(none.exit_code, 0) << none.err;
+  EXPECT_NE(none.err.find("refused this node's credentials: no join token"),
+            std::string::npos)
+      << none.err;
+  auto wrong = RunStarling(absl::StrCat(
+      Plain("wrong", 300), " --shard=1/2 --connect_timeout=20",
+      " --peers=", seed, " --join_token_file=", dir_, "/wrong.token"));
+  EXPECT_NE(wrong.exit_code, 0) << wrong.err;
+  EXPECT_NE(wrong.err.find("wrong join token"), std::string::npos) << wrong.err;
+
+  // A captured call (a valid proof) works once; sent again it is refused.
+  auto signer = JoinAuth::FromToken(kToken);
+  ASSERT_TRUE(signer.ok());
+  const std::string proof = (*signer)->Stamp("Control", absl::Now());
+  grpc::Status first = ControlWithProof(seed, proof);
+  EXPECT_EQ(first.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << first.error_message();
+  grpc::Status replay = ControlWithProof(seed, proof);
+  EXPECT_EQ(replay.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(replay.error_message().find("replayed"), std::string::npos)
+      << replay.error_message();
+  // An old capture, and a proof made for another method, are refused too.
+  grpc::Status stale = ControlWithProof(
+      seed, (*signer)->Stamp("Control", absl::Now() - absl::Minutes(10)));
+  EXPECT_EQ(stale.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  grpc::Status other =
+      ControlWithProof(seed, (*signer)->Stamp("Join", absl::Now()));
+  EXPECT_EQ(other.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // A flood of unsigned calls: each refused, none floods the log.
+  for (int i = 0; i < 40; ++i) {
+    EXPECT_EQ(ControlWithProof(seed, "").error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+
+  ExpectBothFinishWithOneModel(n0, n1);
+  const std::string events0 = ReadFile(dir_ + "/n0/events.jsonl").value_or("");
+  EXPECT_EQ(events0.find("\"none\""), std::string::npos);
+  EXPECT_EQ(events0.find("\"wrong\""), std::string::npos);
+
+  // 44+ refusals from 127.0.0.1: one log line per started minute at most.
+  const std::string log0 = ReadFile(Log("n0")).value_or("");
+  int lines = 0;
+  for (absl::string_view line : absl::StrSplit(log0, '\n')) {
+    if (absl::StrContains(line, "refused an unauthenticated")) ++lines;
+  }
+  const int minutes =
+      1 + static_cast<int>(absl::ToInt64Minutes(absl::Now() - start));
+  EXPECT_GE(lines, 1) << log0;
+  EXPECT_LE(lines, minutes) << log0;
+  EXPECT_NE(log0.find("signed and checked with the join token"),
+            std::string::npos);
+}
+
+// A token file that is missing or too short stops the node at start-up.
+TEST_F(JoinTokenTest, BadTokenFilesAreRefusedByName) {
+  ASSERT_TRUE(WriteFileAtomic(dir_ + "/short", "abc\n").ok());
+  for (const auto& [file, want] :
+       std::vector<std::pair<std::string, std::string>>{
+           {dir_ + "/missing", "--join_token_file=" + dir_ + "/missing"},
+           {dir_ + "/short", "at least 16"}}) {
+    auto r = RunStarling(
+        absl::StrCat(Plain("bad", 10), " --join_token_file=", file));
+    EXPECT_EQ(r.exit_code, 2) << file << "\n" << r.err;
+    EXPECT_NE(r.err.find(want), std::string::npos) << file << "\n" << r.err;
+  }
 }
 
 }  // namespace
