@@ -202,6 +202,8 @@ std::string HandshakeMismatch(const HandshakeRequest& theirs,
   differ("member count", absl::StrCat(theirs.world()),
          absl::StrCat(mine.world));
   differ("compression", theirs.compression(), mine.compression);
+  differ("aggregation (--aggregate, --norm_bound)", theirs.aggregate(),
+         mine.aggregate);
   differ("model architecture", theirs.model().architecture(),
          mine.model.architecture());
   differ("parameter count", absl::StrCat(theirs.model().parameters()),
@@ -512,8 +514,9 @@ class GrpcTransport::Service final
             !early_ && !o.compressed_bytes_per_element.count(m_.tensor);
         // An early message's member count is not known yet: bound it by
         // the whole tensor; Deliver checks the exact size later.
+        const bool whole = o.whole_tensors.count(m_.tensor) > 0;
         int64_t max_bytes =
-            (known->second / std::max(1, early_ ? 1 : o.world) + 1) *
+            (known->second / std::max(1, early_ || whole ? 1 : o.world) + 1) *
                 per_element +
             4096;
         if (expected_bytes_ < 0 || expected_bytes_ > max_bytes) {
@@ -722,6 +725,7 @@ absl::Status GrpcTransport::Connect(const std::vector<std::string>& members,
   req.set_algo(identity_.algo);
   req.set_world(identity_.world);
   req.set_compression(identity_.compression);
+  req.set_aggregate(identity_.aggregate);
   *req.mutable_model() = identity_.model;
   req.set_address(members[rank]);
   for (int r = 0; r < static_cast<int>(members.size()); ++r) {

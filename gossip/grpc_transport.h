@@ -41,6 +41,7 @@ struct PeerIdentity {
   std::string algo;  // "diloco" or "ddp"
   int world = 1;
   std::string compression = "fp32";  // members must use the same codec
+  std::string aggregate = "mean";    // and the same --aggregate/--norm_bound
   peer::v1::ModelFingerprint model;
 };
 

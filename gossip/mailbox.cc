@@ -216,7 +216,17 @@ absl::Status Mailbox::Validate(const Message& m, int64_t payload_bytes,
                      static_cast<int>(m.phase), ", step ", m.step, ", segment ",
                      m.segment, ") for ", options_.world, " members"));
   }
-  const int64_t elems = SegmentLength(known->second, options_.world, m.segment);
+  const bool whole = options_.whole_tensors.count(m.tensor) > 0;
+  if (whole &&
+      (m.segment != 0 || m.step != 0 || m.phase != RingPhase::kAllGather)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": tensor '", m.tensor,
+        "' travels whole (segment 0, step 0 of the all-gather), not segment ",
+        m.segment, " step ", m.step));
+  }
+  const int64_t elems =
+      whole ? known->second
+            : SegmentLength(known->second, options_.world, m.segment);
   if (auto c = options_.compressed_bytes_per_element.find(m.tensor);
       c != options_.compressed_bytes_per_element.end()) {
     const int64_t limit = elems * c->second + 4096;

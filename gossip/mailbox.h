@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 
@@ -82,6 +83,10 @@ struct MailboxOptions {
   std::string run_id;
   // Elements of each known tensor's flat view, e.g. {"pseudo_grad", P + 1}.
   std::map<std::string, int64_t> tensors;
+  // Tensors that travel whole (segment 0 holds every element, step 0 of the
+  // all-gather phase): each member's own pack, sent to every other member
+  // (AllGatherWhole).
+  std::set<std::string> whole_tensors;
   // Tensors whose segments travel compressed: their payload size is only
   // bounded (by max_compressed_bytes_per_element per element plus 4 KiB) and
   // their values are checked after decoding, by the collective.

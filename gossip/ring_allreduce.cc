@@ -3,9 +3,11 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/logging.h"
 #include "gossip/crash_point.h"
 
 namespace starling {
@@ -156,6 +158,74 @@ absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
         }
       }
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AllGatherWhole(Transport& t, absl::Span<const float> mine,
+                            const RingOptions& o,
+                            std::vector<std::vector<float>>* packs,
+                            std::vector<std::string>* refused) {
+  const int n = t.world(), r = t.rank();
+  packs->assign(n, {});
+  refused->assign(n, "");
+  (*packs)[r].assign(mine.begin(), mine.end());
+  if (o.codec != nullptr) {
+    return absl::InvalidArgumentError("AllGatherWhole sends raw fp32 only");
+  }
+  if (n == 1) return absl::OkStatus();
+  Message m;
+  m.from = r;
+  m.round = o.round;
+  m.tensor = o.tensor;
+  m.phase = RingPhase::kAllGather;
+  m.step = 0;
+  m.segment = 0;
+  m.total_elements = static_cast<int64_t>(mine.size());
+  const absl::Time deadline = absl::Now() + o.step_timeout;
+  const absl::string_view payload = Bytes(mine);
+  std::vector<absl::Status> sent(n);
+  std::vector<std::thread> senders;
+  for (int to = 0; to < n; ++to) {
+    if (to == r) continue;
+    senders.emplace_back(
+        [&, to] { sent[to] = t.SendPayload(to, m, payload, deadline); });
+  }
+  absl::Status first_error;
+  for (int from = 0; from < n; ++from) {
+    if (from == r) continue;
+    absl::StatusOr<Message> in = t.mailbox().Take(
+        from, o.round, o.tensor, RingPhase::kAllGather, 0, deadline);
+    if (absl::IsInvalidArgument(in.status())) {
+      (*refused)[from] = std::string(in.status().message());
+      continue;
+    }
+    if (!in.ok()) {
+      first_error = absl::Status(
+          in.status().code(),
+          absl::StrCat("round ", o.round, ": ", in.status().message()));
+      break;  // the senders end by the same deadline (or the cancel)
+    }
+    const float* src = reinterpret_cast<const float*>(in->payload.data());
+    (*packs)[from].assign(src, src + mine.size());
+  }
+  for (std::thread& s : senders) s.join();
+  if (!first_error.ok()) return first_error;
+  for (int to = 0; to < n; ++to) {
+    if (to == r || sent[to].ok()) continue;
+    if (absl::IsInvalidArgument(sent[to])) {
+      STARLING_LOG(WARNING)
+          << "round " << o.round << ": rank " << to
+          << " refused this node's contribution: " << sent[to].message();
+      continue;
+    }
+    return absl::Status(sent[to].code(),
+                        absl::StrCat("round ", o.round, ": sending to rank ",
+                                     to, " failed: ", sent[to].message()));
+  }
+  if (o.stats != nullptr) {
+    o.stats->raw_bytes += static_cast<int64_t>(payload.size()) * (n - 1);
+    o.stats->wire_bytes += static_cast<int64_t>(payload.size()) * (n - 1);
   }
   return absl::OkStatus();
 }

@@ -3,7 +3,8 @@
 // bit-identical bytes (each segment is reduced by one owner and then copied
 // unchanged). Each member sends 2·(N−1)/N of the payload.
 // Stateless functions over an injected Transport; call from one thread per
-// rank. Every wait has a deadline.
+// rank. Every wait has a deadline. Also the whole-vector all-gather that
+// robust aggregation (--aggregate) runs instead.
 #ifndef STARLING_GOSSIP_RING_ALLREDUCE_H_
 #define STARLING_GOSSIP_RING_ALLREDUCE_H_
 
@@ -54,6 +55,21 @@ absl::Status RingAllReduceSum(Transport& transport, absl::Span<float> data,
 absl::Status RingWeightedAverage(Transport& transport,
                                  std::vector<float>& values, double weight,
                                  const RingOptions& options);
+
+// All-gather of whole vectors, for robust aggregation: sends `mine` raw
+// fp32 straight to every other rank (in parallel) as tensor o.tensor, which
+// the mailboxes must list in whole_tensors, and fills (*packs)[i] with rank
+// i's vector (its own included). Each member sends (N−1)·P values, against
+// the ring's 2·(N−1)/N·P. A vector the receiving mailbox refused (NaN,
+// wrong size) leaves (*packs)[i] empty and (*refused)[i] saying why: the
+// caller drops that member's contribution, which every honest member
+// refuses alike. A refusal of this rank's own vector by a peer is logged and
+// not an error. Errors: a peer that stays silent or unreachable until
+// o.step_timeout, or a cancelled mailbox. o.codec must be null.
+absl::Status AllGatherWhole(Transport& transport, absl::Span<const float> mine,
+                            const RingOptions& options,
+                            std::vector<std::vector<float>>* packs,
+                            std::vector<std::string>* refused);
 
 }  // namespace starling
 

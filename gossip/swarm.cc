@@ -521,6 +521,7 @@ absl::Status Swarm::JoinSwarm(absl::Time deadline) {
   hello->set_algo(options_.identity.algo);
   hello->set_world(0);
   hello->set_compression(options_.identity.compression);
+  hello->set_aggregate(options_.identity.aggregate);
   *hello->mutable_model() = options_.identity.model;
   hello->set_address(address());
   absl::Duration backoff = absl::Milliseconds(100);
@@ -1398,7 +1399,7 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
               }
             }
           }
-          absl::Status s = reduce(*transport_, mo.first_round);
+          absl::Status s = reduce(*transport_, mo.first_round, members);
           bool cancelled;
           {
             absl::MutexLock lock(&inbox_->mu);

@@ -181,7 +181,9 @@ class Swarm {
   };
   // Runs `reduce` over the round's transport for one attempt: it must
   // restore its input before each call (an attempt may be re-run).
-  using Reduce = std::function<absl::Status(Transport& t, int64_t sequence)>;
+  // `members` are the attempt's node ids by rank.
+  using Reduce = std::function<absl::Status(
+      Transport& t, int64_t sequence, const std::vector<std::string>& members)>;
   // Steps 2-5 of the protocol for round `round` of `lineage`. kStopped when
   // `stop()` turns true while this node is not in an attempt (it abandons
   // the round). Errors only for local failures.

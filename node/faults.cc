@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
+#include <random>
 #include <set>
 
 #include "absl/strings/ascii.h"
@@ -456,6 +458,110 @@ std::pair<std::string, std::string> NodeLinkFlags(
     }
   }
   return FormatLinkFlags(o);
+}
+
+absl::StatusOr<std::vector<PoisonWindow>> ParsePoisonPlan(
+    const std::string& value) {
+  std::vector<PoisonWindow> out;
+  if (absl::StripAsciiWhitespace(value).empty()) return out;
+  const SpecError error("test_poison", value);
+  for (absl::string_view entry : Entries(value, '+')) {
+    std::vector<absl::string_view> parts = absl::StrSplit(entry, '@');
+    std::vector<absl::string_view> range =
+        parts.size() == 2 ? absl::StrSplit(parts[1], '-')
+                          : std::vector<absl::string_view>{};
+    PoisonWindow w;
+    if (parts.size() != 2 || range.size() != 2 ||
+        !absl::SimpleAtoi(range[0], &w.first) ||
+        !absl::SimpleAtoi(range[1], &w.last) || w.first < 0 ||
+        w.last < w.first) {
+      return error(entry,
+                   "want MODE@FIRST-LAST with rounds 0 <= FIRST <= "
+                   "LAST, e.g. nan@2-4");
+    }
+    absl::string_view mode = absl::StripAsciiWhitespace(parts[0]);
+    if (mode == "nan") {
+      w.mode = PoisonMode::kNaN;
+    } else if (mode == "noise") {
+      w.mode = PoisonMode::kNoise;
+    } else if (absl::ConsumePrefix(&mode, "x") &&
+               absl::SimpleAtod(mode, &w.scale) && std::isfinite(w.scale)) {
+      w.mode = PoisonMode::kScale;
+    } else {
+      return error(entry, "MODE must be nan, noise or xFACTOR (e.g. x1000)");
+    }
+    for (const PoisonWindow& o : out) {
+      if (w.first <= o.last && o.first <= w.last) {
+        return error(entry, "overlaps an earlier window");
+      }
+    }
+    out.push_back(w);
+  }
+  return out;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> ParsePoisonSpec(
+    const std::string& value, const std::vector<std::string>& ids) {
+  std::map<std::string, std::string> out;
+  if (absl::StripAsciiWhitespace(value).empty()) return out;
+  const SpecError error("poison", value);
+  const std::set<std::string> known(ids.begin(), ids.end());
+  for (absl::string_view entry : Entries(value, ',')) {
+    const size_t colon = entry.find(':');
+    if (colon == absl::string_view::npos) {
+      return error(entry, "want ID:PLAN, e.g. n4:nan@2-4+x1000@5-7");
+    }
+    const std::string id(absl::StripAsciiWhitespace(entry.substr(0, colon)));
+    if (absl::Status s = CheckIdSyntax(id); !s.ok()) {
+      return error(entry, s.message());
+    }
+    if (!known.count(id)) {
+      return error(entry, absl::StrCat("unknown node ", id, " (nodes: ",
+                                       absl::StrJoin(ids, ", "), ")"));
+    }
+    const std::string plan(entry.substr(colon + 1));
+    if (auto p = ParsePoisonPlan(plan); !p.ok()) {
+      return error(entry, p.status().message());
+    }
+    if (!out.emplace(id, plan).second) {
+      return error(entry, absl::StrCat("node ", id, " is named twice"));
+    }
+  }
+  return out;
+}
+
+const PoisonWindow* PoisonFor(const std::vector<PoisonWindow>& plan,
+                              int64_t round) {
+  for (const PoisonWindow& w : plan) {
+    if (round >= w.first && round <= w.last) return &w;
+  }
+  return nullptr;
+}
+
+std::string ApplyPoison(const PoisonWindow& w, uint64_t seed, float* values,
+                        int64_t n) {
+  switch (w.mode) {
+    case PoisonMode::kNaN:
+      for (int64_t i = 0; i < n; ++i) {
+        values[i] = std::numeric_limits<float>::quiet_NaN();
+      }
+      return "nan";
+    case PoisonMode::kScale:
+      for (int64_t i = 0; i < n; ++i) {
+        values[i] = static_cast<float>(values[i] * w.scale);
+      }
+      return absl::StrCat("x", w.scale);
+    case PoisonMode::kNoise: {
+      double sum2 = 0;
+      for (int64_t i = 0; i < n; ++i) sum2 += double{values[i]} * values[i];
+      const double rms = n > 0 ? std::sqrt(sum2 / static_cast<double>(n)) : 0;
+      std::mt19937_64 rng(seed);
+      std::normal_distribution<float> gauss(0.0f, static_cast<float>(rms));
+      for (int64_t i = 0; i < n; ++i) values[i] = gauss(rng);
+      return "noise";
+    }
+  }
+  return "";
 }
 
 }  // namespace starling

@@ -2,7 +2,8 @@
 // --leave and --partition specs into a FaultPlan, a time-ordered list of
 // events that the sim carries out while its nodes run, and the per-node
 // heterogeneity specs (--slow, --drift, --link_bandwidth_mbps,
-// --link_latency_ms). Pure functions over plain values:
+// --link_latency_ms), and the poisoned-peer plans (--poison,
+// --test_poison). Pure functions over plain values:
 // thread-compatible, no I/O.
 #ifndef STARLING_NODE_FAULTS_H_
 #define STARLING_NODE_FAULTS_H_
@@ -120,6 +121,36 @@ absl::StatusOr<SimLinks> ParseSimLinks(const std::string& bandwidth_mbps,
 std::pair<std::string, std::string> NodeLinkFlags(
     const SimLinks& links, const std::string& from,
     const std::map<std::string, std::string>& addresses);
+
+// A poisoned peer, for testing robust aggregation: in rounds first..last
+// (inclusive) the node replaces its pseudo-gradient with NaN (kNaN), scales
+// it (kScale), or sends Gaussian noise of its RMS (kNoise).
+enum class PoisonMode { kNaN, kScale, kNoise };
+struct PoisonWindow {
+  PoisonMode mode = PoisonMode::kNaN;
+  double scale = 1;  // kScale
+  int64_t first = 0, last = 0;
+};
+
+// The node's --test_poison=MODE@FIRST-LAST[+MODE@FIRST-LAST...] ("" =
+// none), MODE = nan | noise | xFACTOR (e.g. x1000), rounds >= 0. E.g.
+// nan@2-4+x1000@5-7+noise@8-10. InvalidArgument naming --test_poison and
+// the bad part; also for windows that overlap.
+absl::StatusOr<std::vector<PoisonWindow>> ParsePoisonPlan(
+    const std::string& value);
+
+// The sim's --poison=ID:PLAN[,ID:PLAN...] ("" = none): node ID runs with
+// --test_poison=PLAN. InvalidArgument naming --poison for a bad or unknown
+// id, a node named twice or a bad PLAN.
+absl::StatusOr<std::map<std::string, std::string>> ParsePoisonSpec(
+    const std::string& value, const std::vector<std::string>& ids);
+
+// The window of `plan` that covers `round`, or null.
+const PoisonWindow* PoisonFor(const std::vector<PoisonWindow>& plan,
+                              int64_t round);
+// Applies `w` to `values` (noise seeded by `seed`). "nan", "x1000", "noise".
+std::string ApplyPoison(const PoisonWindow& w, uint64_t seed, float* values,
+                        int64_t n);
 
 }  // namespace starling
 

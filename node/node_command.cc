@@ -34,11 +34,13 @@
 #include "gossip/peer_credentials.h"
 #include "gossip/ring_allreduce.h"
 #include "gossip/swarm.h"
+#include "node/faults.h"
 #include "node/health.h"
 #include "node/metrics.h"
 #include "node/run_output.h"
 #include "node/train_command.h"
 #include "outer_opt/outer_optimizer.h"
+#include "outer_opt/robust_aggregate.h"
 #include "outer_opt/sync_policy.h"
 #include "outer_opt/weighting.h"
 
@@ -172,6 +174,24 @@ ABSL_FLAG(std::string, test_crash_at, "",
           "push_mid_stream[@PUSH]), or "
           "corrupt_state to flip a bit in one served state chunk");
 
+ABSL_FLAG(std::string, aggregate, "mean",
+          "diloco: how a round's pseudo-gradients are combined: mean (the "
+          "ring all-reduce), trimmed_mean:K (per coordinate, drop the K "
+          "lowest and K highest), median (per coordinate) or norm_clip:C "
+          "(clip each to C x the round's median norm, then mean). Every "
+          "mode but plain mean (and --norm_bound) sends each member's whole "
+          "pseudo-gradient to every other member: (N-1)xP values per member "
+          "instead of the ring's 2(N-1)/N xP");
+ABSL_FLAG(double, norm_bound, 0,
+          "diloco: drop a member's pseudo-gradient whose norm exceeds this "
+          "multiple of the round's median norm (logged with the peer and the "
+          "reason; the round goes on without it); 0 = off. Like "
+          "--aggregate, it takes the all-gather path");
+ABSL_FLAG(std::string, test_poison, "",
+          "testing only: send a hostile pseudo-gradient in some rounds: "
+          "MODE@FIRST-LAST[+...], MODE = nan | noise | xFACTOR, e.g. "
+          "nan@2-4+x1000@5-7+noise@8-10");
+
 ABSL_FLAG(double, round_seconds, 0,
           "diloco: bound each round by time: a member runs as many inner "
           "steps as fit in this many seconds (at least 1, at most "
@@ -237,6 +257,8 @@ namespace starling {
 namespace {
 
 constexpr char kPseudoGrad[] = "pseudo_grad";
+// Each member's whole pack, for --aggregate / --norm_bound.
+constexpr char kPseudoGradWhole[] = "pseudo_grad_whole";
 constexpr char kGrad[] = "grad";
 
 int Fail(const absl::Status& s, int code) {
@@ -482,6 +504,9 @@ const std::vector<std::string>& NodeFlagNames() {
                                    "gossip_outer_lr",
                                    "snapshot_every",
                                    "test_crash_at",
+                                   "aggregate",
+                                   "norm_bound",
+                                   "test_poison",
                                    "health_port",
                                    "metrics_port",
                                    "log_format",
@@ -672,6 +697,12 @@ struct NodeRun {
   std::shared_ptr<LinkEmulator> links;
   // TLS (--tls_*) or plaintext (--insecure) for all peer traffic.
   PeerCredentials credentials;
+  // --aggregate and --norm_bound; robust: the all-gather path.
+  AggregateSpec aggregate;
+  double norm_bound = 0;
+  bool robust = false;
+  std::vector<PoisonWindow> poison;  // --test_poison
+  int64_t contributions_dropped = 0;
   // Gossip: this node's push-sum weight (0: not set), and as checkpointed.
   double gossip_weight = 0;
   std::string resumed_weight;
@@ -748,6 +779,11 @@ struct NodeRun {
         .Add("rank", static_cast<int64_t>(rank))
         .Add("world", static_cast<int64_t>(world))
         .Add("inner_steps_per_round", static_cast<int64_t>(per_round));
+    if (algo == "diloco") {
+      extra.Add("aggregate", AggregateName(aggregate))
+          .Add("norm_bound", norm_bound)
+          .Add("contributions_dropped", contributions_dropped);
+    }
     EvalResult final_eval = eval;
     if (evaluated_step != trainer->state().step()) final_eval = EvalResult();
     return WriteNodeSummary(out, "node", *trainer, final_eval, totals, rounds,
@@ -907,9 +943,15 @@ int RunDiloco(NodeRun& run) {
                   trainer.state().wall_seconds());
   MemberChanges changes;
   so.identity.compression = run.ring_policy->Name();
+  so.identity.aggregate = AggregateName(run.aggregate);
+  if (run.norm_bound > 0) {
+    absl::StrAppend(&so.identity.aggregate, ",norm_bound=", run.norm_bound);
+  }
   so.round_deadline = absl::Seconds(deadline_s);
   so.mailbox.run_id = so.identity.run_id;
-  so.mailbox.tensors = {{kPseudoGrad, run.n_params + kWeightingSlots + 1}};
+  so.mailbox.tensors = {{kPseudoGrad, run.n_params + kWeightingSlots + 1},
+                        {kPseudoGradWhole, run.n_params + kWeightingSlots + 1}};
+  so.mailbox.whole_tensors = {kPseudoGradWhole};
   if (run.ring_codec != nullptr) {
     so.mailbox.compressed_bytes_per_element = {{kPseudoGrad, 8}};
   }
@@ -1053,6 +1095,10 @@ int RunDiloco(NodeRun& run) {
     std::vector<float> input, work, delta;
     RingStats attempt_stats;
     int attempts_run = 0, rank = 0, world = 1;
+    // --aggregate / --norm_bound: the last attempt's verdict on each
+    // member's contribution, by rank (members: their ids).
+    std::vector<PackVerdict> verdicts;
+    std::vector<std::string> members;
     std::future<absl::StatusOr<Swarm::RoundResult>> result;
   };
   enum class RoundAction { kNext, kRetry, kLeave };
@@ -1071,8 +1117,9 @@ int RunDiloco(NodeRun& run) {
   // Runs the round protocol for `ctx` on run.round: on a thread of its own
   // (async: the training thread goes on), or deferred to finish_round.
   auto launch_round = [&](const std::shared_ptr<RoundCtx>& ctx, bool async) {
-    Swarm::Reduce reduce = [&ops, &so, &run, ctx, async](Transport& t,
-                                                         int64_t seq) {
+    Swarm::Reduce reduce = [&ops, &so, &run, ctx, async, round = run.round](
+                               Transport& t, int64_t seq,
+                               const std::vector<std::string>& members) {
       ++ctx->attempts_run;
       if (!async) ops.watchdog->Waiting(so.rpc_timeout * 2);
       ctx->work = ctx->input;
@@ -1085,7 +1132,42 @@ int RunDiloco(NodeRun& run) {
       o.stats = &ctx->attempt_stats;
       ctx->rank = t.rank();
       ctx->world = t.world();
-      return RingAllReduceSum(t, absl::MakeSpan(ctx->work), o);
+      if (!run.robust) return RingAllReduceSum(t, absl::MakeSpan(ctx->work), o);
+      // Every member gets every member's pack, checks each and combines
+      // the accepted ones by the same rule: the same bytes everywhere.
+      o.tensor = kPseudoGradWhole;
+      o.codec = nullptr;
+      std::vector<std::vector<float>> packs;
+      std::vector<std::string> refused;
+      STARLING_RETURN_IF_ERROR(
+          AllGatherWhole(t, ctx->input, o, &packs, &refused));
+      std::vector<absl::Span<const float>> spans(packs.begin(), packs.end());
+      ctx->verdicts.assign(packs.size(), PackVerdict());
+      for (size_t i = 0; i < packs.size(); ++i) {
+        ctx->verdicts[i].reason = refused[i];
+      }
+      ctx->members = members;
+      absl::StatusOr<AggregateStats> st = AggregatePacks(
+          run.aggregate, run.norm_bound, run.n_params, /*extras=*/1, spans,
+          &ctx->verdicts, absl::MakeSpan(ctx->work));
+      for (size_t i = 0; i < ctx->verdicts.size(); ++i) {
+        if (ctx->verdicts[i].accepted) continue;
+        const std::string who =
+            i < members.size() ? members[i] : absl::StrCat("rank ", i);
+        LogEvent(LogLevel::kWarning, "contribution_dropped",
+                 absl::StrCat("round ", round, ": dropped the contribution of ",
+                              who, ": ", ctx->verdicts[i].reason),
+                 {{"peer", who}});
+      }
+      if (!st.ok()) return st.status();
+      if (st->fell_back_to_median) {
+        LogEvent(
+            LogLevel::kWarning, "aggregate",
+            absl::StrCat("round ", round, ": only ", st->accepted,
+                         " contributions passed, too few for ",
+                         AggregateName(run.aggregate), "; used their median"));
+      }
+      return absl::OkStatus();
     };
     ctx->sync_start = absl::Now();
     auto body = [&swarm, &ops, &so, &abandon_round, round = run.round,
@@ -1157,6 +1239,16 @@ int RunDiloco(NodeRun& run) {
     }
     run.ring_stats.raw_bytes += c.attempt_stats.raw_bytes;
     run.ring_stats.wire_bytes += c.attempt_stats.wire_bytes;
+    for (size_t i = 0; i < c.verdicts.size(); ++i) {
+      if (c.verdicts[i].accepted) continue;
+      ++run.contributions_dropped;
+      events.Write("contribution_dropped",
+                   JsonObject()
+                       .Add("round", run.round)
+                       .Add("peer", i < c.members.size() ? c.members[i] : "")
+                       .Add("reason", c.verdicts[i].reason)
+                       .Add("norm", c.verdicts[i].norm));
+    }
     before_compression = run.prior[2] + run.ring_stats.raw_bytes;
     after_compression = run.prior[3] + run.ring_stats.wire_bytes;
     const bool stop_voted = c.work.back() > 0;
@@ -1423,6 +1515,15 @@ int RunDiloco(NodeRun& run) {
           !s.ok()) {
         return Fail(s, 1);
       }
+    }
+    if (const PoisonWindow* w = PoisonFor(run.poison, run.round)) {
+      const std::string what =
+          ApplyPoison(*w, static_cast<uint64_t>(run.round) * 7919 + 17,
+                      ctx->input.data(), static_cast<int64_t>(delta.size()));
+      LogEvent(
+          LogLevel::kWarning, "test_poison",
+          absl::StrCat("--test_poison: sending ", what,
+                       " as this node's pseudo-gradient in round ", run.round));
     }
     ctx->input.back() = StopSignal() != 0 ? 1.0f : 0.0f;
     ctx->delta = std::move(delta);
@@ -2104,6 +2205,37 @@ int RunNodeCommand() {
                       "--divergence_threshold"),
                   2);
     }
+  }
+  if (absl::StatusOr<AggregateSpec> a =
+          ParseAggregate(absl::GetFlag(FLAGS_aggregate));
+      !a.ok()) {
+    return Fail(a.status(), 2);
+  } else {
+    run.aggregate = *a;
+  }
+  run.norm_bound = absl::GetFlag(FLAGS_norm_bound);
+  if (!(run.norm_bound >= 0) || !std::isfinite(run.norm_bound) ||
+      (run.norm_bound > 0 && run.norm_bound < 1)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--norm_bound=", run.norm_bound,
+                    ": must be 0 (off) or a multiple >= 1 of the round's "
+                    "median norm")),
+                2);
+  }
+  run.robust = run.aggregate.kind != AggregateKind::kMean || run.norm_bound > 0;
+  if (run.robust && run.algo != "diloco") {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--aggregate/--norm_bound apply to --algo=diloco rounds "
+                    "(got --algo=",
+                    run.algo, ")")),
+                2);
+  }
+  if (absl::StatusOr<std::vector<PoisonWindow>> p =
+          ParsePoisonPlan(absl::GetFlag(FLAGS_test_poison));
+      !p.ok()) {
+    return Fail(p.status(), 2);
+  } else {
+    run.poison = *std::move(p);
   }
   run.chunk = absl::GetFlag(FLAGS_chunk_bytes);
   if (run.chunk < 1024 || run.chunk > (4 << 20)) {

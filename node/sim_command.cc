@@ -60,6 +60,11 @@ ABSL_FLAG(std::string, slow, "",
           "sim: slow nodes: ID:FACTORx[,ID:FACTORx...], e.g. n2:4x runs n2 "
           "with --slowdown=4 (each inner step takes 4 times its compute "
           "time). FACTOR >= 1");
+ABSL_FLAG(std::string, poison, "",
+          "sim: poisoned peers, for testing --aggregate and --norm_bound: "
+          "ID:PLAN[,ID:PLAN...], PLAN = MODE@FIRST-LAST[+...] over rounds, "
+          "MODE = nan | noise | xFACTOR; e.g. n4:nan@2-4+x1000@5-7+noise@8-10 "
+          "(node n4 runs with --test_poison=PLAN)");
 
 namespace starling {
 namespace {
@@ -722,11 +727,17 @@ bool NodeAccepts(absl::string_view name) {
 
 // Flags of `starling sim` itself, never passed to the nodes.
 const std::vector<std::string>& SimOnlyFlagNames() {
-  static const auto* names = new std::vector<std::string>{
-      "nodes",          "kill",  "restart",
-      "join",           "leave", "partition",
-      "slow",           "drift", "link_bandwidth_mbps",
-      "link_latency_ms"};
+  static const auto* names = new std::vector<std::string>{"nodes",
+                                                          "kill",
+                                                          "restart",
+                                                          "join",
+                                                          "leave",
+                                                          "partition",
+                                                          "slow",
+                                                          "drift",
+                                                          "link_bandwidth_mbps",
+                                                          "link_latency_ms",
+                                                          "poison"};
   return *names;
 }
 
@@ -734,7 +745,7 @@ const std::vector<std::string>& SimOnlyFlagNames() {
 bool SetPerNode(absl::string_view name) {
   return name == "listen" || name == "peers" || name == "node_id" ||
          name == "min_members" || name == "partition_file" ||
-         name == "test_crash_at" ||
+         name == "test_crash_at" || name == "test_poison" ||
          // In the sim by node id (sim-only); each node gets its addresses.
          name == "link_bandwidth_mbps" || name == "link_latency_ms";
 }
@@ -832,6 +843,9 @@ int RunSimCommand() {
   absl::StatusOr<std::map<std::string, double>> slow =
       ParseSlowSpec(absl::GetFlag(FLAGS_slow), ids);
   if (!slow.ok()) return Fail(slow.status(), 2);
+  absl::StatusOr<std::map<std::string, std::string>> poison =
+      ParsePoisonSpec(absl::GetFlag(FLAGS_poison), ids);
+  if (!poison.ok()) return Fail(poison.status(), 2);
   absl::StatusOr<std::map<std::string, int64_t>> drift =
       ParseDriftSpec(drift_flag, ids);
   if (!drift.ok()) return Fail(drift.status(), 2);
@@ -935,6 +949,9 @@ int RunSimCommand() {
     args.push_back(absl::StrCat("--out=", node_dir));
     if (auto f = slow->find(ids[i]); f != slow->end()) {
       args.push_back(absl::StrCat("--slowdown=", f->second));
+    }
+    if (auto p = poison->find(ids[i]); p != poison->end()) {
+      args.push_back(absl::StrCat("--test_poison=", p->second));
     }
     if (!drift->empty()) {
       auto d = drift->find(ids[i]);

@@ -300,12 +300,17 @@ TEST(GrpcTransportTest, MismatchMessageNamesEveryField) {
   theirs.set_algo(mine.algo);
   theirs.set_world(mine.world);
   theirs.set_compression(mine.compression);
+  theirs.set_aggregate(mine.aggregate);
   *theirs.mutable_model() = mine.model;
   EXPECT_EQ(HandshakeMismatch(theirs, mine), "");
   theirs.set_compression("int8");
   EXPECT_NE(HandshakeMismatch(theirs, mine).find("compression differs"),
             std::string::npos);
   theirs.set_compression(mine.compression);
+  theirs.set_aggregate("median");
+  EXPECT_NE(HandshakeMismatch(theirs, mine).find("aggregation"),
+            std::string::npos);
+  theirs.set_aggregate(mine.aggregate);
   theirs.mutable_model()->set_init_hash("zzz");
   EXPECT_NE(HandshakeMismatch(theirs, mine).find("--seed"), std::string::npos);
 }

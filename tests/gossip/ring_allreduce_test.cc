@@ -1,6 +1,7 @@
 #include "gossip/ring_allreduce.h"
 
 #include <cstring>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -164,6 +165,71 @@ TEST(RingFailureTest, NonPositiveWeightIsRejected) {
   std::vector<float> v(2, 1.0f);
   EXPECT_TRUE(absl::IsInvalidArgument(
       RingWeightedAverage(net.transport(0), v, 0.0, RingOptions())));
+}
+
+// Every rank ends with every rank's whole vector; a vector with a NaN is
+// refused by every receiver alike (its slot empty, the reason given) while
+// the others arrive intact; a whole tensor in segments is refused.
+TEST(AllGatherWholeTest, EveryRankGetsEveryVectorAndNaNIsRefusedEverywhere) {
+  constexpr int kWorld = 4;
+  constexpr int64_t kSize = 1001;
+  MailboxOptions mo;
+  mo.run_id = "r";
+  mo.tensors = {{"whole", kSize}};
+  mo.whole_tensors = {"whole"};
+  InProcessNetwork net(kWorld, mo);
+  std::vector<std::vector<float>> inputs(kWorld, std::vector<float>(kSize));
+  for (int r = 0; r < kWorld; ++r) {
+    for (int64_t i = 0; i < kSize; ++i) inputs[r][i] = r * 1000.0f + i;
+  }
+  inputs[2][500] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<std::vector<std::vector<float>>> packs(kWorld);
+  std::vector<std::vector<std::string>> refused(kWorld);
+  std::vector<absl::Status> st(kWorld);
+  std::vector<RingStats> stats(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      RingOptions o;
+      o.tensor = "whole";
+      o.step_timeout = absl::Seconds(20);
+      o.stats = &stats[r];
+      st[r] = AllGatherWhole(net.transport(r), inputs[r], o, &packs[r],
+                             &refused[r]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(st[r].ok()) << r << ": " << st[r];
+    ASSERT_EQ(packs[r].size(), kWorld);
+    for (int from = 0; from < kWorld; ++from) {
+      if (from == 2 && r != 2) {
+        EXPECT_TRUE(packs[r][from].empty());
+        EXPECT_NE(refused[r][from].find("non-finite"), std::string::npos)
+            << refused[r][from];
+        continue;
+      }
+      EXPECT_EQ(refused[r][from], "");
+      EXPECT_EQ(packs[r][from].size(), kSize);
+      if (from != 2) EXPECT_EQ(packs[r][from], inputs[from]);
+    }
+    EXPECT_EQ(stats[r].raw_bytes, (kWorld - 1) * kSize * 4);
+  }
+  Message m;
+  m.from = 1;
+  m.tensor = "whole";
+  m.phase = RingPhase::kAllGather;
+  m.segment = 1;
+  m.total_elements = kSize;
+  m.payload.assign(kSize * 4, '\0');
+  MailboxOptions one = mo;
+  one.world = kWorld;
+  Mailbox box(one);
+  absl::Status s = box.Deliver(m);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("travels whole"), std::string::npos) << s;
+  m.segment = 0;
+  EXPECT_TRUE(box.Deliver(m).ok());
 }
 
 }  // namespace

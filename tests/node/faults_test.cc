@@ -1,6 +1,8 @@
-// Unit tests of the `starling sim` fault plan parser (node/faults.h).
+// Unit tests of the `starling sim` fault plan parser and the poisoned-peer
+// plans (node/faults.h).
 #include "node/faults.h"
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -344,6 +346,55 @@ TEST(SimLinksTest, RejectsBadSpecsNamingTheFlagAndEntry) {
     EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.mention))
         << r.status();
   }
+}
+
+TEST(PoisonTest, PlansParseAndBadOnesAreNamed) {
+  auto plan = ParsePoisonPlan("nan@2-4+x1000@5-7+noise@8-8");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->size(), 3u);
+  EXPECT_EQ((*plan)[1].mode, PoisonMode::kScale);
+  EXPECT_EQ((*plan)[1].scale, 1000);
+  EXPECT_EQ(PoisonFor(*plan, 1), nullptr);
+  EXPECT_EQ(PoisonFor(*plan, 4)->mode, PoisonMode::kNaN);
+  EXPECT_EQ(PoisonFor(*plan, 8)->mode, PoisonMode::kNoise);
+  EXPECT_EQ(PoisonFor(*plan, 9), nullptr);
+  EXPECT_TRUE(ParsePoisonPlan("")->empty());
+  for (const char* bad : {"nan", "nan@4-2", "zero@1-2", "x@1-2",
+                          "nan@1-3+noise@3-4", "nan@-1-2"}) {
+    auto p = ParsePoisonPlan(bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(p.status())) << bad;
+    EXPECT_NE(p.status().message().find("--test_poison="), std::string::npos)
+        << p.status();
+  }
+  const std::vector<std::string> ids = {"n0", "n1"};
+  auto spec = ParsePoisonSpec("n1:nan@0-1+x10@2-3", ids);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->at("n1"), "nan@0-1+x10@2-3");
+  for (const char* bad :
+       {"n9:nan@0-1", "n1", "n1:nan@0-1,n1:noise@3-4", "n0:bad@1-2"}) {
+    auto s = ParsePoisonSpec(bad, ids);
+    EXPECT_TRUE(absl::IsInvalidArgument(s.status())) << bad;
+    EXPECT_NE(s.status().message().find("--poison="), std::string::npos)
+        << s.status();
+  }
+}
+
+TEST(PoisonTest, EachModeDoesWhatItSays) {
+  std::vector<float> v = {3, -4, 0, 0};
+  PoisonWindow w;
+  w.mode = PoisonMode::kScale;
+  w.scale = 1000;
+  EXPECT_EQ(ApplyPoison(w, 1, v.data(), 4), "x1000");
+  EXPECT_EQ(v[1], -4000);
+  w.mode = PoisonMode::kNoise;
+  std::vector<float> n(10000, 2.0f);
+  EXPECT_EQ(ApplyPoison(w, 7, n.data(), 10000), "noise");
+  double sum2 = 0;
+  for (float x : n) sum2 += x * x;
+  EXPECT_NEAR(std::sqrt(sum2 / 10000), 2.0, 0.1);  // the RMS is kept
+  w.mode = PoisonMode::kNaN;
+  EXPECT_EQ(ApplyPoison(w, 1, v.data(), 4), "nan");
+  EXPECT_TRUE(std::isnan(v[0]) && std::isnan(v[3]));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -189,6 +190,44 @@ TEST(SimTest, SlowAndDriftReachTheirNodes) {
             std::string::npos);
 }
 
+// A poisoned member among four sends NaN in rounds 1-2 and its
+// pseudo-gradient x1000 in rounds 3-4. With a trimmed mean and a norm
+// bound every member drops its contribution in those rounds, names it and
+// the reason, and all stay bit-identical with a finite model.
+TEST(SimTest, PoisonedPeerIsDroppedByEveryMemberAlike) {
+  const std::string out = TempDir() + "/poison";
+  auto r = RunStarling(absl::StrCat(
+      "sim --nodes=4 --steps=60 --inner_steps=10 --aggregate=trimmed_mean:1 "
+      "--norm_bound=10 --poison=n3:nan@1-2+x1000@3-4 ",
+      TinyFlags(), " --out=", out));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("hashes agree: yes"), std::string::npos) << r.err;
+  auto summary = ReadJson(out + "/summary.json");
+  const auto& fin = Field(summary, "final").struct_value();
+  EXPECT_TRUE(Field(fin, "all_hashes_agree").bool_value());
+  const double val = Field(fin, "val_loss").number_value();
+  EXPECT_TRUE(std::isfinite(val) && val > 0.5 && val < 6) << val;
+  for (int i = 0; i < 4; ++i) {
+    const std::string id = absl::StrCat("n", i);
+    auto node = ReadJson(absl::StrCat(out, "/", id, "/summary.json"));
+    EXPECT_EQ(Field(node, "aggregate").string_value(), "trimmed_mean:1");
+    EXPECT_EQ(Field(node, "contributions_dropped").number_value(), 4) << id;
+    const std::string events =
+        ReadFile(absl::StrCat(out, "/", id, "/events.jsonl")).value_or("");
+    for (const char* want :
+         {"\"round\":1,\"peer\":\"n3\",\"reason\":\"",
+          "\"round\":4,\"peer\":\"n3\",\"reason\":\"norm "}) {
+      EXPECT_NE(events.find(want), std::string::npos) << id << " " << want;
+    }
+    EXPECT_NE(events.find("non-finite"), std::string::npos) << id;
+    EXPECT_NE(events.find("--norm_bound=10"), std::string::npos) << id;
+  }
+  // Every member's log names the peer and the reason.
+  const std::string log0 = ReadFile(out + "/n0/node.log").value_or("");
+  EXPECT_NE(log0.find("dropped the contribution of n3"), std::string::npos)
+      << log0;
+}
+
 // --overlap: rounds after the first run their exchange behind the next
 // round's inner steps; the last one is synchronous. Every member applies
 // the same update at the same step, so hashes agree after every round.
@@ -258,14 +297,17 @@ TEST(NodeTest, MismatchedModelsRefuseEachOther) {
                     dir + "/a.log");
   const std::string address = ListenAddress(dir + "/a.log", absl::Seconds(60));
   ASSERT_FALSE(address.empty()) << ReadFile(dir + "/a.log").value_or("");
-  auto r = RunStarling(
-      absl::StrCat("node --insecure --listen=127.0.0.1:0 --peers=", address,
-                   " --connect_timeout=20 ", TinyFlags(),
-                   " --width=64 --steps=5 --out=", dir, "/b"));
+  auto r = RunStarling(absl::StrCat(
+      "node --insecure --listen=127.0.0.1:0 --peers=", address,
+      " --connect_timeout=20 ", TinyFlags(),
+      " --width=64 --aggregate=median --steps=5 --out=", dir, "/b"));
   ::kill(a, SIGKILL);
   ::waitpid(a, nullptr, 0);
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("model architecture differs"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("aggregation (--aggregate, --norm_bound) differs"),
+            std::string::npos)
       << r.err;
 }
 
@@ -289,7 +331,12 @@ TEST(NodeTest, BadNodeFlagsExitTwo) {
            {"sim --drift=n0@abc", "--drift="},
            {"sim --drift=n7@10", "--drift="},
            {"node --insecure --overlap --round_seconds=2", "--overlap"},
-           {"node --insecure --overlap --algo=gossip", "--overlap"}}) {
+           {"node --insecure --overlap --algo=gossip", "--overlap"},
+           {"node --insecure --aggregate=avg", "--aggregate=avg"},
+           {"node --insecure --norm_bound=0.5", "--norm_bound=0.5"},
+           {"node --insecure --aggregate=median --algo=gossip", "--aggregate"},
+           {"node --insecure --test_poison=nan", "--test_poison=nan"},
+           {"sim --poison=n9:nan@1-2", "--poison="}}) {
     auto r = RunStarling(args + " --out=" + TempDir() + "/x");
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
     EXPECT_NE(r.err.find(mention), std::string::npos) << r.err;
