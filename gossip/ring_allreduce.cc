@@ -6,6 +6,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "gossip/crash_point.h"
@@ -18,7 +20,21 @@ absl::string_view Bytes(absl::Span<const float> v) {
                            v.size() * 4);
 }
 
+constexpr char kBlamePayload[] = "type.starling/blamed_rank";
+
 }  // namespace
+
+absl::Status BlameRank(absl::Status s, int rank) {
+  s.SetPayload(kBlamePayload, absl::Cord(absl::StrCat(rank)));
+  return s;
+}
+
+int BlamedRank(const absl::Status& s) {
+  auto p = s.GetPayload(kBlamePayload);  // absl::optional<absl::Cord>
+  int rank = -1;
+  if (!p.has_value() || !absl::SimpleAtoi(std::string(*p), &rank)) return -1;
+  return rank;
+}
 
 absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
                               const RingOptions& o) {
@@ -123,6 +139,9 @@ absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
       if (phase == RingPhase::kAllGather) CrashPoint("all_gather");
       absl::StatusOr<Message> in =
           t.mailbox().Take(prev, o.round, o.tensor, phase, k, deadline);
+      if (absl::IsInvalidArgument(in.status())) {
+        return BlameRank(fail(in.status(), ""), prev);
+      }
       if (!in.ok()) return fail(in.status(), "");
       if (phase == RingPhase::kReduceScatter) CrashPoint("reduce");
       if (in->segment != recv_seg) {
@@ -138,14 +157,18 @@ absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
                 ? o.codec->DecodeSliceAccumulate(dst_offset, in->payload, dst)
                 : o.codec->DecodeSlice(dst_offset, in->payload, dst);
         if (!d.ok()) {
-          return fail(
-              d, absl::StrCat("bad compressed segment from rank ", prev, ": "));
+          return BlameRank(
+              fail(d, absl::StrCat("bad compressed segment from rank ", prev,
+                                   ": ")),
+              prev);
         }
         for (size_t i = 0; i < dst.size(); ++i) {
           if (!std::isfinite(dst[i])) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "round ", o.round, ": rank ", prev,
-                " sent a segment that decodes to non-finite values"));
+            return BlameRank(
+                absl::InvalidArgumentError(absl::StrCat(
+                    "round ", o.round, ": rank ", prev,
+                    " sent a segment that decodes to non-finite values")),
+                prev);
           }
         }
         forward = std::move(in->payload);

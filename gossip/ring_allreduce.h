@@ -42,9 +42,15 @@ struct RingOptions {
   std::vector<float>* extra_sums = nullptr;
 };
 
+// A failed collective that refused rank `rank`'s data as invalid carries
+// it: BlamedRank reads it back (-1 when the failure blames nobody).
+absl::Status BlameRank(absl::Status s, int rank);
+int BlamedRank(const absl::Status& s);
+
 // In place: data ← Σ over ranks of data. data.size() must equal the
 // tensor's element count in the mailbox options. On error `data` holds
-// partial sums and must be discarded.
+// partial sums and must be discarded. An error for invalid data from the
+// previous rank blames it (BlameRank).
 absl::Status RingAllReduceSum(Transport& transport, absl::Span<float> data,
                               const RingOptions& options);
 

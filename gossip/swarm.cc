@@ -16,6 +16,7 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "gossip/crash_point.h"
+#include "gossip/ring_allreduce.h"
 #include "starling/peer/v1/swarm.grpc.pb.h"
 
 namespace starling {
@@ -367,6 +368,9 @@ struct Swarm::Coordinator {
   std::vector<std::string> plan_addresses ABSL_GUARDED_BY(mu);
   std::set<std::string> done ABSL_GUARDED_BY(mu);
   std::set<std::string> excluded ABSL_GUARDED_BY(mu);  // this round
+  // Left out of the rest of this round: members that sent invalid data and
+  // the members that reported it (one of the two is faulty, or lying).
+  std::set<std::string> banned ABSL_GUARDED_BY(mu);
   bool abort ABSL_GUARDED_BY(mu) = false;
   std::string abort_reason ABSL_GUARDED_BY(mu);
   // Messages to send once the lock is released: (to id, message).
@@ -1093,12 +1097,18 @@ ControlAck Swarm::OnControl(const ControlMessage& m) {
             c.lineage = m.lineage();
             c.ready.clear();
             c.excluded.clear();
+            c.banned.clear();
             c.running = false;
             c.replan_now = false;
             c.attempt = 0;
             c.first_ready = absl::Now();
           }
           c.attempt = std::max(c.attempt, m.last_attempt());
+          if (c.banned.count(m.from())) {
+            // Sits this round out; it catches up once the round commits.
+            c.cv.Signal();
+            return ack;
+          }
           if (c.ready.empty()) c.first_ready = absl::Now();
           c.excluded.erase(m.from());
           std::string addr =
@@ -1113,6 +1123,18 @@ ControlAck Swarm::OnControl(const ControlMessage& m) {
                  m.attempt() == c.attempt) {
         c.abort = true;
         c.abort_reason = absl::StrCat(m.from(), " failed: ", m.unreachable());
+        if (!m.culprit().empty() && m.culprit() != m.from()) {
+          // One of the two is faulty (or lying): neither takes part in the
+          // rest of this round, so a hostile member can neither stall the
+          // round by resending bad data nor exclude others for free.
+          for (const std::string& id : {m.culprit(), m.from()}) {
+            c.banned.insert(id);
+            c.excluded.insert(id);
+          }
+          absl::StrAppend(&c.abort_reason, " (", m.from(),
+                          " refused invalid data from ", m.culprit(),
+                          "; both sit out the rest of round ", c.round, ")");
+        }
       }
       c.cv.Signal();
       return ack;
@@ -1424,6 +1446,11 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
                                   << m.attempt() << " failed: " << s;
             r.set_kind(ControlMessage::FAILED);
             r.set_unreachable(std::string(s.message()));
+            if (int bad = BlamedRank(s);
+                bad >= 0 && bad < static_cast<int>(members.size()) &&
+                bad != rank) {
+              r.set_culprit(members[bad]);
+            }
             (void)SendControl(m.from(), r);
           }
           break;
@@ -1495,7 +1522,8 @@ absl::StatusOr<SwarmState> Swarm::FetchState(
     const std::vector<std::string>& donors, const Lineage* at_least,
     absl::Time deadline, FetchStats* stats) {
   const absl::Time start = absl::Now();
-  StateAssembler assembler;
+  StateAssembler assembler(
+      MaxStateBytesFor(options_.identity.model.parameters()));
   std::string last_error = "no donors";
   int retries = 0;
   for (size_t i = 0; i < donors.size() && absl::Now() < deadline; ++i) {

@@ -228,6 +228,33 @@ TEST(SimTest, PoisonedPeerIsDroppedByEveryMemberAlike) {
       << log0;
 }
 
+// The plain ring (--aggregate=mean) cannot drop one contribution: a member
+// that receives NaN refuses it and reports the sender, and the coordinator
+// leaves both out of the rest of that round instead of retrying it forever.
+// The NaN never reaches a model and the swarm ends bit-identical.
+TEST(SimTest, RingLeavesANaNSenderOutOfItsRound) {
+  const std::string out = TempDir() + "/ringnan";
+  auto r =
+      RunStarling(absl::StrCat("sim --nodes=4 --steps=60 --inner_steps=10 "
+                               "--poison=n3:nan@1-2 ",
+                               TinyFlags(), " --out=", out));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto summary = ReadJson(out + "/summary.json");
+  const auto& fin = Field(summary, "final").struct_value();
+  EXPECT_TRUE(Field(fin, "all_hashes_agree").bool_value());
+  const double val = Field(fin, "val_loss").number_value();
+  EXPECT_TRUE(std::isfinite(val) && val > 0.5 && val < 6) << val;
+  EXPECT_EQ(Field(fin, "rounds").number_value(), 6);
+  std::string logs;
+  for (int i = 0; i < 4; ++i) {
+    logs += ReadFile(absl::StrCat(out, "/n", i, "/node.log")).value_or("");
+  }
+  EXPECT_NE(logs.find("refused invalid data from n3; both sit out the rest "
+                      "of round 1"),
+            std::string::npos)
+      << logs;
+}
+
 // --overlap: rounds after the first run their exchange behind the next
 // round's inner steps; the last one is synchronous. Every member applies
 // the same update at the same step, so hashes agree after every round.
