@@ -102,7 +102,8 @@ std::string HexDigest(absl::string_view bytes) {
 }
 
 // The encoded state inside a blob.
-absl::StatusOr<std::string> DecodeBlob(absl::string_view blob) {
+absl::StatusOr<std::string> DecodeBlob(absl::string_view blob,
+                                       int64_t max_raw_bytes) {
   Reader r(blob);
   absl::string_view magic;
   uint32_t format = 0;
@@ -113,9 +114,12 @@ absl::StatusOr<std::string> DecodeBlob(absl::string_view blob) {
   if (std::memcmp(magic.data(), kBlobMagic, 4) != 0) {
     return absl::DataLossError("state blob: bad magic");
   }
-  if (raw_size > kMaxStateBytes) {
+  if (raw_size > kMaxStateBytes ||
+      raw_size > static_cast<uint64_t>(max_raw_bytes)) {
     return absl::DataLossError(
-        absl::StrCat("state blob: raw size ", raw_size, " is over 4 GiB"));
+        absl::StrCat("state blob: raw size ", raw_size, " is over the ",
+                     std::min<uint64_t>(kMaxStateBytes, max_raw_bytes),
+                     " bytes a state of this model can take"));
   }
   absl::string_view payload = blob.substr(kBlobHeaderBytes);
   if (format == kFormatRaw) {
@@ -153,6 +157,10 @@ absl::StatusOr<std::string> DecodeBlob(absl::string_view blob) {
 }
 
 }  // namespace
+
+int64_t MaxStateBytesFor(int64_t parameters) {
+  return 16 * std::max<int64_t>(0, parameters) + (int64_t{16} << 20);
+}
 
 std::string EncodeSwarmState(const SwarmState& s) {
   std::string out;
@@ -313,7 +321,7 @@ absl::StatusOr<SwarmState> StateAssembler::Finish() {
     return absl::DataLossError(
         absl::StrCat("state transfer: digest ", got, ", expected ", digest));
   }
-  absl::StatusOr<std::string> raw = DecodeBlob(bytes);
+  absl::StatusOr<std::string> raw = DecodeBlob(bytes, max_raw_bytes_);
   std::string().swap(bytes);
   if (!raw.ok()) return raw.status();
   return DecodeSwarmState(*raw);

@@ -62,6 +62,11 @@ uint64_t ChunkChecksum(absl::string_view data);
 // The joiner side.
 class StateAssembler {
  public:
+  // `max_raw_bytes`: the most the decompressed state may claim; a blob
+  // announcing more is refused before anything that size is allocated.
+  explicit StateAssembler(int64_t max_raw_bytes = int64_t{4} << 30)
+      : max_raw_bytes_(max_raw_bytes) {}
+
   // Offers one chunk. The first chunk (or one with a different digest, from
   // a donor that moved on) fixes the digest and total and restarts at offset
   // 0 (FailedPrecondition if its offset is not 0). DataLoss when the checksum
@@ -84,10 +89,15 @@ class StateAssembler {
   absl::StatusOr<SwarmState> Finish();
 
  private:
+  const int64_t max_raw_bytes_;
   std::string digest_;
   int64_t total_ = 0;
   std::string bytes_;
 };
+
+// A bound on the encoded state of a model with `parameters` values (θ and
+// the outer optimizer's state, with room to spare), for StateAssembler.
+int64_t MaxStateBytesFor(int64_t parameters);
 
 }  // namespace starling
 

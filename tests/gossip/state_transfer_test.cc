@@ -247,6 +247,25 @@ TEST(StateTransferTest, FinishChecksTheWholeBlobDigest) {
   EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
 }
 
+// A donor's blob that claims a decompressed size larger than this node's
+// model can have is refused before that much is allocated (a 290-byte blob
+// once made a joiner zero-fill 4 GiB).
+TEST(StateTransferTest, ABlobClaimingMoreThanTheModelHoldsIsRefused) {
+  std::mt19937_64 rng(9);
+  auto blob = StateBlob::Make(RandomState(100000, rng));
+  const std::string& b = blob->bytes();
+  StateAssembler small(blob->raw_bytes() - 1);
+  ASSERT_TRUE(small.Add(blob->digest(), b.size(), 0, b, ChunkChecksum(b)).ok());
+  auto got = small.Finish();
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+  EXPECT_NE(got.status().message().find("a state of this model can take"),
+            std::string::npos)
+      << got.status();
+  StateAssembler fits(MaxStateBytesFor(100000));
+  ASSERT_TRUE(fits.Add(blob->digest(), b.size(), 0, b, ChunkChecksum(b)).ok());
+  EXPECT_TRUE(fits.Finish().ok());
+}
+
 TEST(StateTransferTest, DecodeRejectsTruncatedAndGarbageInput) {
   std::mt19937_64 rng(9);
   SwarmState s = RandomState(33, rng);
