@@ -697,6 +697,13 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
                              kStreamWindowBytes);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  // Bounds on what one peer can hold open: streams per connection, and the
+  // life of any stream (a connection is closed 15 minutes after it opened,
+  // its streams get 5 more to finish; clients reconnect for new calls).
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 128);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, 15 * 60 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                             5 * 60 * 1000);
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::max<int64_t>(options.chunk_bytes * 2, 16 << 20)));
   t->server_ = builder.BuildAndStart();

@@ -45,7 +45,7 @@ std::string PeerHost(absl::string_view peer) {
 }
 
 JoinAuth::JoinAuth(std::string token, const JoinAuthOptions& options)
-    : token_(std::move(token)), options_(options) {}
+    : token_(std::move(token)), options_(options), log_(options.log_period) {}
 
 absl::StatusOr<std::shared_ptr<JoinAuth>> JoinAuth::FromToken(
     std::string token, const JoinAuthOptions& options) {
@@ -174,16 +174,7 @@ absl::Status JoinAuth::Verify(absl::string_view header,
 
 bool JoinAuth::ShouldLog(const std::string& host, absl::Time now,
                          int64_t* unlogged) {
-  absl::MutexLock lock(&mu_);
-  LogState& s = log_[host];
-  if (now - s.last < options_.log_period) {
-    ++s.unlogged;
-    return false;
-  }
-  *unlogged = s.unlogged;
-  s.unlogged = 0;
-  s.last = now;
-  return true;
+  return log_.ShouldLog(host, now, unlogged);
 }
 
 grpc::Status JoinAuth::Admit(grpc::CallbackServerContext* ctx,

@@ -17,13 +17,13 @@
 #include <memory>
 #include <string>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "gossip/peer_limits.h"
 
 namespace grpc {
 class ClientContext;
@@ -90,11 +90,7 @@ class JoinAuth {
   absl::flat_hash_set<std::string> nonces_ ABSL_GUARDED_BY(mu_);
   std::multimap<int64_t, std::string> by_time_ ABSL_GUARDED_BY(mu_);
   int64_t floor_ms_ ABSL_GUARDED_BY(mu_) = INT64_MIN;
-  struct LogState {
-    absl::Time last = absl::InfinitePast();
-    int64_t unlogged = 0;
-  };
-  absl::flat_hash_map<std::string, LogState> log_ ABSL_GUARDED_BY(mu_);
+  PerHostLogLimiter log_;
   int64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -6,12 +6,14 @@
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
 
+#include <cmath>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/file_util.h"
+#include "core/logging.h"
 
 namespace starling {
 namespace {
@@ -184,7 +186,17 @@ absl::StatusOr<PeerCredentials> LoadTransportCredentials(
 absl::StatusOr<PeerCredentials> LoadPeerCredentials(
     const PeerSecurityOptions& o) {
   absl::StatusOr<PeerCredentials> c = LoadTransportCredentials(o);
-  if (!c.ok() || o.join_token_file.empty()) return c;
+  if (!c.ok()) return c;
+  if (!(o.peer_rate_limit >= 0) || !std::isfinite(o.peer_rate_limit)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--peer_rate_limit=", o.peer_rate_limit,
+                     ": must be a number of calls per second >= 0"));
+  }
+  if (o.peer_rate_limit > 0) {
+    c->rate_limit = std::make_shared<PeerRateLimiter>(o.peer_rate_limit,
+                                                      2 * o.peer_rate_limit);
+  }
+  if (o.join_token_file.empty()) return c;
   absl::StatusOr<std::shared_ptr<JoinAuth>> auth =
       JoinAuth::FromFile(o.join_token_file);
   if (!auth.ok()) return auth.status();
@@ -199,6 +211,25 @@ void PeerCredentials::Sign(grpc::ClientContext* ctx,
 
 grpc::Status PeerCredentials::Admit(grpc::CallbackServerContext* ctx,
                                     absl::string_view method) const {
+  if (rate_limit != nullptr) {
+    static PerHostLogLimiter* log = new PerHostLogLimiter(absl::Minutes(1));
+    const std::string host = PeerHost(ctx->peer());
+    const absl::Time now = absl::Now();
+    if (absl::Status s = rate_limit->Take(host, now); !s.ok()) {
+      int64_t unlogged = 0;
+      if (log->ShouldLog(host, now, &unlogged)) {
+        LogEvent(LogLevel::kWarning, "rate_limited",
+                 absl::StrCat("refused a ", method, " call: ", s.message(),
+                              unlogged > 0 ? absl::StrCat(" (and ", unlogged,
+                                                          " more since the "
+                                                          "last such line)")
+                                           : ""),
+                 {{"peer", host}});
+      }
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          std::string(s.message()));
+    }
+  }
   if (join_auth == nullptr) return grpc::Status::OK;
   return join_auth->Admit(ctx, method);
 }

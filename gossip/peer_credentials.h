@@ -3,7 +3,8 @@
 // same credentials serve the node's gRPC server (the Peer and Swarm
 // services) and every channel it opens to other members.
 // With a join token (--join_token_file) every call is also signed and
-// checked (see join_auth.h).
+// checked (see join_auth.h); a per-host rate limit (--peer_rate_limit)
+// bounds the calls each peer host may make (see peer_limits.h).
 // Thread-safe: PeerCredentials is immutable once loaded.
 #ifndef STARLING_GOSSIP_PEER_CREDENTIALS_H_
 #define STARLING_GOSSIP_PEER_CREDENTIALS_H_
@@ -32,6 +33,9 @@ struct PeerSecurityOptions {
   // The swarm secret every call must prove it knows; empty: no admission
   // check.
   std::string join_token_file;
+  // Incoming calls per second per peer host (bursts of twice as many);
+  // 0: no limit.
+  double peer_rate_limit = 0;
 };
 
 struct PeerCredentials {
@@ -42,12 +46,15 @@ struct PeerCredentials {
   bool mutual = false;
   // Null: calls are not signed and every caller is admitted.
   std::shared_ptr<JoinAuth> join_auth;
+  // Null: no per-peer rate limit on incoming calls.
+  std::shared_ptr<PeerRateLimiter> rate_limit;
   // Sets the target name override (when there is one) on a channel's args.
   void Apply(grpc::ChannelArguments* args) const;
   // Signs a client call of `method` with the join token, when there is one.
   void Sign(grpc::ClientContext* ctx, absl::string_view method) const;
-  // OK, or UNAUTHENTICATED when there is a join token and the call does not
-  // prove it (logged, rate-limited per peer host).
+  // OK; RESOURCE_EXHAUSTED when the caller's host is over the rate limit;
+  // UNAUTHENTICATED when there is a join token and the call does not prove
+  // it. Refusals are logged at most once a minute per peer host.
   grpc::Status Admit(grpc::CallbackServerContext* ctx,
                      absl::string_view method) const;
 };

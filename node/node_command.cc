@@ -75,6 +75,10 @@ ABSL_FLAG(std::string, join_token_file, "",
           "it (HMAC of a timestamp and a nonce; the secret never travels, a "
           "captured call cannot be replayed) and calls without the proof are "
           "refused UNAUTHENTICATED; empty: no admission check");
+ABSL_FLAG(double, peer_rate_limit, 1000,
+          "incoming calls per second each peer host may make (bursts of "
+          "twice as many); beyond it calls are refused RESOURCE_EXHAUSTED "
+          "and logged once a minute per host; 0 = no limit");
 ABSL_FLAG(std::string, run_id, "starling",
           "peers must share it; the handshake refuses others");
 ABSL_FLAG(std::string, algo, "diloco",
@@ -471,6 +475,7 @@ const std::vector<std::string>& NodeFlagNames() {
                                    "tls_server_name",
                                    "insecure",
                                    "join_token_file",
+                                   "peer_rate_limit",
                                    "run_id",
                                    "algo",
                                    "inner_steps",
@@ -566,7 +571,10 @@ const Subcommand& NodeSubcommand() {
         "--tls_ca (PEM files; --tls_require_client_cert for mutual TLS), or "
         "plaintext with an explicit --insecure; one of the two is "
         "required. --join_token_file admits only peers that know the "
-        "swarm's secret.\n\n"
+        "swarm's secret; --peer_rate_limit bounds each peer host's calls; "
+        "--aggregate and --norm_bound drop or outvote hostile "
+        "pseudo-gradients (every received tensor is checked for its size "
+        "and for NaN/Inf).\n\n"
         "Example, two members on one machine (plaintext on loopback):\n"
         "  starling node --insecure --node_id=a --listen=127.0.0.1:7001 "
         "--shard=0/2 --out=runs/a\n"
@@ -2261,6 +2269,7 @@ int RunNodeCommand() {
   security.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   security.insecure = absl::GetFlag(FLAGS_insecure);
   security.join_token_file = absl::GetFlag(FLAGS_join_token_file);
+  security.peer_rate_limit = absl::GetFlag(FLAGS_peer_rate_limit);
   if (absl::StatusOr<PeerCredentials> c = LoadPeerCredentials(security);
       !c.ok()) {
     return Fail(c.status(), 2);

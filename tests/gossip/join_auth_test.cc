@@ -1,6 +1,6 @@
 // The join token's proofs: what a server admits (a fresh, correctly keyed
 // stamp for the method called, once) and every way it refuses; the token
-// file's checks; the once-a-minute refusal log.
+// file's checks; the once-a-minute refusal log; the per-host rate limit.
 #include "gossip/join_auth.h"
 
 #include <string>
@@ -137,6 +137,24 @@ TEST(JoinAuthTest, PeerHostDropsTheSchemeAndPort) {
   EXPECT_EQ(PeerHost("ipv6:[::1]:4242"), "::1");
   EXPECT_EQ(PeerHost("unix:/tmp/sock"), "/tmp/sock");
   EXPECT_EQ(PeerHost("odd"), "odd");
+}
+
+TEST(PeerRateLimiterTest, BurstThenRateAndEachHostApart) {
+  PeerRateLimiter limit(/*per_second=*/10, /*burst=*/20);
+  int ok = 0;
+  for (int i = 0; i < 50; ++i) ok += limit.Take("10.0.0.1", kNow).ok();
+  EXPECT_EQ(ok, 20);  // the burst
+  absl::Status s = limit.Take("10.0.0.1", kNow);
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_NE(s.message().find("10.0.0.1"), std::string::npos) << s;
+  EXPECT_TRUE(limit.Take("10.0.0.2", kNow).ok());  // another host
+  // One second later: 10 more.
+  ok = 0;
+  for (int i = 0; i < 50; ++i) {
+    ok += limit.Take("10.0.0.1", kNow + absl::Seconds(1)).ok();
+  }
+  EXPECT_EQ(ok, 10);
+  EXPECT_EQ(limit.refused(), 30 + 1 + 40);
 }
 
 }  // namespace

@@ -360,5 +360,34 @@ TEST_F(JoinTokenTest, BadTokenFilesAreRefusedByName) {
   }
 }
 
+// --peer_rate_limit: a flood of calls from one host is refused
+// RESOURCE_EXHAUSTED beyond the limit, logged at most once a minute, and
+// the node trains on.
+TEST_F(JoinTokenTest, AFloodIsRateLimitedAndTheNodeTrainsOn) {
+  const absl::Time start = absl::Now();
+  pid_t n0 = SpawnStarling(
+      absl::StrCat(Plain("n0", 3000), " --peer_rate_limit=10"), Log("n0"));
+  const std::string address = ListenAddress(Log("n0"), absl::Seconds(60));
+  ASSERT_FALSE(address.empty()) << ReadFile(Log("n0")).value_or("");
+  int admitted = 0, limited = 0;
+  for (int i = 0; i < 100; ++i) {
+    const grpc::Status s = ControlWithProof(address, "");
+    if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) ++limited;
+    if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) ++admitted;
+  }
+  EXPECT_GE(admitted, 20);  // the burst, and the rate since
+  EXPECT_GE(limited, 50);
+  EXPECT_EQ(WaitUntil(n0, absl::Now() + absl::Seconds(120)), 0)
+      << ReadFile(Log("n0")).value_or("");
+  const std::string log0 = ReadFile(Log("n0")).value_or("");
+  int lines = 0;
+  for (absl::string_view line : absl::StrSplit(log0, '\n')) {
+    if (absl::StrContains(line, "rate limit: 127.0.0.1")) ++lines;
+  }
+  EXPECT_GE(lines, 1) << log0;
+  EXPECT_LE(lines,
+            1 + static_cast<int>(absl::ToInt64Minutes(absl::Now() - start)));
+}
+
 }  // namespace
 }  // namespace starling
