@@ -16,6 +16,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -38,6 +39,7 @@ RUNS = {
 def run(name, flags, poisoned, out_root, binary):
     out = os.path.join(out_root, "".join(
         c if c.isalnum() else "_" for c in name).strip("_"))
+    shutil.rmtree(out, ignore_errors=True)  # this script's own scratch run
     cmd = [binary, "sim", "--nodes=5", f"--out={out}"] + flags
     if poisoned:
         cmd.append(f"--poison={POISON}")

@@ -26,6 +26,9 @@ PACKAGES=(
   # TLS between peers: OpenSSL checks the PEM files; the tests make their
   # certificates with the openssl command
   libssl-dev openssl
+  # libFuzzer targets with ASan/UBSan (scripts/fuzz.sh): clang and its
+  # runtimes (only recommended by clang, so named here)
+  clang libclang-rt-14-dev
   # Gloo's headers, for PyTorch's Gloo all-reduce in `starling bench allreduce`
   libgloo-dev
   # without it Debian's LibTorch uses reference BLAS and trains ~4x slower
