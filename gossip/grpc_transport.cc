@@ -496,29 +496,19 @@ class GrpcTransport::Service final
         m_.segment = chunk_.segment();
         m_.total_elements = chunk_.total_elements();
         expected_bytes_ = chunk_.segment_bytes();
-        auto known = o.tensors.find(m_.tensor);
-        if (known == o.tensors.end()) {
+        // Refuse impossible sizes before buffering anything. An early
+        // message's member count is not known yet: bound it by the whole
+        // tensor; Deliver checks the exact size later.
+        const int64_t max_bytes = MaxMessageBytes(o, m_.tensor, early_);
+        if (max_bytes < 0) {
           return absl::InvalidArgumentError(
               absl::StrCat("message from rank ", m_.from, ": unknown tensor '",
                            m_.tensor, "'"));
-        }
-        // Refuse impossible sizes before buffering anything.
-        int64_t per_element = 4;
-        if (auto c = o.compressed_bytes_per_element.find(m_.tensor);
-            c != o.compressed_bytes_per_element.end()) {
-          per_element = c->second;
         }
         // Only a raw fp32 segment of the installed round can go into a
         // sink; decided once, not at every chunk.
         may_claim_ =
             !early_ && !o.compressed_bytes_per_element.count(m_.tensor);
-        // An early message's member count is not known yet: bound it by
-        // the whole tensor; Deliver checks the exact size later.
-        const bool whole = o.whole_tensors.count(m_.tensor) > 0;
-        int64_t max_bytes =
-            (known->second / std::max(1, early_ || whole ? 1 : o.world) + 1) *
-                per_element +
-            4096;
         if (expected_bytes_ < 0 || expected_bytes_ > max_bytes) {
           return absl::InvalidArgumentError(
               absl::StrCat("message from rank ", m_.from, ": announces ",

@@ -97,6 +97,18 @@ void Sink::Close() {
 Mailbox::Mailbox(MailboxOptions options)
     : options_(std::move(options)), round_(options_.first_round) {}
 
+int64_t MaxMessageBytes(const MailboxOptions& o, const std::string& tensor,
+                        bool any_world) {
+  auto known = o.tensors.find(tensor);
+  if (known == o.tensors.end()) return -1;
+  const bool whole = any_world || o.whole_tensors.count(tensor) > 0;
+  const int64_t elements = known->second / std::max(1, whole ? 1 : o.world) + 1;
+  auto c = o.compressed_bytes_per_element.find(tensor);
+  const int64_t per_element =
+      c == o.compressed_bytes_per_element.end() ? 4 : c->second;
+  return elements * per_element + 4096;
+}
+
 absl::Status Mailbox::Deliver(Message m) {
   const int from = m.from;
   m.applied = false;

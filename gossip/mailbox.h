@@ -96,6 +96,14 @@ struct MailboxOptions {
   int64_t first_round = 0;
 };
 
+// An upper bound on the payload bytes of one message of `tensor` under
+// `o`, for a transport to refuse impossible sizes before buffering (Deliver
+// checks the exact size): a segment, or the whole tensor when it travels
+// whole or when `any_world` (the member count is not known yet). -1 for an
+// unknown tensor.
+int64_t MaxMessageBytes(const MailboxOptions& o, const std::string& tensor,
+                        bool any_world);
+
 class Mailbox {
  public:
   explicit Mailbox(MailboxOptions options);
