@@ -539,9 +539,12 @@ class GrpcTransport::Service final
         return;
       }
       if (received_ != expected_bytes_) {
-        Reject(absl::InvalidArgumentError(
-            absl::StrCat("message from rank ", m_.from, ": stream ended after ",
-                         received_, " of ", expected_bytes_, " bytes")));
+        // Also what a sender's cancelled attempt looks like: refused, but
+        // not blamed on the sender (see BlameRank).
+        Reject(absl::InvalidArgumentError(absl::StrCat(
+                   "message from rank ", m_.from, ": stream ended after ",
+                   received_, " of ", expected_bytes_, " bytes")),
+               /*blame=*/false);
         return;
       }
       const int64_t bytes = expected_bytes_;
@@ -562,14 +565,18 @@ class GrpcTransport::Service final
       Finish(serialized);
     }
 
-    void Reject(const absl::Status& s) {
+    // `blame`: the collective waiting for this message fails as for
+    // invalid data from its sender (InvalidArgument, which the ring blames
+    // on it); otherwise it fails as aborted.
+    void Reject(const absl::Status& s, bool blame = true) {
       // Unavailable: an elastic peer ahead of this node retries; not news.
       if (!absl::IsUnavailable(s)) {
         STARLING_LOG(WARNING) << "rejected: " << s.message();
       }
       if (!first_ && !absl::IsUnavailable(s) &&
           !absl::IsFailedPrecondition(s)) {
-        mailbox_->RecordRejection(m_.from, s);
+        mailbox_->RecordRejection(m_.from,
+                                  blame ? s : absl::AbortedError(s.message()));
       }
       Finish(grpc::Status(ToGrpc(s.code()), std::string(s.message())));
     }

@@ -1119,21 +1119,32 @@ ControlAck Swarm::OnControl(const ControlMessage& m) {
         if (c.running && m.round() == c.round && m.attempt() == c.attempt) {
           c.done.insert(m.from());
         }
-      } else if (c.running && m.round() == c.round &&
-                 m.attempt() == c.attempt) {
-        c.abort = true;
-        c.abort_reason = absl::StrCat(m.from(), " failed: ", m.unreachable());
-        if (!m.culprit().empty() && m.culprit() != m.from()) {
+      } else {
+        if (c.running && m.round() == c.round && m.attempt() == c.attempt) {
+          c.abort = true;
+          c.abort_reason = absl::StrCat(m.from(), " failed: ", m.unreachable());
+        }
+        if (m.round() == c.round && !m.culprit().empty() &&
+            m.culprit() != m.from() && !c.banned.count(m.culprit())) {
           // One of the two is faulty (or lying): neither takes part in the
           // rest of this round, so a hostile member can neither stall the
-          // round by resending bad data nor exclude others for free.
+          // round by resending bad data nor exclude others for free. This
+          // holds even when the attempt it failed was already called off
+          // (the culprit's own failure often arrives first).
+          STARLING_LOG(WARNING)
+              << "round " << c.round << ": " << m.from()
+              << " refused invalid data from " << m.culprit()
+              << "; both sit out the rest of round " << c.round;
           for (const std::string& id : {m.culprit(), m.from()}) {
             c.banned.insert(id);
             c.excluded.insert(id);
+            c.ready.erase(id);
+            if (c.running &&
+                std::find(c.plan.begin(), c.plan.end(), id) != c.plan.end()) {
+              c.abort = true;
+              c.abort_reason = absl::StrCat(id, " sits out round ", c.round);
+            }
           }
-          absl::StrAppend(&c.abort_reason, " (", m.from(),
-                          " refused invalid data from ", m.culprit(),
-                          "; both sit out the rest of round ", c.round, ")");
         }
       }
       c.cv.Signal();
