@@ -223,8 +223,12 @@ class GrpcTransport::Service final
     : public peer::v1::Peer::WithRawCallbackMethod_SendChunks<
           peer::v1::Peer::CallbackService> {
  public:
-  Service(const PeerIdentity& identity, const PeerCredentials& credentials)
-      : identity_(identity), credentials_(credentials) {}
+  Service(const PeerIdentity& identity, const PeerCredentials& credentials,
+          StreamDeadlines* deadlines, absl::Duration chunk_stream_deadline)
+      : identity_(identity),
+        credentials_(credentials),
+        deadlines_(deadlines),
+        chunk_stream_deadline_(chunk_stream_deadline) {}
 
   void SetMailbox(std::shared_ptr<Mailbox> mailbox, int rank,
                   std::string address, bool exact_round) {
@@ -298,8 +302,13 @@ class GrpcTransport::Service final
       mailbox = mailbox_;
       exact = exact_round_;
     }
-    return new ChunkReader(this, std::move(mailbox), exact, ack,
-                           credentials_.Admit(ctx, "SendChunks"));
+    grpc::Status admitted = credentials_.Admit(ctx, "SendChunks");
+    std::unique_ptr<StreamDeadlines::Watched> watch;
+    if (admitted.ok()) {
+      watch = deadlines_->Watch(ctx, "SendChunks", chunk_stream_deadline_);
+    }
+    return new ChunkReader(this, std::move(mailbox), exact, ack, admitted,
+                           std::move(watch));
   }
 
  private:
@@ -307,11 +316,13 @@ class GrpcTransport::Service final
   class ChunkReader : public grpc::ServerReadReactor<grpc::ByteBuffer> {
    public:
     ChunkReader(Service* service, std::shared_ptr<Mailbox> mailbox,
-                bool exact_round, grpc::ByteBuffer* ack, grpc::Status admitted)
+                bool exact_round, grpc::ByteBuffer* ack, grpc::Status admitted,
+                std::unique_ptr<StreamDeadlines::Watched> watch)
         : service_(service),
           mailbox_(std::move(mailbox)),
           exact_round_(exact_round),
-          ack_(ack) {
+          ack_(ack),
+          watch_(std::move(watch)) {
       if (!admitted.ok()) {
         Finish(admitted);
         return;
@@ -328,6 +339,7 @@ class GrpcTransport::Service final
         Complete();
         return;
       }
+      if (watch_) watch_->Progress();
       absl::Status s = Absorb();
       if (!s.ok()) {
         Reject(s);
@@ -341,7 +353,10 @@ class GrpcTransport::Service final
       }
       StartRead(&buffer_);
     }
-    void OnDone() override { delete this; }
+    void OnDone() override {
+      watch_.reset();  // waits out a cancellation in flight
+      delete this;
+    }
 
    private:
     // Parses buffer_: the header fields into chunk_ (with protobuf), and
@@ -585,6 +600,7 @@ class GrpcTransport::Service final
     std::shared_ptr<Mailbox> mailbox_;
     const bool exact_round_;
     grpc::ByteBuffer* ack_;
+    std::unique_ptr<StreamDeadlines::Watched> watch_;
     grpc::ByteBuffer buffer_;
     TensorChunk chunk_;  // the header fields of the last chunk
     Message m_;
@@ -626,6 +642,8 @@ class GrpcTransport::Service final
 
   const PeerIdentity identity_;
   const PeerCredentials credentials_;
+  StreamDeadlines* const deadlines_;
+  const absl::Duration chunk_stream_deadline_;
   absl::Mutex mu_;
   std::shared_ptr<Mailbox> mailbox_ ABSL_GUARDED_BY(mu_);
   bool exact_round_ ABSL_GUARDED_BY(mu_) = false;
@@ -672,7 +690,14 @@ GrpcTransport::~GrpcTransport() { Shutdown(); }
 absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(
     const GrpcTransportOptions& options, const PeerIdentity& identity) {
   auto t = std::unique_ptr<GrpcTransport>(new GrpcTransport(options, identity));
-  t->service_ = std::make_unique<Service>(identity, options.credentials);
+  t->deadlines_ = options.stream_deadlines;
+  if (t->deadlines_ == nullptr) {
+    t->deadlines_ =
+        std::make_shared<StreamDeadlines>(options.stream_idle_timeout);
+  }
+  t->service_ = std::make_unique<Service>(identity, options.credentials,
+                                          t->deadlines_.get(),
+                                          options.chunk_stream_deadline);
   grpc::ServerBuilder builder;
   // gRPC sets SO_REUSEPORT by default, so a second server on a port in use
   // (a stale address, or a port another process took first) would start
@@ -695,8 +720,9 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(
                              kStreamWindowBytes);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   // Bounds on what one peer can hold open: streams per connection, and the
-  // life of any stream (a connection is closed 15 minutes after it opened,
-  // its streams get 5 more to finish; clients reconnect for new calls).
+  // life of any call (a connection is closed 15 minutes after it opened,
+  // its calls get 5 more to finish; clients reconnect for new calls).
+  // Streams have tighter deadlines of their own (StreamDeadlines).
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 128);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, 15 * 60 * 1000);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,

@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gossip/link_shaper.h"
 #include "gossip/peer_credentials.h"
+#include "gossip/peer_limits.h"
 #include "gossip/transport.h"
 #include "starling/peer/v1/peer.pb.h"
 
@@ -60,6 +61,13 @@ struct GrpcTransportOptions {
   std::shared_ptr<LinkEmulator> links;
   // TLS or plaintext, for the server and every channel to a peer.
   PeerCredentials credentials = InsecurePeerCredentials();
+  // Deadlines of the server's streams (shared with extra_services; made
+  // with stream_idle_timeout when null): an incoming chunk stream is
+  // cancelled when it carries no chunk for the idle time, or when it runs
+  // longer than chunk_stream_deadline, so a slow-loris peer holds no slot.
+  std::shared_ptr<StreamDeadlines> stream_deadlines;
+  absl::Duration stream_idle_timeout = absl::Seconds(60);
+  absl::Duration chunk_stream_deadline = absl::Minutes(5);
 };
 
 // Failed client RPCs by gRPC status code name ("UNAVAILABLE", ...), for the
@@ -112,6 +120,8 @@ class GrpcTransport : public Transport {
   int64_t bytes_received() const override;
   // Failed client calls of this transport (and of services that share it).
   RpcErrorCounter& rpc_errors() { return rpc_errors_; }
+  // The deadlines of the server's streams.
+  const StreamDeadlines& stream_deadlines() const { return *deadlines_; }
 
   // Stops the server (waits for in-flight calls up to a short deadline).
   void Shutdown();
@@ -128,6 +138,7 @@ class GrpcTransport : public Transport {
   const GrpcTransportOptions options_;
   const PeerIdentity identity_;
   std::string address_;
+  std::shared_ptr<StreamDeadlines> deadlines_;  // outlives server_
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   std::vector<std::string> members_;

@@ -1,8 +1,16 @@
 #include "gossip/peer_limits.h"
 
-#include <algorithm>
+#include <grpcpp/server_context.h>
 
+#include <algorithm>
+#include <atomic>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/logging.h"
+#include "gossip/join_auth.h"
 
 namespace starling {
 
@@ -48,6 +56,120 @@ absl::Status PeerRateLimiter::Take(const std::string& host, absl::Time now) {
 int64_t PeerRateLimiter::refused() const {
   absl::MutexLock lock(&mu_);
   return refused_;
+}
+
+struct StreamDeadlines::Entry {
+  grpc::CallbackServerContext* ctx;
+  std::string what;
+  std::string host;
+  absl::Time deadline;
+  absl::Duration total;
+  std::atomic<int64_t> last_ns;  // last progress, absl::ToUnixNanos
+  // Guarded by the owner's mu_: a cancellation was sent, and how many are
+  // being sent right now (the stream's OnDone waits for them).
+  bool cancel_sent = false;
+  int cancelling = 0;
+};
+
+StreamDeadlines::StreamDeadlines(absl::Duration idle, absl::Duration tick)
+    : idle_(idle), tick_(tick), thread_([this] { Run(); }) {}
+
+StreamDeadlines::~StreamDeadlines() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+std::unique_ptr<StreamDeadlines::Watched> StreamDeadlines::Watch(
+    grpc::CallbackServerContext* ctx, std::string what, absl::Duration total) {
+  auto e = std::make_shared<Entry>();
+  const absl::Time now = absl::Now();
+  e->ctx = ctx;
+  e->what = std::move(what);
+  e->host = PeerHost(ctx->peer());
+  e->total = total;
+  e->deadline = now + total;
+  e->last_ns.store(absl::ToUnixNanos(now));
+  {
+    absl::MutexLock lock(&mu_);
+    entries_[e.get()] = e;
+  }
+  return std::unique_ptr<Watched>(new Watched(this, std::move(e)));
+}
+
+int64_t StreamDeadlines::cancelled() const {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+void StreamDeadlines::Watched::Progress() {
+  entry_->last_ns.store(absl::ToUnixNanos(absl::Now()),
+                        std::memory_order_relaxed);
+}
+
+StreamDeadlines::Watched::~Watched() { owner_->Forget(entry_.get()); }
+
+void StreamDeadlines::Forget(Entry* e) {
+  absl::MutexLock lock(&mu_);
+  entries_.erase(e);
+  // A cancellation in flight still uses e->ctx; unless this is that
+  // cancellation, run inline by gRPC.
+  if (std::this_thread::get_id() == thread_.get_id()) return;
+  mu_.Await(absl::Condition(
+      +[](Entry* e) { return e->cancelling == 0; }, e));
+}
+
+void StreamDeadlines::Run() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), tick_);
+    if (stop_) return;
+    const absl::Time now = absl::Now();
+    std::vector<std::pair<std::shared_ptr<Entry>, std::string>> expired;
+    for (auto& [ptr, e] : entries_) {
+      if (e->cancel_sent) continue;
+      const absl::Time last =
+          absl::FromUnixNanos(e->last_ns.load(std::memory_order_relaxed));
+      std::string why;
+      if (now > e->deadline) {
+        why = absl::StrCat("ran past its ", absl::FormatDuration(e->total),
+                           " deadline");
+      } else if (now - last > idle_) {
+        why =
+            absl::StrCat("carried no message for ", absl::FormatDuration(idle_),
+                         " (--stream_idle_timeout)");
+      } else {
+        continue;
+      }
+      e->cancel_sent = true;
+      ++e->cancelling;
+      ++cancelled_;
+      expired.emplace_back(e, std::move(why));
+    }
+    if (expired.empty()) continue;
+    // TryCancel without the lock: the stream's reactor may end meanwhile,
+    // and its OnDone (Forget) waits for `cancelling` to drop.
+    mu_.Unlock();
+    for (auto& [e, why] : expired) {
+      int64_t unlogged = 0;
+      if (log_.ShouldLog(e->host, now, &unlogged)) {
+        LogEvent(LogLevel::kWarning, "stream_cancelled",
+                 absl::StrCat("cancelled a ", e->what, " stream from ", e->host,
+                              ": it ", why,
+                              unlogged > 0
+                                  ? absl::StrCat(" (and ", unlogged,
+                                                 " more since the last such "
+                                                 "line)")
+                                  : ""),
+                 {{"peer", e->host}});
+      }
+      e->ctx->TryCancel();
+    }
+    mu_.Lock();
+    for (auto& [e, why] : expired) --e->cancelling;
+  }
 }
 
 }  // namespace starling

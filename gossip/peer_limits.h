@@ -2,18 +2,26 @@
 // each peer host (--peer_rate_limit), refused with RESOURCE_EXHAUSTED, and a
 // log limiter that lets one line per host through per period, so that a
 // flood of bad calls never floods the log. Keyed by host, not host:port: a
-// peer cannot dodge its limit by opening new connections.
+// peer cannot dodge its limit by opening new connections. And deadlines for
+// server-side streams (StreamDeadlines), so that a slow-loris peer cannot
+// hold a stream, and the buffers behind it, open.
 // Thread-safe.
 #ifndef STARLING_GOSSIP_PEER_LIMITS_H_
 #define STARLING_GOSSIP_PEER_LIMITS_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+
+namespace grpc {
+class CallbackServerContext;
+}  // namespace grpc
 
 namespace starling {
 
@@ -55,6 +63,63 @@ class PeerRateLimiter {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Bucket> buckets_ ABSL_GUARDED_BY(mu_);
   int64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Cancels (ServerContext::TryCancel) a watched server-side stream that goes
+// `idle` without a message in either direction, or that runs past its own
+// total deadline. One thread checks every watched stream each `tick`; a
+// cancellation is logged at most once a minute per peer host.
+class StreamDeadlines {
+ public:
+  class Watched;
+
+  explicit StreamDeadlines(absl::Duration idle,
+                           absl::Duration tick = absl::Seconds(1));
+  // Stops the checking thread. Every Watched must be gone by then (shut the
+  // server down first).
+  ~StreamDeadlines();
+  StreamDeadlines(const StreamDeadlines&) = delete;
+  StreamDeadlines& operator=(const StreamDeadlines&) = delete;
+
+  // Watches the stream of `ctx` (named `what` in the log, e.g. "SendChunks")
+  // until the returned handle is destroyed, which the stream's reactor does
+  // in OnDone (the destructor waits for a cancellation in flight, so `ctx`
+  // outlives every use). `total` is the stream's own deadline.
+  std::unique_ptr<Watched> Watch(grpc::CallbackServerContext* ctx,
+                                 std::string what, absl::Duration total);
+
+  absl::Duration idle() const { return idle_; }
+  // Streams cancelled so far.
+  int64_t cancelled() const;
+
+ private:
+  struct Entry;
+  void Run();
+  void Forget(Entry* e);
+
+  const absl::Duration idle_;
+  const absl::Duration tick_;
+  PerHostLogLimiter log_{absl::Minutes(1)};
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<Entry*, std::shared_ptr<Entry>> entries_
+      ABSL_GUARDED_BY(mu_);
+  int64_t cancelled_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// One watched stream. Progress() on every message read or written.
+class StreamDeadlines::Watched {
+ public:
+  ~Watched();
+  void Progress();
+
+ private:
+  friend class StreamDeadlines;
+  Watched(StreamDeadlines* owner, std::shared_ptr<Entry> entry)
+      : owner_(owner), entry_(std::move(entry)) {}
+  StreamDeadlines* owner_;
+  std::shared_ptr<Entry> entry_;
 };
 
 }  // namespace starling

@@ -139,10 +139,12 @@ class Swarm::Service::StateWriter
     : public grpc::ServerWriteReactor<StateChunk> {
  public:
   StateWriter(std::shared_ptr<const StateBlob> blob, int64_t offset,
-              int64_t chunk_bytes)
+              int64_t chunk_bytes,
+              std::unique_ptr<StreamDeadlines::Watched> watch)
       : blob_(std::move(blob)),
         offset_(offset),
-        chunk_bytes_(std::max<int64_t>(1024, chunk_bytes)) {
+        chunk_bytes_(std::max<int64_t>(1024, chunk_bytes)),
+        watch_(std::move(watch)) {
     half_ = static_cast<int64_t>(blob_->bytes().size()) / 2;
     Next();
   }
@@ -151,6 +153,7 @@ class Swarm::Service::StateWriter
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
       return;
     }
+    watch_->Progress();
     offset_ += len_;
     if (offset_ >= half_ && !crashed_checked_) {
       crashed_checked_ = true;
@@ -158,7 +161,10 @@ class Swarm::Service::StateWriter
     }
     Next();
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    watch_.reset();  // waits out a cancellation in flight
+    delete this;
+  }
 
  private:
   void Next() {
@@ -188,6 +194,7 @@ class Swarm::Service::StateWriter
   const int64_t chunk_bytes_;
   int64_t len_ = 0;
   int64_t half_ = 0;
+  std::unique_ptr<StreamDeadlines::Watched> watch_;
   bool crashed_checked_ = false;
   StateChunk chunk_;
 };
@@ -227,20 +234,15 @@ grpc::ServerWriteReactor<StateChunk>* Swarm::Service::FetchState(
       req->offset() < static_cast<int64_t>(blob->bytes().size())) {
     offset = req->offset();
   }
-  return new StateWriter(std::move(blob), offset, swarm_->options_.chunk_bytes);
+  // The joiner resumes from where a cancelled transfer stopped.
+  return new StateWriter(
+      std::move(blob), offset, swarm_->options_.chunk_bytes,
+      swarm_->deadlines_->Watch(ctx, "FetchState", absl::Minutes(10)));
 }
 
-// One incoming push stream, as the gossip thread sees it to drop it when it
-// stalls: TryCancel is only called while the reactor has not finished
-// (OnDone waits until no cancel is in progress).
-struct Swarm::PushSlot {
-  absl::Mutex mu;
-  grpc::CallbackServerContext* ctx ABSL_GUARDED_BY(mu) = nullptr;
-  absl::Time started;
-  bool done ABSL_GUARDED_BY(mu) = false;
-  bool cancel_sent ABSL_GUARDED_BY(mu) = false;
-  int cancelling ABSL_GUARDED_BY(mu) = 0;
-};
+// One incoming push stream's place in the inbox (its identity in
+// receiving_).
+struct Swarm::PushSlot {};
 
 // Receives one push: checks every chunk as it arrives (PushAssembler), then
 // deposits the whole push in the inbox. Never blocks: the inbox place was
@@ -257,11 +259,6 @@ class Swarm::Service::PushReader : public grpc::ServerReadReactor<PushChunk> {
                        ? swarm->options_.push_codec->MaxEncodedBytes(
                              swarm->options_.push_elements)
                        : 0) {
-    {
-      absl::MutexLock lock(&slot_->mu);
-      slot_->ctx = ctx;
-    }
-    slot_->started = absl::Now();
     if (grpc::Status a = swarm->options_.credentials.Admit(ctx, "Push");
         !a.ok()) {
       End(a);
@@ -281,6 +278,9 @@ class Swarm::Service::PushReader : public grpc::ServerReadReactor<PushChunk> {
       return;
     }
     reserved_ = true;
+    // A push that stalls is cancelled, so no inbox place is held forever.
+    watch_ =
+        swarm_->deadlines_->Watch(ctx, "Push", swarm_->options_.push_timeout);
     StartRead(&chunk_);
   }
   void OnReadDone(bool ok) override {
@@ -305,6 +305,7 @@ class Swarm::Service::PushReader : public grpc::ServerReadReactor<PushChunk> {
       Finish(grpc::Status::OK);
       return;
     }
+    watch_->Progress();
     swarm_->push_received_ += static_cast<int64_t>(chunk_.ByteSizeLong());
     if (absl::Status s = assembler_.Add(chunk_); !s.ok()) {
       End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -314,14 +315,7 @@ class Swarm::Service::PushReader : public grpc::ServerReadReactor<PushChunk> {
     StartRead(&chunk_);
   }
   void OnDone() override {
-    {
-      absl::MutexLock lock(&slot_->mu);
-      slot_->done = true;
-      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot_->mu) {
-        return slot_->cancelling == 0;
-      };
-      slot_->mu.Await(absl::Condition(&idle));
-    }
+    watch_.reset();  // waits out a cancellation in flight
     if (reserved_) swarm_->EndPush(slot_, nullptr);
     delete this;
   }
@@ -341,6 +335,7 @@ class Swarm::Service::PushReader : public grpc::ServerReadReactor<PushChunk> {
   Swarm* swarm_;
   PushAck* ack_;
   std::shared_ptr<PushSlot> slot_;
+  std::unique_ptr<StreamDeadlines::Watched> watch_;
   PushAssembler assembler_;
   PushChunk chunk_;
   bool reserved_ = false;
@@ -416,6 +411,10 @@ absl::StatusOr<std::unique_ptr<Swarm>> Swarm::Start(
   to.extra_services = {s->service_.get()};
   to.links = options.links;
   to.credentials = options.credentials;
+  s->deadlines_ =
+      std::make_shared<StreamDeadlines>(options.stream_idle_timeout);
+  to.stream_deadlines = s->deadlines_;
+  to.chunk_stream_deadline = options.round_deadline + absl::Minutes(1);
   Swarm* self = s.get();
   to.blocked = [self](const std::string& address) {
     return self->Blocked(address);
@@ -726,31 +725,6 @@ std::vector<ReceivedPush> Swarm::TakePushes() {
   return out;
 }
 
-void Swarm::DropStalledPushes() {
-  std::vector<std::shared_ptr<PushSlot>> slots;
-  {
-    absl::MutexLock lock(&push_mu_);
-    slots = receiving_;
-  }
-  const absl::Time now = absl::Now();
-  for (const std::shared_ptr<PushSlot>& slot : slots) {
-    if (now - slot->started < options_.push_timeout) continue;
-    grpc::CallbackServerContext* ctx;
-    {
-      absl::MutexLock lock(&slot->mu);
-      if (slot->done || slot->cancel_sent) continue;
-      slot->cancel_sent = true;
-      ++slot->cancelling;
-      ctx = slot->ctx;
-    }
-    STARLING_LOG(WARNING) << "dropping a push stream that stalled for "
-                          << absl::FormatDuration(options_.push_timeout);
-    ctx->TryCancel();
-    absl::MutexLock lock(&slot->mu);
-    --slot->cancelling;
-  }
-}
-
 std::vector<std::string> Swarm::AlivePeers() const {
   std::vector<std::string> ids;
   for (const MemberEntry& e : membership_->Live()) {
@@ -980,7 +954,6 @@ void Swarm::GossipLoop() {
       coord_->cv.Signal();
     }
     CancelAttemptIfMembersGone();
-    DropStalledPushes();
     absl::SleepFor(options_.gossip_interval);
   }
 }

@@ -111,6 +111,11 @@ struct SwarmOptions {
   std::shared_ptr<LinkEmulator> links;
   // TLS or plaintext, for the server and every channel to a peer.
   PeerCredentials credentials = InsecurePeerCredentials();
+  // A server-side stream (tensor chunks, state transfer) that carries no
+  // message for this long is cancelled. Chunk streams may also run at most
+  // round_deadline plus a minute, a state transfer 10 minutes (the joiner
+  // resumes where it stopped), a push push_timeout.
+  absl::Duration stream_idle_timeout = absl::Seconds(60);
   // Called on the gossip thread, with no lock held, for every change of the
   // peer table.
   std::function<void(const MembershipChange&)> on_member_change;
@@ -242,7 +247,6 @@ class Swarm {
   void CoordinatorLoop();
   void ReadPartitionFile();
   void CancelAttemptIfMembersGone();
-  void DropStalledPushes();
   // Push handler: reserves an inbox place for a new stream (false when the
   // inbox is full), deposits a checked push or releases the place.
   bool ReservePush(std::shared_ptr<PushSlot> slot);
@@ -257,6 +261,7 @@ class Swarm {
       const std::string& address, const peer::v1::GossipRequest& req);
 
   const SwarmOptions options_;
+  std::shared_ptr<StreamDeadlines> deadlines_;  // outlives the server
   std::unique_ptr<Service> service_;
   std::unique_ptr<GrpcTransport> transport_;
   std::unique_ptr<Membership> membership_;

@@ -79,6 +79,12 @@ ABSL_FLAG(double, peer_rate_limit, 1000,
           "incoming calls per second each peer host may make (bursts of "
           "twice as many); beyond it calls are refused RESOURCE_EXHAUSTED "
           "and logged once a minute per host; 0 = no limit");
+ABSL_FLAG(double, stream_idle_timeout, 60,
+          "seconds an incoming stream (tensor chunks, pushes, state "
+          "transfer) may go without a message before this node cancels it, "
+          "so a slow-loris peer cannot hold it open; chunk streams also end "
+          "after the round's deadline, a state transfer after 10 minutes "
+          "(the joiner resumes)");
 ABSL_FLAG(std::string, run_id, "starling",
           "peers must share it; the handshake refuses others");
 ABSL_FLAG(std::string, algo, "diloco",
@@ -476,6 +482,7 @@ const std::vector<std::string>& NodeFlagNames() {
                                    "insecure",
                                    "join_token_file",
                                    "peer_rate_limit",
+                                   "stream_idle_timeout",
                                    "run_id",
                                    "algo",
                                    "inner_steps",
@@ -705,6 +712,7 @@ struct NodeRun {
   std::shared_ptr<LinkEmulator> links;
   // TLS (--tls_*) or plaintext (--insecure) for all peer traffic.
   PeerCredentials credentials;
+  absl::Duration stream_idle = absl::Seconds(60);  // --stream_idle_timeout
   // --aggregate and --norm_bound; robust: the all-gather path.
   AggregateSpec aggregate;
   double norm_bound = 0;
@@ -894,6 +902,7 @@ absl::StatusOr<SwarmOptions> SharedSwarmOptions(const NodeRun& run,
   so.found_after = absl::Seconds(found_after);
   so.links = run.links;
   so.credentials = run.credentials;
+  so.stream_idle_timeout = run.stream_idle;
   return so;
 }
 
@@ -2003,6 +2012,8 @@ int RunDdp(NodeRun& run) {
     to.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_round_timeout));
     to.links = run.links;
     to.credentials = run.credentials;
+    to.stream_idle_timeout = run.stream_idle;
+    to.chunk_stream_deadline = to.rpc_timeout + absl::Minutes(1);
     PeerIdentity id;
     id.run_id = absl::GetFlag(FLAGS_run_id);
     id.algo = "ddp";
@@ -2275,6 +2286,14 @@ int RunNodeCommand() {
     return Fail(c.status(), 2);
   } else {
     run.credentials = *std::move(c);
+  }
+  if (const double idle = absl::GetFlag(FLAGS_stream_idle_timeout);
+      !(idle > 0) || !std::isfinite(idle)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--stream_idle_timeout=", idle, ": must be > 0 seconds")),
+                2);
+  } else {
+    run.stream_idle = absl::Seconds(idle);
   }
   std::string log_node = absl::GetFlag(FLAGS_node_id);
   if (log_node.empty()) log_node = absl::GetFlag(FLAGS_listen);

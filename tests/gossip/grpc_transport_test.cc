@@ -42,12 +42,8 @@ struct Swarm {
   std::vector<std::string> members;
 };
 
-Swarm Start(int world, int64_t chunk_bytes = 1 << 20,
-            std::shared_ptr<JoinAuth> auth = nullptr) {
+Swarm Start(int world, const GrpcTransportOptions& o) {
   Swarm s;
-  GrpcTransportOptions o;
-  o.chunk_bytes = chunk_bytes;
-  o.credentials.join_auth = std::move(auth);
   for (int r = 0; r < world; ++r) {
     auto t = GrpcTransport::Start(o, Identity(world));
     EXPECT_TRUE(t.ok()) << t.status();
@@ -59,6 +55,14 @@ Swarm Start(int world, int64_t chunk_bytes = 1 << 20,
   });
   for (auto& n : s.nodes) s.members.push_back(n->address());
   return s;
+}
+
+Swarm Start(int world, int64_t chunk_bytes = 1 << 20,
+            std::shared_ptr<JoinAuth> auth = nullptr) {
+  GrpcTransportOptions o;
+  o.chunk_bytes = chunk_bytes;
+  o.credentials.join_auth = std::move(auth);
+  return Start(world, o);
 }
 
 void ConnectAll(Swarm& s) {
@@ -593,6 +597,93 @@ TEST_F(HostilePeerTest, BrokenChunkSequencesAreRefused) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("ended after 400"), std::string::npos)
       << s.error_message();
+}
+
+// Slow-loris peers: a chunk stream that goes quiet, or that trickles on past
+// its deadline, is cancelled by the server, which goes on serving.
+TEST(GrpcTransportTest, SlowLorisStreamsAreCancelled) {
+  GrpcTransportOptions o;
+  o.stream_idle_timeout = absl::Seconds(1);
+  o.chunk_stream_deadline = absl::Seconds(4);
+  Swarm s = Start(2, o);
+  ConnectAll(s);
+  auto stub = peer::v1::Peer::NewStub(
+      grpc::CreateChannel(s.members[1], grpc::InsecureChannelCredentials()));
+  const size_t seg = SegmentLength(kElems, 2, 0);
+  peer::v1::TensorChunk c;
+  c.set_run_id("test-run");
+  c.set_from_rank(0);
+  c.set_tensor("pseudo_grad");
+  c.set_phase(peer::v1::PHASE_REDUCE_SCATTER);
+  c.set_total_elements(kElems);
+  c.set_segment_bytes(static_cast<int64_t>(seg * 4));
+  c.set_data(std::string(400, '\0'));
+
+  // Opens a stream and goes quiet after the first chunk.
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(60));
+    peer::v1::SendAck ack;
+    const absl::Time start = absl::Now();
+    auto w = stub->SendChunks(&ctx, &ack);
+    ASSERT_TRUE(w->Write(c));
+    grpc::Status st = w->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::CANCELLED)
+        << st.error_message();
+    EXPECT_GE(absl::Now() - start, absl::Seconds(1));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  }
+  EXPECT_EQ(s.nodes[1]->stream_deadlines().cancelled(), 1);
+
+  // Trickles 4 bytes every 200 ms: never idle, but past the deadline.
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(60));
+    peer::v1::SendAck ack;
+    const absl::Time start = absl::Now();
+    auto w = stub->SendChunks(&ctx, &ack);
+    int64_t offset = 0;
+    bool cut = false;
+    for (int i = 0; i < 150 && !cut; ++i) {
+      c.set_offset(offset);
+      c.set_data(std::string(i == 0 ? 400 : 4, '\0'));
+      offset += static_cast<int64_t>(c.data().size());
+      cut = !w->Write(c);
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    EXPECT_TRUE(cut) << "the server never ended the trickling stream";
+    grpc::Status st = w->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::CANCELLED)
+        << st.error_message();
+    EXPECT_GE(absl::Now() - start, absl::Seconds(4));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  }
+  EXPECT_EQ(s.nodes[1]->stream_deadlines().cancelled(), 2);
+
+  // The next round runs as usual, and no honest stream was cancelled.
+  std::vector<std::vector<float>> v(2, std::vector<float>(kElems - 1));
+  for (int r = 0; r < 2; ++r) {
+    for (int64_t i = 0; i < kElems - 1; ++i) v[r][i] = 0.5f * i * (r + 1);
+    s.nodes[r]->mailbox().AdvanceRound(1);
+  }
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> st(2);
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      RingOptions ro;
+      ro.round = 1;
+      ro.step_timeout = absl::Seconds(20);
+      st[r] = RingWeightedAverage(*s.nodes[r], v[r], 1.0, ro);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(st[r].ok()) << st[r];
+  EXPECT_EQ(v[0], v[1]);
+  EXPECT_EQ(v[0][10], 0.5f * 10 * 1.5f);
+  EXPECT_EQ(s.nodes[0]->stream_deadlines().cancelled(), 0);
+  EXPECT_EQ(s.nodes[1]->stream_deadlines().cancelled(), 2);
 }
 
 }  // namespace
