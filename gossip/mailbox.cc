@@ -64,7 +64,7 @@ void AddFloats(float* dst, const char* src, int64_t n) {
 
 absl::Status Sink::Apply(int64_t offset, absl::string_view fp32) {
   const int64_t n = static_cast<int64_t>(fp32.size() / 4);
-  if (fp32.size() % 4 != 0 || offset < 0 || offset + n > elements()) {
+  if (fp32.size() % 4 != 0 || offset < 0 || offset > elements() - n) {
     return absl::InvalidArgumentError(absl::StrCat(
         fp32.size(), " bytes at element ", offset,
         " are not whole fp32 values inside the segment's ", elements()));

@@ -94,8 +94,20 @@ absl::Status OuterOptimizer::LoadState(const std::string& bytes) {
                                             " momentum values; this run needs ",
                                             momentum_.size()));
   }
+  std::vector<float> momentum(static_cast<size_t>(n));
+  std::memcpy(momentum.data(), bytes.data() + 16, static_cast<size_t>(n) * 4);
+  // A damaged checkpoint, or a hostile donor's state, must not poison the
+  // model through the momentum.
+  for (size_t i = 0; i < momentum.size(); ++i) {
+    if (!std::isfinite(momentum[i])) {
+      return absl::DataLossError(
+          absl::StrCat("outer optimizer state holds a non-finite momentum "
+                       "value (",
+                       momentum[i], ") at element ", i));
+    }
+  }
   steps_ = steps;
-  std::memcpy(momentum_.data(), bytes.data() + 16, static_cast<size_t>(n) * 4);
+  momentum_ = std::move(momentum);
   return absl::OkStatus();
 }
 

@@ -145,6 +145,9 @@ TEST(MailboxTest, AnExpectedSegmentIsAppliedStraightIntoTheValues) {
       << nan;
   EXPECT_TRUE(absl::IsInvalidArgument(sink->Apply(3, Floats({1, 1}))));
   EXPECT_TRUE(absl::IsInvalidArgument(sink->Apply(0, "abc")));
+  // An offset so large that offset + n would overflow.
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      sink->Apply(std::numeric_limits<int64_t>::max(), Floats({1, 1}))));
   ASSERT_TRUE(sink->Apply(2, Floats({4, 5})).ok());
   // The same message delivered whole as well is a duplicate.
   absl::Status dup = box.Deliver(Good());

@@ -3,6 +3,9 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
 
 #include "gtest/gtest.h"
 
@@ -60,6 +63,19 @@ TEST(OuterOptimizerTest, StateRoundTripsAndRejectsForeignState) {
   auto c = OuterOptimizer::Create({}, 5);
   EXPECT_TRUE(absl::IsDataLoss((*c)->LoadState((*a)->SaveState())));
   EXPECT_TRUE(absl::IsDataLoss((*c)->LoadState("xy")));
+  // A non-finite momentum value (a damaged file, a hostile donor) is
+  // refused, and the state loaded before stays.
+  std::string poisoned = (*a)->SaveState();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::memcpy(&poisoned[16 + 4 * 2], &inf, 4);
+  absl::Status s = (*b)->LoadState(poisoned);
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_NE(s.message().find("non-finite momentum value (inf) at element 2"),
+            std::string::npos)
+      << s;
+  ASSERT_TRUE((*b)->Step(absl::MakeSpan(t2), d).ok());
+  ASSERT_TRUE((*a)->Step(absl::MakeSpan(t1), d).ok());
+  EXPECT_EQ(t1, t2);
 }
 
 TEST(OuterOptimizerTest, BadOptionsNameTheFlag) {
