@@ -5,6 +5,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -985,10 +986,16 @@ int RunSimCommand() {
       (void)AppendLine(
           log, absl::StrCat("--- starling sim: restarting ", ids[i], " ---"));
     }
+    const pid_t sim_pid = ::getpid();
     pid_t pid = ::fork();
     if (pid < 0) return absl::InternalError("fork failed");
     if (pid == 0) {
       ::setpgid(0, 0);  // a terminal's Ctrl-C reaches only the sim
+      // A sim killed outright (it cannot stop its nodes) takes its nodes
+      // with it; each keeps its last checkpoint. Forks happen on the sim's
+      // main thread, whose exit is the sim's.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != sim_pid) _exit(127);
       int fd =
           ::open(log.c_str(),
                  O_WRONLY | O_CREAT | (restart ? O_APPEND : O_TRUNC), 0644);

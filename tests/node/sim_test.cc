@@ -125,6 +125,30 @@ TEST(SimTest, CtrlCStopsEveryNode) {
   EXPECT_NE(std::system(check.c_str()), 0) << "a node outlived the sim";
 }
 
+// A sim killed outright (kill -9, a crash) cannot stop its nodes: they go
+// with it, rather than run on, holding ports and writing into the run.
+TEST(SimTest, KilledSimTakesItsNodesWithIt) {
+  const std::string out = TempDir() + "/killed";
+  pid_t pid =
+      testing::SpawnStarling(absl::StrCat("sim --nodes=3 --steps=100000 ",
+                                          TinyFlags(), " --out=", out),
+                             out + ".err");
+  ASSERT_GT(pid, 0);
+  EXPECT_TRUE(testing::WaitForText(out + "/n2/events.jsonl",
+                                   "\"event\":\"round\"", absl::Seconds(60)));
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  const std::string check =
+      absl::StrCat("pgrep -f -- '[-]-out=", out, "/n' >/dev/null");
+  bool left = true;
+  for (int i = 0; i < 100 && left; ++i) {
+    left = std::system(check.c_str()) == 0;
+    if (left) absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_FALSE(left) << "a node outlived the killed sim";
+}
+
 // Interrupt a sim, resume it: the result is bit-identical to a run that was
 // never interrupted, and the byte accounting spans both sessions.
 TEST(SimTest, InterruptedThenResumedEqualsAStraightRun) {
