@@ -281,7 +281,8 @@ std::string FormatBytes(double bytes) {
     bytes /= 1000;
     ++u;
   }
-  return absl::StrFormat(u == 0 ? "%.0f %s" : "%.1f %s", bytes, units[u]);
+  return u == 0 ? absl::StrFormat("%.0f %s", bytes, units[u])
+                : absl::StrFormat("%.1f %s", bytes, units[u]);
 }
 
 }  // namespace starling

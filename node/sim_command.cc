@@ -658,7 +658,7 @@ absl::Status MergeOutputs(const MergeInput& in, const TrainConfig& config,
       absl::StrCat("Starling sim: ", absl::GetFlag(FLAGS_nodes), " nodes",
                    joiners > 0 ? absl::StrCat(" (+", joiners, " joining)") : "",
                    ", ", absl::GetFlag(FLAGS_algo));
-  auto num = [](const Value& v, const char* fmt) {
+  auto num = [](const Value& v, const absl::FormatSpec<double>& fmt) {
     return v.kind_case() == Value::kNumberValue
                ? absl::StrFormat(fmt, v.number_value())
                : std::string("-");
