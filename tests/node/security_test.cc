@@ -5,7 +5,8 @@
 // (--join_token_file): members that hold the token train together; a node
 // without it, one with a wrong token, a replayed call and a stale call are
 // all refused UNAUTHENTICATED while the swarm trains on, and the refusals
-// are logged once per peer host per minute.
+// are logged once per peer host per minute. A state transfer whose reader
+// stalls is cancelled.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -387,6 +388,50 @@ TEST_F(JoinTokenTest, AFloodIsRateLimitedAndTheNodeTrainsOn) {
   EXPECT_GE(lines, 1) << log0;
   EXPECT_LE(lines,
             1 + static_cast<int>(absl::ToInt64Minutes(absl::Now() - start)));
+}
+
+// A slow-loris joiner: it asks n0 for its state, reads one chunk and stops
+// reading. n0 cancels the transfer after --stream_idle_timeout and trains
+// on.
+TEST_F(SecurityTest, AStalledStateTransferIsCancelled) {
+  pid_t n0 = SpawnStarling(
+      absl::StrCat(Node("n0", 3000),
+                   " --insecure --stream_idle_timeout=1 --chunk_bytes=1024"),
+      Log("n0"));
+  const std::string address = ListenAddress(Log("n0"), absl::Seconds(60));
+  ASSERT_FALSE(address.empty()) << ReadFile(Log("n0")).value_or("");
+  ASSERT_TRUE(testing::WaitForText(dir_ + "/n0/events.jsonl",
+                                   "\"event\":\"round\"", absl::Seconds(60)));
+  // 1 KiB chunks and a small receive window, so that n0 has to wait for
+  // this reader.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 10);
+  auto stub = peer::v1::Swarm::NewStub(grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  peer::v1::StateRequest req;
+  req.set_run_id("tls");
+  req.set_from("loris");
+  auto reader = stub->FetchState(&ctx, req);
+  peer::v1::StateChunk chunk;
+  ASSERT_TRUE(reader->Read(&chunk));
+  const int64_t total = chunk.total_bytes();
+  int64_t got = static_cast<int64_t>(chunk.data().size());
+  ASSERT_LT(got, total) << "the state fits one chunk: nothing to stall";
+  absl::SleepFor(absl::Seconds(4));
+  while (reader->Read(&chunk)) got += static_cast<int64_t>(chunk.data().size());
+  const grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  EXPECT_LT(got, total);
+  EXPECT_EQ(WaitUntil(n0, absl::Now() + absl::Seconds(120)), 0)
+      << ReadFile(Log("n0")).value_or("");
+  EXPECT_NE(ReadFile(Log("n0")).value_or("").find(
+                "cancelled a FetchState stream from 127.0.0.1: it carried no "
+                "message for 1s"),
+            std::string::npos)
+      << ReadFile(Log("n0")).value_or("");
 }
 
 }  // namespace
