@@ -107,43 +107,48 @@ TEST(SimTest, AFailingNodeStopsTheSimAndIsNamed) {
   EXPECT_NE(r.err.find("node.log"), std::string::npos) << r.err;
 }
 
-TEST(SimTest, CtrlCStopsEveryNode) {
-  const std::string out = TempDir() + "/interrupted";
+// Starts a 3-node sim that would run for long into `out` and waits for its
+// first round.
+pid_t StartLongSim(const std::string& out) {
   pid_t pid =
       testing::SpawnStarling(absl::StrCat("sim --nodes=3 --steps=100000 ",
                                           TinyFlags(), " --out=", out),
                              out + ".err");
-  ASSERT_GT(pid, 0);
+  EXPECT_GT(pid, 0);
   EXPECT_TRUE(testing::WaitForText(out + "/n2/events.jsonl",
                                    "\"event\":\"round\"", absl::Seconds(60)));
+  return pid;
+}
+
+// Whether a node process of the sim writing into `out` is running.
+// "[-]" keeps the pattern from matching the shell that runs pgrep.
+bool NodesRunning(const std::string& out) {
+  const std::string check =
+      absl::StrCat("pgrep -f -- '[-]-out=", out, "/n' >/dev/null");
+  return std::system(check.c_str()) == 0;
+}
+
+TEST(SimTest, CtrlCStopsEveryNode) {
+  const std::string out = TempDir() + "/interrupted";
+  pid_t pid = StartLongSim(out);
+  ASSERT_GT(pid, 0);
   EXPECT_EQ(testing::InterruptAndWait(pid), 1);
   EXPECT_NE(ReadFile(out + ".err")->find("interrupted"), std::string::npos);
-  // No node process of this sim is left.
-  // "[-]" keeps the pattern from matching the shell that runs pgrep.
-  std::string check =
-      absl::StrCat("pgrep -f -- '[-]-out=", out, "/n' >/dev/null");
-  EXPECT_NE(std::system(check.c_str()), 0) << "a node outlived the sim";
+  EXPECT_FALSE(NodesRunning(out)) << "a node outlived the sim";
 }
 
 // A sim killed outright (kill -9, a crash) cannot stop its nodes: they go
 // with it, rather than run on, holding ports and writing into the run.
 TEST(SimTest, KilledSimTakesItsNodesWithIt) {
   const std::string out = TempDir() + "/killed";
-  pid_t pid =
-      testing::SpawnStarling(absl::StrCat("sim --nodes=3 --steps=100000 ",
-                                          TinyFlags(), " --out=", out),
-                             out + ".err");
+  pid_t pid = StartLongSim(out);
   ASSERT_GT(pid, 0);
-  EXPECT_TRUE(testing::WaitForText(out + "/n2/events.jsonl",
-                                   "\"event\":\"round\"", absl::Seconds(60)));
   ASSERT_EQ(::kill(pid, SIGKILL), 0);
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  const std::string check =
-      absl::StrCat("pgrep -f -- '[-]-out=", out, "/n' >/dev/null");
   bool left = true;
   for (int i = 0; i < 100 && left; ++i) {
-    left = std::system(check.c_str()) == 0;
+    left = NodesRunning(out);
     if (left) absl::SleepFor(absl::Milliseconds(100));
   }
   EXPECT_FALSE(left) << "a node outlived the killed sim";
