@@ -537,6 +537,15 @@ class GrpcTransport::Service final
             "message from rank ", m_.from,
             ": a chunk's header changed in the middle of a stream"));
       }
+      // Every chunk but the last carries at least kMinChunkBytes (senders
+      // use chunk_bytes >= 1 KiB): a flood of tiny or empty chunks is
+      // refused, so a message takes a bounded number of chunks.
+      if (++chunks_ > expected_bytes_ / kMinChunkBytes + 2) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "message from rank ", m_.from, ": ", chunks_, " chunks for ",
+            expected_bytes_, " bytes; at most ", chunks_ - 1, " (one per ",
+            kMinChunkBytes, " bytes, plus 2)"));
+      }
       if (chunk_.offset() != received_ ||
           received_ + data_len > expected_bytes_) {
         return absl::InvalidArgumentError(
@@ -609,6 +618,7 @@ class GrpcTransport::Service final
     bool may_claim_ = false;  // see CheckHeader
     int64_t expected_bytes_ = 0;
     int64_t received_ = 0;  // payload bytes so far
+    int64_t chunks_ = 0;    // chunks so far
     // Set when the collective's values take the chunks (see Mailbox::Expect).
     std::shared_ptr<Sink> sink_;
     int64_t applied_ = 0;  // values applied to sink_ so far
@@ -638,6 +648,7 @@ class GrpcTransport::Service final
 
  private:
   static constexpr int64_t kEarlyWindow = 4096;  // attempts
+  static constexpr int64_t kMinChunkBytes = 256;
   static constexpr int64_t kEarlyBytes = int64_t{1} << 30;
 
   const PeerIdentity identity_;

@@ -592,6 +592,17 @@ TEST_F(HostilePeerTest, BrokenChunkSequencesAreRefused) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("does not continue"), std::string::npos)
       << s.error_message();
+  // A flood of empty chunks: a message takes a bounded number of chunks.
+  std::vector<peer::v1::TensorChunk> flood = {first};
+  auto empty = Chunk(seg);
+  empty.set_offset(400);
+  empty.clear_data();
+  flood.resize(1000, empty);
+  s = Send(flood);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("26 chunks for 6004 bytes; at most 25"),
+            std::string::npos)
+      << s.error_message();
   // A stream that ends early.
   s = Send({first});
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -636,7 +647,7 @@ TEST(GrpcTransportTest, SlowLorisStreamsAreCancelled) {
   }
   EXPECT_EQ(s.nodes[1]->stream_deadlines().cancelled(), 1);
 
-  // Trickles 4 bytes every 200 ms: never idle, but past the deadline.
+  // Trickles 4 bytes every 300 ms: never idle, but past the deadline.
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
@@ -651,7 +662,7 @@ TEST(GrpcTransportTest, SlowLorisStreamsAreCancelled) {
       c.set_data(std::string(i == 0 ? 400 : 4, '\0'));
       offset += static_cast<int64_t>(c.data().size());
       cut = !w->Write(c);
-      absl::SleepFor(absl::Milliseconds(200));
+      absl::SleepFor(absl::Milliseconds(300));
     }
     EXPECT_TRUE(cut) << "the server never ended the trickling stream";
     grpc::Status st = w->Finish();
