@@ -392,6 +392,10 @@ TEST(NodeTest, BadNodeFlagsExitTwo) {
            {"node --insecure --norm_bound=0.5", "--norm_bound=0.5"},
            {"node --insecure --aggregate=median --algo=gossip", "--aggregate"},
            {"node --insecure --test_poison=nan", "--test_poison=nan"},
+           {"node --insecure --stream_idle_timeout=0",
+            "--stream_idle_timeout=0"},
+           {"node --insecure --stream_idle_timeout=-1",
+            "--stream_idle_timeout=-1"},
            {"sim --poison=n9:nan@1-2", "--poison="}}) {
     auto r = RunStarling(args + " --out=" + TempDir() + "/x");
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
