@@ -188,16 +188,9 @@ grpc::Status JoinAuth::Admit(grpc::CallbackServerContext* ctx,
   absl::Status s = Verify(header, method, now);
   if (s.ok()) return grpc::Status::OK;
   const std::string host = PeerHost(ctx->peer());
-  int64_t unlogged = 0;
-  if (ShouldLog(host, now, &unlogged)) {
-    std::string msg = absl::StrCat("refused an unauthenticated ", method,
-                                   " call from ", host, ": ", s.message());
-    if (unlogged > 0) {
-      absl::StrAppend(&msg, " (and ", unlogged,
-                      " more from that host since the last such line)");
-    }
-    LogEvent(LogLevel::kWarning, "unauthenticated", msg, {{"peer", host}});
-  }
+  log_.Warn(host, now, "unauthenticated",
+            absl::StrCat("refused an unauthenticated ", method, " call from ",
+                         host, ": ", s.message()));
   return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                       std::string(s.message()));
 }

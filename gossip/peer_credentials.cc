@@ -216,16 +216,8 @@ grpc::Status PeerCredentials::Admit(grpc::CallbackServerContext* ctx,
     const std::string host = PeerHost(ctx->peer());
     const absl::Time now = absl::Now();
     if (absl::Status s = rate_limit->Take(host, now); !s.ok()) {
-      int64_t unlogged = 0;
-      if (log->ShouldLog(host, now, &unlogged)) {
-        LogEvent(LogLevel::kWarning, "rate_limited",
-                 absl::StrCat("refused a ", method, " call: ", s.message(),
-                              unlogged > 0 ? absl::StrCat(" (and ", unlogged,
-                                                          " more since the "
-                                                          "last such line)")
-                                           : ""),
-                 {{"peer", host}});
-      }
+      log->Warn(host, now, "rate_limited",
+                absl::StrCat("refused a ", method, " call: ", s.message()));
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                           std::string(s.message()));
     }

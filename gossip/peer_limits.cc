@@ -28,6 +28,17 @@ bool PerHostLogLimiter::ShouldLog(const std::string& host, absl::Time now,
   return true;
 }
 
+void PerHostLogLimiter::Warn(const std::string& host, absl::Time now,
+                             absl::string_view event, std::string message) {
+  int64_t unlogged = 0;
+  if (!ShouldLog(host, now, &unlogged)) return;
+  if (unlogged > 0) {
+    absl::StrAppend(&message, " (and ", unlogged,
+                    " more from that host since the last such line)");
+  }
+  LogEvent(LogLevel::kWarning, event, message, {{"peer", host}});
+}
+
 PeerRateLimiter::PeerRateLimiter(double per_second, double burst)
     : per_second_(per_second), burst_(std::max(1.0, burst)) {}
 
@@ -153,18 +164,9 @@ void StreamDeadlines::Run() {
     // and its OnDone (Forget) waits for `cancelling` to drop.
     mu_.Unlock();
     for (auto& [e, why] : expired) {
-      int64_t unlogged = 0;
-      if (log_.ShouldLog(e->host, now, &unlogged)) {
-        LogEvent(LogLevel::kWarning, "stream_cancelled",
-                 absl::StrCat("cancelled a ", e->what, " stream from ", e->host,
-                              ": it ", why,
-                              unlogged > 0
-                                  ? absl::StrCat(" (and ", unlogged,
-                                                 " more since the last such "
-                                                 "line)")
-                                  : ""),
-                 {{"peer", e->host}});
-      }
+      log_.Warn(e->host, now, "stream_cancelled",
+                absl::StrCat("cancelled a ", e->what, " stream from ", e->host,
+                             ": it ", why));
       e->ctx->TryCancel();
     }
     mu_.Lock();

@@ -16,6 +16,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -33,6 +34,10 @@ class PerHostLogLimiter {
   // `*unlogged` is how many events of that host since the last logged one
   // were not.
   bool ShouldLog(const std::string& host, absl::Time now, int64_t* unlogged);
+  // Logs warning `event` with `message` about `host` when ShouldLog says
+  // so, adding how many such events of that host went unlogged.
+  void Warn(const std::string& host, absl::Time now, absl::string_view event,
+            std::string message);
 
  private:
   struct State {

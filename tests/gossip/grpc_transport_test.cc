@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -630,47 +631,50 @@ TEST(GrpcTransportTest, SlowLorisStreamsAreCancelled) {
   c.set_segment_bytes(static_cast<int64_t>(seg * 4));
   c.set_data(std::string(400, '\0'));
 
+  // Streams chunks with `write` (which returns once the server has cut
+  // the stream, or gives up) and expects the server to cancel the stream
+  // no sooner than `after`.
+  auto expect_cancelled =
+      [&](const std::function<void(grpc::ClientWriter<peer::v1::TensorChunk>*)>&
+              write,
+          absl::Duration after) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(60));
+        peer::v1::SendAck ack;
+        const absl::Time start = absl::Now();
+        auto w = stub->SendChunks(&ctx, &ack);
+        write(w.get());
+        grpc::Status st = w->Finish();
+        EXPECT_EQ(st.error_code(), grpc::StatusCode::CANCELLED)
+            << st.error_message();
+        EXPECT_GE(absl::Now() - start, after);
+        EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+      };
+
   // Opens a stream and goes quiet after the first chunk.
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(60));
-    peer::v1::SendAck ack;
-    const absl::Time start = absl::Now();
-    auto w = stub->SendChunks(&ctx, &ack);
-    ASSERT_TRUE(w->Write(c));
-    grpc::Status st = w->Finish();
-    EXPECT_EQ(st.error_code(), grpc::StatusCode::CANCELLED)
-        << st.error_message();
-    EXPECT_GE(absl::Now() - start, absl::Seconds(1));
-    EXPECT_LT(absl::Now() - start, absl::Seconds(30));
-  }
+  expect_cancelled(
+      [&](grpc::ClientWriter<peer::v1::TensorChunk>* w) {
+        EXPECT_TRUE(w->Write(c));
+      },
+      absl::Seconds(1));
   EXPECT_EQ(s.nodes[1]->stream_deadlines().cancelled(), 1);
 
   // Trickles 4 bytes every 300 ms: never idle, but past the deadline.
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(60));
-    peer::v1::SendAck ack;
-    const absl::Time start = absl::Now();
-    auto w = stub->SendChunks(&ctx, &ack);
-    int64_t offset = 0;
-    bool cut = false;
-    for (int i = 0; i < 150 && !cut; ++i) {
-      c.set_offset(offset);
-      c.set_data(std::string(i == 0 ? 400 : 4, '\0'));
-      offset += static_cast<int64_t>(c.data().size());
-      cut = !w->Write(c);
-      absl::SleepFor(absl::Milliseconds(300));
-    }
-    EXPECT_TRUE(cut) << "the server never ended the trickling stream";
-    grpc::Status st = w->Finish();
-    EXPECT_EQ(st.error_code(), grpc::StatusCode::CANCELLED)
-        << st.error_message();
-    EXPECT_GE(absl::Now() - start, absl::Seconds(4));
-    EXPECT_LT(absl::Now() - start, absl::Seconds(30));
-  }
+  expect_cancelled(
+      [&](grpc::ClientWriter<peer::v1::TensorChunk>* w) {
+        int64_t offset = 0;
+        bool cut = false;
+        for (int i = 0; i < 150 && !cut; ++i) {
+          c.set_offset(offset);
+          c.set_data(std::string(i == 0 ? 400 : 4, '\0'));
+          offset += static_cast<int64_t>(c.data().size());
+          cut = !w->Write(c);
+          absl::SleepFor(absl::Milliseconds(300));
+        }
+        EXPECT_TRUE(cut) << "the server never ended the trickling stream";
+      },
+      absl::Seconds(4));
   EXPECT_EQ(s.nodes[1]->stream_deadlines().cancelled(), 2);
 
   // The next round runs as usual, and no honest stream was cancelled.
