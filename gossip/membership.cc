@@ -168,7 +168,11 @@ void Membership::RequestEarlySync(int64_t round) {
 
 void Membership::Leave() {
   absl::MutexLock lock(&mu_);
-  SelfLocked().entry.set_state(peer::v1::MEMBER_LEFT);
+  MemberEntry& self = SelfLocked().entry;
+  self.set_state(peer::v1::MEMBER_LEFT);
+  // A fresher heartbeat, so that the LEFT entry also carries this node's
+  // last progress (round, joining) to peers that have not heard it yet.
+  self.set_heartbeat(self.heartbeat() + 1);
 }
 
 absl::Status Membership::Merge(const std::vector<MemberEntry>& entries,

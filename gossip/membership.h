@@ -79,7 +79,8 @@ class Membership {
   // MemberEntry.early_sync.
   void RequestEarlySync(int64_t round);
 
-  // Marks this node LEFT (graceful goodbye); Snapshot() then carries it.
+  // Marks this node LEFT (graceful goodbye) with a fresher heartbeat, so
+  // that the entry carries its last progress too; Snapshot() then has it.
   void Leave();
 
   // Merges entries received by gossip (or in a join answer) at local time

@@ -613,23 +613,38 @@ absl::Status Swarm::JoinSwarm(absl::Time deadline) {
 
 absl::Status Swarm::WaitForMembers(int n, absl::Time deadline) {
   while (true) {
-    std::vector<MemberEntry> live = membership_->Live();
-    if (static_cast<int>(live.size()) >= n) return absl::OkStatus();
+    // Counted: this node, and every member that is ready (its JoinSwarm
+    // returned: not joining) and live or already LEFT. Not a member still
+    // joining: the others could count it, train and leave while it is in
+    // JoinSwarm, and it would then wait for them in vain. Not a member that
+    // left while joining or died. Counting a ready member that left keeps
+    // the barrier one-way: one that saw the others, trained and left before
+    // they saw it ready still lets them start.
+    int ready = 0;
+    for (const MemberEntry& e : membership_->Snapshot()) {
+      const bool counted = IsLive(e) || e.state() == peer::v1::MEMBER_LEFT;
+      if (e.id() == options_.node_id || (counted && !e.joining())) ++ready;
+    }
+    if (ready >= n) return absl::OkStatus();
     if (absl::Now() >= deadline || stopping_.load()) {
       // Every member this node knows of, with its state and address: a
       // member declared dead, or one whose address is this node's own (two
       // servers sharing a port), tells what went wrong.
       std::vector<std::string> alive, others;
       for (const MemberEntry& e : membership_->Snapshot()) {
-        std::string line = absl::StrCat(e.id(), " ", MemberStateName(e.state()),
-                                        " at ", e.address());
+        std::string line =
+            absl::StrCat(e.id(), " ", MemberStateName(e.state()),
+                         e.joining() && e.id() != options_.node_id && IsLive(e)
+                             ? " (still joining)"
+                             : "",
+                         " at ", e.address());
         (IsLive(e) ? alive : others).push_back(std::move(line));
       }
-      return absl::DeadlineExceededError(
-          absl::StrCat("waited for ", n, " members but only ", alive.size(),
-                       " are alive or suspect (", absl::StrJoin(alive, ", "),
-                       "); also known: ",
-                       others.empty() ? "none" : absl::StrJoin(others, ", ")));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "waited for ", n, " members but only ", ready,
+          " are ready (alive or suspect: ", absl::StrJoin(alive, ", "),
+          "); also known: ",
+          others.empty() ? "none" : absl::StrJoin(others, ", ")));
     }
     absl::SleepFor(absl::Milliseconds(50));
   }

@@ -139,7 +139,10 @@ class Swarm {
   // ...); Unavailable when none answered in time.
   absl::Status JoinSwarm(absl::Time deadline);
 
-  // Waits until at least `n` members (this one included) are live.
+  // Waits until at least `n` members (this one included) are ready: not
+  // joining (a node counts for the others only once its JoinSwarm returned
+  // and it said so with SetProgress) and live, or LEFT after being ready (a
+  // fast member may train and leave before a slow one sees it ready).
   // DeadlineExceeded saying who is known.
   absl::Status WaitForMembers(int n, absl::Time deadline);
 

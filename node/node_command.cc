@@ -1697,7 +1697,6 @@ int RunGossip(NodeRun& run) {
   auto bytes_sent = [&] { return run.prior[0] + swarm.bytes_sent(); };
   auto bytes_received = [&] { return run.prior[1] + swarm.bytes_received(); };
   auto log_changes = [&] { changes.Log(events); };
-  swarm.SetProgress(0, "", /*joining=*/false);
   STARLING_LOG(INFO) << node_id << " (gossip, push-sum) listening on "
                      << swarm.address() << ", "
                      << trainer.model().Architecture() << ", " << run.n_params
@@ -1710,6 +1709,10 @@ int RunGossip(NodeRun& run) {
     events.Write("error", JsonObject().Add("message", s.message()));
     return Fail(s, absl::IsFailedPrecondition(s) ? 2 : 1);
   }
+  // Only now do the others count this node towards --min_members: counted
+  // earlier (they hear of it from its first gossip), they could train and
+  // leave while it is still in JoinSwarm, and it would wait for them in vain.
+  swarm.SetProgress(0, "", /*joining=*/false);
   if (absl::Status s = swarm.WaitForMembers(min_members, absl::Now() + connect);
       !s.ok()) {
     return Fail(s, 1);
