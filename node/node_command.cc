@@ -148,8 +148,9 @@ ABSL_FLAG(std::string, node_id, "",
           "diloco: this node's id in the swarm, unique and stable across "
           "restarts (default: the --listen address)");
 ABSL_FLAG(int, min_members, 1,
-          "diloco: wait (up to --connect_timeout) until this many members "
-          "are known before the first round");
+          "diloco and gossip: wait (up to --connect_timeout) until this "
+          "many members (this one included) have joined, before the first "
+          "step; one that joined and has since left still counts");
 ABSL_FLAG(double, suspect_timeout, 3,
           "diloco: seconds without a heartbeat before a member is suspected; "
           "as long again and it is declared dead");
