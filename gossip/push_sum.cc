@@ -5,19 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "gossip/mailbox.h"
 
 namespace starling {
-namespace {
-
-// Index of the first non-finite value, or -1.
-int64_t FirstNonFinite(absl::Span<const float> v) {
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (!std::isfinite(v[i])) return static_cast<int64_t>(i);
-  }
-  return -1;
-}
-
-}  // namespace
 
 absl::StatusOr<PushShare> PushSum::Share(absl::Span<float> y,
                                          const Codec* codec,

@@ -162,14 +162,12 @@ absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
                                    ": ")),
               prev);
         }
-        for (size_t i = 0; i < dst.size(); ++i) {
-          if (!std::isfinite(dst[i])) {
-            return BlameRank(
-                absl::InvalidArgumentError(absl::StrCat(
-                    "round ", o.round, ": rank ", prev,
-                    " sent a segment that decodes to non-finite values")),
-                prev);
-          }
+        if (FirstNonFinite(dst) >= 0) {
+          return BlameRank(
+              absl::InvalidArgumentError(absl::StrCat(
+                  "round ", o.round, ": rank ", prev,
+                  " sent a segment that decodes to non-finite values")),
+              prev);
         }
         forward = std::move(in->payload);
       } else if (!in->applied) {

@@ -144,6 +144,44 @@ TEST(RingCompressionTest, Int8RingIsBitIdenticalAndCloseToTheAverage) {
   EXPECT_LT(max_err, 0.1);
 }
 
+// A compressed partial sum that overflows to Inf is refused by the member
+// that decodes it, blaming the sender, and leaves the values unchanged.
+TEST(RingCompressionTest, ASumThatDecodesToInfIsRefusedAndBlamesTheSender) {
+  const int world = 3, size = 3000;
+  PolicyOptions po;
+  po.main = "int8";
+  po.trailing_fp32 = 1;
+  auto codec = PolicyCodec::Create({size}, po);
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  MailboxOptions mo;
+  mo.tensors = {{"pseudo_grad", size + 1}};
+  mo.compressed_bytes_per_element = {{"pseudo_grad", 8}};
+  InProcessNetwork net(world, mo);
+  // Finite, but any two of them add up to Inf.
+  const std::vector<float> big(size, 3e38f);
+  std::vector<std::vector<float>> out(world, big);
+  std::vector<absl::Status> st(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      RingOptions o;
+      o.codec = codec->get();
+      o.step_timeout = absl::Seconds(5);
+      st[r] = RingWeightedAverage(net.transport(r), out[r], 1.0, o);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    // Every member adds its first incoming segment to its own: all fail.
+    EXPECT_TRUE(absl::IsInvalidArgument(st[r])) << r << ": " << st[r];
+    EXPECT_NE(st[r].message().find("decodes to non-finite values"),
+              std::string::npos)
+        << st[r];
+    EXPECT_EQ(BlamedRank(st[r]), (r + world - 1) % world) << st[r];
+    EXPECT_EQ(out[r], big) << r;
+  }
+}
+
 TEST(RingFailureTest, MissingPeerTimesOutAndLeavesValuesUnchanged) {
   MailboxOptions mo;
   mo.tensors = {{"pseudo_grad", 11}};
