@@ -97,38 +97,52 @@ TEST(RingDeterminismTest, SameInputsSameBytes) {
   EXPECT_EQ(std::memcmp(x[3].data(), y[3].data(), size * 4), 0);
 }
 
-// With a lossy codec the members still end bit-identical (owners quantize
-// once, the all-gather forwards bytes unchanged) and close to the average.
-TEST(RingCompressionTest, Int8RingIsBitIdenticalAndCloseToTheAverage) {
-  const int world = 4, size = 10000;
+// RingWeightedAverage with int8 segments (weight in fp32) on one rank per
+// input vector, as threads; every rank's result, status and byte counts.
+std::vector<std::vector<float>> RunInt8Ranks(
+    const std::vector<std::vector<float>>& inputs, double weight,
+    std::vector<absl::Status>* st, std::vector<RingStats>* stats) {
+  const int world = static_cast<int>(inputs.size());
+  const int64_t size = static_cast<int64_t>(inputs[0].size());
   PolicyOptions po;
   po.main = "int8";
   po.trailing_fp32 = 1;
   auto codec = PolicyCodec::Create({size}, po);
-  ASSERT_TRUE(codec.ok()) << codec.status();
+  stats->assign(world, RingStats());
+  st->assign(world, codec.status());
+  if (!codec.ok()) return inputs;
   MailboxOptions mo;
   mo.tensors = {{"pseudo_grad", size + 1}};
   mo.compressed_bytes_per_element = {{"pseudo_grad", 8}};
   InProcessNetwork net(world, mo);
+  std::vector<std::vector<float>> out = inputs;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      RingOptions o;
+      o.codec = codec->get();
+      o.stats = &(*stats)[r];
+      o.step_timeout = absl::Seconds(20);
+      (*st)[r] = RingWeightedAverage(net.transport(r), out[r], weight, o);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+// With a lossy codec the members still end bit-identical (owners quantize
+// once, the all-gather forwards bytes unchanged) and close to the average.
+TEST(RingCompressionTest, Int8RingIsBitIdenticalAndCloseToTheAverage) {
+  const int world = 4, size = 10000;
   std::vector<std::vector<float>> v(world, std::vector<float>(size));
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (auto& x : v) {
     for (float& f : x) f = normal(rng);
   }
-  std::vector<std::vector<float>> out = v;
-  std::vector<RingStats> stats(world);
-  std::vector<absl::Status> st(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      RingOptions o;
-      o.codec = codec->get();
-      o.stats = &stats[r];
-      st[r] = RingWeightedAverage(net.transport(r), out[r], 10.0, o);
-    });
-  }
-  for (auto& t : threads) t.join();
+  std::vector<RingStats> stats;
+  std::vector<absl::Status> st;
+  std::vector<std::vector<float>> out = RunInt8Ranks(v, 10.0, &st, &stats);
   for (int r = 0; r < world; ++r) {
     ASSERT_TRUE(st[r].ok()) << st[r];
     EXPECT_EQ(std::memcmp(out[r].data(), out[0].data(), size * 4), 0) << r;
@@ -148,29 +162,12 @@ TEST(RingCompressionTest, Int8RingIsBitIdenticalAndCloseToTheAverage) {
 // that decodes it, blaming the sender, and leaves the values unchanged.
 TEST(RingCompressionTest, ASumThatDecodesToInfIsRefusedAndBlamesTheSender) {
   const int world = 3, size = 3000;
-  PolicyOptions po;
-  po.main = "int8";
-  po.trailing_fp32 = 1;
-  auto codec = PolicyCodec::Create({size}, po);
-  ASSERT_TRUE(codec.ok()) << codec.status();
-  MailboxOptions mo;
-  mo.tensors = {{"pseudo_grad", size + 1}};
-  mo.compressed_bytes_per_element = {{"pseudo_grad", 8}};
-  InProcessNetwork net(world, mo);
   // Finite, but any two of them add up to Inf.
   const std::vector<float> big(size, 3e38f);
-  std::vector<std::vector<float>> out(world, big);
-  std::vector<absl::Status> st(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      RingOptions o;
-      o.codec = codec->get();
-      o.step_timeout = absl::Seconds(5);
-      st[r] = RingWeightedAverage(net.transport(r), out[r], 1.0, o);
-    });
-  }
-  for (auto& t : threads) t.join();
+  std::vector<RingStats> stats;
+  std::vector<absl::Status> st;
+  std::vector<std::vector<float>> out = RunInt8Ranks(
+      std::vector<std::vector<float>>(world, big), 1.0, &st, &stats);
   for (int r = 0; r < world; ++r) {
     // Every member adds its first incoming segment to its own: all fail.
     EXPECT_TRUE(absl::IsInvalidArgument(st[r])) << r << ": " << st[r];
