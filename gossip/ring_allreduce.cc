@@ -1,6 +1,5 @@
 #include "gossip/ring_allreduce.h"
 
-#include <cmath>
 #include <cstring>
 #include <memory>
 #include <thread>
