@@ -65,10 +65,7 @@ TEST(FirstNonFiniteTest, FindsTheFirstNaNOrInfAtAnyPositionAndSize) {
   for (size_t n : {0, 1, 15, 16, 17, 1023, 1024, 1025, 2048, 3001}) {
     std::vector<float> v(n);
     for (size_t i = 0; i < n; ++i) v[i] = kFinite[i % 6];
-    auto scan = [&] {
-      return FirstNonFinite(absl::string_view(
-          reinterpret_cast<const char*>(v.data()), v.size() * 4));
-    };
+    auto scan = [&] { return FirstNonFinite(absl::MakeConstSpan(v)); };
     EXPECT_EQ(scan(), -1) << n;
     for (size_t pos : {size_t{0}, n / 2, n - 1, size_t{1023}, size_t{1024},
                        size_t{1040}, n - n % 16}) {
