@@ -29,7 +29,7 @@ absl::Status ArmCrashPoint(const std::string& spec) {
     }
   }
   for (const char* known :
-       {"ready", "send", "reduce", "all_gather", "donate", "commit",
+       {"ready", "send", "reduce", "all_gather", "done", "donate", "commit",
         "commit_partial", "corrupt_state", "push_mid_stream"}) {
     if (point == known) {
       g_point = new std::string(point);
@@ -40,7 +40,7 @@ absl::Status ArmCrashPoint(const std::string& spec) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "crash point '", spec,
-      "': expected ready, send, reduce, all_gather, donate, commit, "
+      "': expected ready, send, reduce, all_gather, done, donate, commit, "
       "commit_partial, push_mid_stream or corrupt_state"));
 }
 

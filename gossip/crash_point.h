@@ -1,6 +1,7 @@
 // Test-only fault injection: integration tests make a node kill itself with
 // SIGKILL at a named point of the protocol (e.g. "send", "reduce",
-// "all_gather", "ready", "donate", "commit" (a coordinator before it tells
+// "all_gather", "ready", "done" (a member whose all-reduce finished, before
+// it reports so), "donate", "commit" (a coordinator before it tells
 // anyone to commit), "commit_partial" (a coordinator that told one other
 // member); "push_mid_stream" in gossip mode, where the "round" is the
 // push's number), optionally only in a given round, to check that the

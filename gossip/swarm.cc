@@ -361,6 +361,7 @@ struct Swarm::Coordinator {
   bool replan_now ABSL_GUARDED_BY(mu) = false;
   std::vector<std::string> plan ABSL_GUARDED_BY(mu);
   std::vector<std::string> plan_addresses ABSL_GUARDED_BY(mu);
+  std::vector<int64_t> plan_incarnations ABSL_GUARDED_BY(mu);
   std::set<std::string> done ABSL_GUARDED_BY(mu);
   std::set<std::string> excluded ABSL_GUARDED_BY(mu);  // this round
   // Left out of the rest of this round: members that sent invalid data and
@@ -381,9 +382,12 @@ struct Swarm::Inbox {
   int running_attempt ABSL_GUARDED_BY(mu) = -1;
   Mailbox* running_mailbox ABSL_GUARDED_BY(mu) = nullptr;
   // The running attempt's members and coordinator: if one of them stops
-  // being alive here, the attempt is called off locally too (an ABORT may
-  // never arrive, e.g. across a partition).
+  // being alive here (or a member restarted), the attempt is called off
+  // locally too (an ABORT may never arrive, e.g. across a partition or from
+  // a coordinator that restarted).
   std::vector<std::string> running_members ABSL_GUARDED_BY(mu);
+  // Their incarnations when planned (empty: the plan did not say).
+  std::vector<int64_t> running_incarnations ABSL_GUARDED_BY(mu);
   std::string running_coordinator ABSL_GUARDED_BY(mu);
 };
 
@@ -974,21 +978,33 @@ void Swarm::GossipLoop() {
 }
 
 void Swarm::CancelAttemptIfMembersGone() {
-  std::set<std::string> alive;
+  std::map<std::string, int64_t> alive;  // id -> incarnation
   for (const MemberEntry& e : membership_->Live()) {
-    if (e.state() == peer::v1::MEMBER_ALIVE) alive.insert(e.id());
+    if (e.state() == peer::v1::MEMBER_ALIVE) alive[e.id()] = e.incarnation();
   }
   absl::MutexLock lock(&inbox_->mu);
-  if (inbox_->running_mailbox == nullptr) return;
-  std::vector<std::string> check = inbox_->running_members;
-  check.push_back(inbox_->running_coordinator);
-  for (const std::string& id : check) {
-    if (!alive.count(id)) {
-      inbox_->running_mailbox->Cancel(absl::AbortedError(
-          absl::StrCat("attempt ", inbox_->running_attempt, " called off: ", id,
-                       " is no longer alive")));
-      return;
+  if (inbox_->running_mailbox == nullptr ||
+      inbox_->running_mailbox->cancelled()) {
+    return;
+  }
+  auto cancel = [&](const std::string& why) {
+    const std::string what =
+        absl::StrCat("round ", inbox_->round, " attempt ",
+                     inbox_->running_attempt, " called off here: ", why);
+    STARLING_LOG(WARNING) << what;
+    inbox_->running_mailbox->Cancel(absl::AbortedError(what));
+  };
+  const std::vector<std::string>& members = inbox_->running_members;
+  const std::vector<int64_t>& incarnations = inbox_->running_incarnations;
+  for (size_t i = 0; i < members.size(); ++i) {
+    auto it = alive.find(members[i]);
+    if (it == alive.end()) return cancel(members[i] + " is no longer alive");
+    if (incarnations.size() == members.size() && it->second > incarnations[i]) {
+      return cancel(members[i] + " restarted since the plan");
     }
+  }
+  if (!alive.count(inbox_->running_coordinator)) {
+    cancel(inbox_->running_coordinator + " is no longer alive");
   }
 }
 
@@ -1196,12 +1212,21 @@ void Swarm::CoordinatorLoop() {
       std::map<std::string, MemberEntry> live;
       for (const MemberEntry& e : membership_->Live()) live[e.id()] = e;
       if (c.running) {
-        for (const std::string& id : c.plan) {
+        for (size_t i = 0; i < c.plan.size(); ++i) {
+          const std::string& id = c.plan[i];
           auto it = live.find(id);
           if (it == live.end() ||
               it->second.state() != peer::v1::MEMBER_ALIVE) {
             c.abort = true;
             c.abort_reason = absl::StrCat(id, " is no longer alive");
+            c.excluded.insert(id);
+          } else if (it->second.incarnation() > c.plan_incarnations[i]) {
+            // A member that restarted faster than the failure detector
+            // suspects: its old life will never report, and its new one
+            // is not in this attempt.
+            c.abort = true;
+            c.abort_reason = absl::StrCat(
+                id, " came back at a new incarnation (it restarted)");
             c.excluded.insert(id);
           }
         }
@@ -1279,9 +1304,11 @@ void Swarm::CoordinatorLoop() {
           ++c.attempt;
           c.plan.clear();
           c.plan_addresses.clear();
+          c.plan_incarnations.clear();
           for (const auto& [id, addr] : c.ready) {
             c.plan.push_back(id);
             c.plan_addresses.push_back(live[id].address());
+            c.plan_incarnations.push_back(live[id].incarnation());
           }
           c.done.clear();
           c.running = true;
@@ -1292,6 +1319,7 @@ void Swarm::CoordinatorLoop() {
           for (size_t i = 0; i < c.plan.size(); ++i) {
             p.add_members(c.plan[i]);
             p.add_addresses(c.plan_addresses[i]);
+            p.add_incarnations(c.plan_incarnations[i]);
           }
           for (const std::string& id : c.plan) plans.emplace_back(id, p);
         }
@@ -1410,6 +1438,8 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
             inbox_->running_attempt = m.attempt();
             inbox_->running_mailbox = &transport_->mailbox();
             inbox_->running_members = members;
+            inbox_->running_incarnations.assign(m.incarnations().begin(),
+                                                m.incarnations().end());
             inbox_->running_coordinator = m.from();
             // An ABORT may have arrived before the mailbox existed.
             for (const ControlMessage& q : inbox_->messages) {
@@ -1428,6 +1458,7 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
             inbox_->running_attempt = -1;
             inbox_->running_mailbox = nullptr;
             inbox_->running_members.clear();
+            inbox_->running_incarnations.clear();
           }
           ControlMessage r;
           r.set_run_id(options_.identity.run_id);
@@ -1435,6 +1466,7 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
           r.set_round(round);
           r.set_attempt(m.attempt());
           if (s.ok()) {
+            CrashPoint("done");
             done_attempt = m.attempt();
             done_members = members;
             done_coordinator = m.from();

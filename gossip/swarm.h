@@ -17,16 +17,21 @@
 //     changes.
 //  3. The coordinator waits until every live, non-joining member on the same
 //     (r, lineage) is ready, or round_deadline after the first READY, then
-//     sends PLAN(r, attempt, members) to the ready ones. A member accepts a
-//     PLAN only from the node it considers its coordinator. The members run
-//     the ring all-reduce over exactly that set (mailbox sequence
-//     r * 1024 + attempt) and report DONE.
+//     sends PLAN(r, attempt, members, their incarnations) to the ready ones.
+//     A member accepts a PLAN only from the node it considers its
+//     coordinator. The members run the ring all-reduce over exactly that set
+//     (mailbox sequence r * 1024 + attempt) and report DONE.
 //  4. When every member of the attempt is DONE the coordinator sends COMMIT
 //     and only then does a member apply the outer step. If a member of the
-//     attempt becomes SUSPECT, DEAD or LEFT, refuses the plan or reports
-//     FAILED first, the coordinator sends ABORT (waiters wake at once) and
-//     plans a new attempt over the survivors, who still hold their own Δ.
-//     So θ_global never moves from a sum that only some members saw.
+//     attempt becomes SUSPECT, DEAD or LEFT, shows up at a higher
+//     incarnation than planned (it restarted before anyone suspected it:
+//     its old life will never report), refuses the plan or reports FAILED
+//     first, the coordinator sends ABORT (waiters wake at once) and plans a
+//     new attempt over the survivors, who still hold their own Δ. A member
+//     calls its running attempt off by itself on the same signs about the
+//     other members (the coordinator's ABORT may never come, e.g. when the
+//     coordinator is the one that restarted). So θ_global never moves from a
+//     sum that only some members saw.
 //  5. A READY for a round the coordinator has already committed, or on a
 //     worse lineage, gets STALE: that member (and any node that sees a
 //     better lineage in gossip before a round) fetches the state of the best

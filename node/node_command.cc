@@ -180,7 +180,7 @@ ABSL_FLAG(int, snapshot_every, 0,
           "consensus distance; 0 = off");
 ABSL_FLAG(std::string, test_crash_at, "",
           "testing only: SIGKILL this node at a protocol point "
-          "(ready|send|reduce|all_gather|donate|commit|commit_partial"
+          "(ready|send|reduce|all_gather|done|donate|commit|commit_partial"
           "[@ROUND]; gossip: "
           "push_mid_stream[@PUSH]), or "
           "corrupt_state to flip a bit in one served state chunk");
