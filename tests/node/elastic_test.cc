@@ -1,7 +1,8 @@
 // Integration tests of elastic DiLoCo on real `starling node` processes over
 // loopback: kill -9 at each point of a round, joins with state transfer
 // (also from a donor that dies mid-transfer or sends a corrupt chunk),
-// graceful leave, restart with --resume, a partition that heals, and bad
+// graceful leave, restart with --resume, a member or the coordinator killed
+// and restarted before anyone suspects it, a partition that heals, and bad
 // joiners or forged membership gossip. Every wait is bounded.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
