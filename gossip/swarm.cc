@@ -46,6 +46,22 @@ bool IsLive(const MemberEntry& e) {
          e.state() == peer::v1::MEMBER_SUSPECT;
 }
 
+// Why member `id` of an attempt can no longer take part in it, as this
+// node's table shows it (`now`: its entry, nullptr when absent; `planned`:
+// its incarnation in the PLAN, -1 when unknown); "" while it can. A higher
+// incarnation is a restart faster than the failure detector (or a refuted
+// suspicion): the old life will never report, the new one is not planned.
+std::string GoneSincePlan(const std::string& id, const MemberEntry* now,
+                          int64_t planned) {
+  if (now == nullptr || now->state() != peer::v1::MEMBER_ALIVE) {
+    return absl::StrCat(id, " is no longer alive");
+  }
+  if (planned >= 0 && now->incarnation() > planned) {
+    return absl::StrCat(id, " came back at a new incarnation (it restarted)");
+  }
+  return "";
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())),
@@ -978,34 +994,35 @@ void Swarm::GossipLoop() {
 }
 
 void Swarm::CancelAttemptIfMembersGone() {
-  std::map<std::string, int64_t> alive;  // id -> incarnation
-  for (const MemberEntry& e : membership_->Live()) {
-    if (e.state() == peer::v1::MEMBER_ALIVE) alive[e.id()] = e.incarnation();
-  }
+  std::map<std::string, MemberEntry> live;
+  for (const MemberEntry& e : membership_->Live()) live[e.id()] = e;
+  auto entry = [&](const std::string& id) -> const MemberEntry* {
+    auto it = live.find(id);
+    return it == live.end() ? nullptr : &it->second;
+  };
   absl::MutexLock lock(&inbox_->mu);
   if (inbox_->running_mailbox == nullptr ||
       inbox_->running_mailbox->cancelled()) {
     return;
   }
-  auto cancel = [&](const std::string& why) {
-    const std::string what =
-        absl::StrCat("round ", inbox_->round, " attempt ",
-                     inbox_->running_attempt, " called off here: ", why);
-    STARLING_LOG(WARNING) << what;
-    inbox_->running_mailbox->Cancel(absl::AbortedError(what));
-  };
   const std::vector<std::string>& members = inbox_->running_members;
   const std::vector<int64_t>& incarnations = inbox_->running_incarnations;
-  for (size_t i = 0; i < members.size(); ++i) {
-    auto it = alive.find(members[i]);
-    if (it == alive.end()) return cancel(members[i] + " is no longer alive");
-    if (incarnations.size() == members.size() && it->second > incarnations[i]) {
-      return cancel(members[i] + " restarted since the plan");
-    }
+  std::string why;
+  for (size_t i = 0; i < members.size() && why.empty(); ++i) {
+    why = GoneSincePlan(
+        members[i], entry(members[i]),
+        incarnations.size() == members.size() ? incarnations[i] : -1);
   }
-  if (!alive.count(inbox_->running_coordinator)) {
-    cancel(inbox_->running_coordinator + " is no longer alive");
+  if (why.empty()) {
+    const std::string& coordinator = inbox_->running_coordinator;
+    why = GoneSincePlan(coordinator, entry(coordinator), -1);
   }
+  if (why.empty()) return;
+  const std::string what =
+      absl::StrCat("round ", inbox_->round, " attempt ",
+                   inbox_->running_attempt, " called off here: ", why);
+  STARLING_LOG(WARNING) << what;
+  inbox_->running_mailbox->Cancel(absl::AbortedError(what));
 }
 
 void Swarm::Leave() {
@@ -1215,18 +1232,12 @@ void Swarm::CoordinatorLoop() {
         for (size_t i = 0; i < c.plan.size(); ++i) {
           const std::string& id = c.plan[i];
           auto it = live.find(id);
-          if (it == live.end() ||
-              it->second.state() != peer::v1::MEMBER_ALIVE) {
+          std::string why =
+              GoneSincePlan(id, it == live.end() ? nullptr : &it->second,
+                            c.plan_incarnations[i]);
+          if (!why.empty()) {
             c.abort = true;
-            c.abort_reason = absl::StrCat(id, " is no longer alive");
-            c.excluded.insert(id);
-          } else if (it->second.incarnation() > c.plan_incarnations[i]) {
-            // A member that restarted faster than the failure detector
-            // suspects: its old life will never report, and its new one
-            // is not in this attempt.
-            c.abort = true;
-            c.abort_reason = absl::StrCat(
-                id, " came back at a new incarnation (it restarted)");
+            c.abort_reason = std::move(why);
             c.excluded.insert(id);
           }
         }

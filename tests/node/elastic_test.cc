@@ -406,11 +406,11 @@ INSTANTIATE_TEST_SUITE_P(
         // A member, after its all-reduce and before it reports DONE: the
         // coordinator would wait for that DONE.
         FastRestartCase{"member_done", "n2", "done", "n0", "n0",
-                        "n2 came back at a new incarnation"},
+                        "aborted: n2 came back at a new incarnation"},
         // The coordinator, between two ring messages: no ABORT will come,
         // and n1 waits for the old life's next message.
         FastRestartCase{"coordinator_mid_ring", "n0", "reduce", "n1", "n1",
-                        "n0 restarted since the plan"}),
+                        "called off here: n0 came back at a new incarnation"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Two halves that cannot reach each other both continue; after the
