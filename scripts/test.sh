@@ -1,7 +1,20 @@
 #!/usr/bin/env bash
-# Runs the whole test suite (labels unit, integration, scenario, gpu; gpu
-# tests skip without CUDA). Extra arguments go to ctest, e.g. -L unit.
+# Runs the test suite: labels unit, integration and gpu (gpu tests skip
+# without CUDA). The long end-to-end quality runs (label scenario, about 25
+# minutes on 2 cores) have their own command, `scripts/test.sh -L scenario`.
+# Extra arguments go to ctest. Arguments that choose tests (-L, -LE, -R, -E)
+# replace the default selection, e.g. -L unit, or -L . for every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
-ctest --test-dir "$BUILD_DIR" --output-on-failure -j "${JOBS:-$(nproc)}" "$@"
+select=(-LE scenario)
+for arg in "$@"; do
+  case "$arg" in
+    -L | -LE | -R | -E | --label-regex* | --label-exclude* | --tests-regex* | \
+      --exclude-regex*)
+      select=()
+      ;;
+  esac
+done
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j "${JOBS:-$(nproc)}" \
+  ${select[@]+"${select[@]}"} "$@"
