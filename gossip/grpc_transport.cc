@@ -905,6 +905,13 @@ absl::Status GrpcTransport::SendOnce(int to, const Message& m,
   grpc::ClientContext ctx;
   ctx.set_deadline(ToChrono(deadline));
   options_.credentials.Sign(&ctx, "SendChunks");
+  // An attempt called off ends its send in flight too, rather than leaving
+  // it to wait for the deadline on a peer that hangs with its connection
+  // open.
+  std::unique_ptr<Mailbox::CancelHook> on_cancel;
+  if (mailbox_ != nullptr) {
+    on_cancel = mailbox_->OnCancel([&ctx] { ctx.TryCancel(); });
+  }
   grpc::ByteBuffer ack;
   grpc::Status s;
   absl::Status shaped;  // not OK when the emulated link missed the deadline
@@ -926,6 +933,7 @@ absl::Status GrpcTransport::SendOnce(int to, const Message& m,
     do {
       grpc::ByteBuffer buffer;
       const int64_t bytes = chunks.Next(&buffer);
+      if (mailbox_ != nullptr && mailbox_->cancelled()) break;  // see on_cancel
       shaped = link->Acquire(bytes, deadline);
       if (!shaped.ok()) {
         ctx.TryCancel();

@@ -324,10 +324,30 @@ void Mailbox::AdvanceRound(int64_t round) {
 }
 
 void Mailbox::Cancel(const absl::Status& why) {
-  absl::MutexLock lock(&mu_);
-  if (cancelled_.ok()) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!cancelled_.ok()) return;
     cancelled_ = why.ok() ? absl::CancelledError("cancelled") : why;
   }
+  absl::MutexLock lock(&hooks_mu_);
+  for (auto& [id, hook] : hooks_) hook();
+}
+
+std::unique_ptr<Mailbox::CancelHook> Mailbox::OnCancel(
+    std::function<void()> hook) {
+  absl::MutexLock lock(&hooks_mu_);
+  const int64_t id = next_hook_++;
+  if (cancelled()) {
+    hook();
+  } else {
+    hooks_.emplace(id, std::move(hook));
+  }
+  return std::make_unique<CancelHook>(this, id);
+}
+
+Mailbox::CancelHook::~CancelHook() {
+  absl::MutexLock lock(&box_->hooks_mu_);
+  box_->hooks_.erase(id_);
 }
 
 bool Mailbox::cancelled() const {

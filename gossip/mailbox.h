@@ -9,11 +9,13 @@
 // applies each chunk there as it arrives (see Expect), so the segment is
 // reduced while it is received and never buffered whole.
 // Thread-safe: transports deliver from their threads while the collective
-// thread takes. One absl::Mutex guards all state; no callbacks under it.
+// thread takes. One absl::Mutex guards the messages, and no callback runs
+// under it; another guards the cancel hooks (OnCancel), which run under it.
 #ifndef STARLING_GOSSIP_MAILBOX_H_
 #define STARLING_GOSSIP_MAILBOX_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -155,9 +157,31 @@ class Mailbox {
   void AdvanceRound(int64_t round);
 
   // Every Take, waiting now or later, fails with `why` (an elastic round's
-  // attempt was called off). Idempotent; the first reason stays.
+  // attempt was called off), and every hook from OnCancel runs once.
+  // Idempotent; the first reason stays.
   void Cancel(const absl::Status& why);
   bool cancelled() const;
+
+  // A registration from OnCancel; destroying it removes the hook (waiting
+  // for a run of it in progress).
+  class CancelHook {
+   public:
+    CancelHook(Mailbox* box, int64_t id) : box_(box), id_(id) {}
+    ~CancelHook();
+    CancelHook(const CancelHook&) = delete;
+    CancelHook& operator=(const CancelHook&) = delete;
+
+   private:
+    Mailbox* const box_;
+    const int64_t id_;
+  };
+  // Runs `hook` when the mailbox is cancelled, or at once when it already
+  // is, for as long as the returned registration lives: how a transport
+  // ends a send in flight (to a peer that hangs without closing its
+  // connection, say) when the attempt is called off. The hook runs on the
+  // cancelling thread, with no lock of the mailbox's own state held, and
+  // must not block.
+  std::unique_ptr<CancelHook> OnCancel(std::function<void()> hook);
 
   // The round (or elastic attempt sequence) this mailbox is at.
   int64_t round() const;
@@ -183,6 +207,10 @@ class Mailbox {
   std::map<Key, Expected> expected_ ABSL_GUARDED_BY(mu_);
   std::map<int, absl::Status> rejected_ ABSL_GUARDED_BY(mu_);
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
+  // Taken without mu_ held, and never while holding it.
+  absl::Mutex hooks_mu_;
+  int64_t next_hook_ ABSL_GUARDED_BY(hooks_mu_) = 0;
+  std::map<int64_t, std::function<void()>> hooks_ ABSL_GUARDED_BY(hooks_mu_);
 };
 
 }  // namespace starling

@@ -253,5 +253,24 @@ TEST(MailboxTest, TakeFailsFastOnARejectedSenderAndTimesOut) {
   EXPECT_TRUE(absl::IsDeadlineExceeded(late.status())) << late.status();
 }
 
+// Cancel fails every Take with its reason and runs each live hook once; a
+// hook registered after it runs at once, and a dropped one never runs.
+TEST(MailboxTest, CancelRunsTheLiveHooksOnce) {
+  Mailbox box(Options());
+  int live = 0, dropped = 0, late = 0;
+  std::unique_ptr<Mailbox::CancelHook> a = box.OnCancel([&] { ++live; });
+  box.OnCancel([&] { ++dropped; }).reset();
+  box.Cancel(absl::AbortedError("called off"));
+  box.Cancel(absl::AbortedError("again"));
+  EXPECT_EQ(live, 1);
+  EXPECT_EQ(dropped, 0);
+  std::unique_ptr<Mailbox::CancelHook> b = box.OnCancel([&] { ++late; });
+  EXPECT_EQ(late, 1);
+  auto m = box.Take(0, 0, "pseudo_grad", RingPhase::kReduceScatter, 0,
+                    absl::InfiniteFuture());
+  EXPECT_TRUE(absl::IsAborted(m.status())) << m.status();
+  EXPECT_EQ(m.status().message(), "called off");
+}
+
 }  // namespace
 }  // namespace starling
