@@ -988,12 +988,13 @@ void Swarm::GossipLoop() {
       absl::MutexLock lock(&coord_->mu);
       coord_->cv.Signal();
     }
-    CancelAttemptIfMembersGone();
+    CancelAttemptIfDue();
     absl::SleepFor(options_.gossip_interval);
   }
 }
 
-void Swarm::CancelAttemptIfMembersGone() {
+void Swarm::CancelAttemptIfDue() {
+  const bool interrupted = options_.interrupted && options_.interrupted();
   std::map<std::string, MemberEntry> live;
   for (const MemberEntry& e : membership_->Live()) live[e.id()] = e;
   auto entry = [&](const std::string& id) -> const MemberEntry* {
@@ -1007,7 +1008,7 @@ void Swarm::CancelAttemptIfMembersGone() {
   }
   const std::vector<std::string>& members = inbox_->running_members;
   const std::vector<int64_t>& incarnations = inbox_->running_incarnations;
-  std::string why;
+  std::string why = interrupted ? "this node is stopping" : "";
   for (size_t i = 0; i < members.size() && why.empty(); ++i) {
     why = GoneSincePlan(
         members[i], entry(members[i]),

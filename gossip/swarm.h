@@ -124,6 +124,11 @@ struct SwarmOptions {
   // Called on the gossip thread, with no lock held, for every change of the
   // peer table.
   std::function<void(const MembershipChange&)> on_member_change;
+  // Polled on the gossip thread, with no lock held: once it returns true,
+  // this node's part of a running attempt is called off at once (its reduce
+  // fails instead of waiting for peers), e.g. on a second SIGINT/SIGTERM.
+  // SyncRound's `stop` then decides what follows.
+  std::function<bool()> interrupted;
 };
 
 class Swarm {
@@ -199,7 +204,8 @@ class Swarm {
       Transport& t, int64_t sequence, const std::vector<std::string>& members)>;
   // Steps 2-5 of the protocol for round `round` of `lineage`. kStopped when
   // `stop()` turns true while this node is not in an attempt (it abandons
-  // the round). Errors only for local failures.
+  // the round; see SwarmOptions::interrupted for leaving one). Errors only
+  // for local failures.
   absl::StatusOr<RoundResult> SyncRound(int64_t round,
                                         const std::string& lineage,
                                         const Reduce& reduce,
@@ -254,7 +260,7 @@ class Swarm {
   void GossipLoop();
   void CoordinatorLoop();
   void ReadPartitionFile();
-  void CancelAttemptIfMembersGone();
+  void CancelAttemptIfDue();
   // Push handler: reserves an inbox place for a new stream (false when the
   // inbox is full), deposits a checked push or releases the place.
   bool ReservePush(std::shared_ptr<PushSlot> slot);

@@ -183,7 +183,9 @@ ABSL_FLAG(std::string, test_crash_at, "",
           "(ready|send|reduce|all_gather|done|donate|commit|commit_partial"
           "[@ROUND]; gossip: "
           "push_mid_stream[@PUSH]), or "
-          "corrupt_state to flip a bit in one served state chunk");
+          "corrupt_state to flip a bit in one served state chunk; "
+          "freeze:POINT[@ROUND] stops it there with SIGSTOP instead (a hung "
+          "process whose connections stay open)");
 
 ABSL_FLAG(std::string, aggregate, "mean",
           "diloco: how a round's pseudo-gradients are combined: mean (the "
@@ -974,6 +976,9 @@ int RunDiloco(NodeRun& run) {
     so.mailbox.compressed_bytes_per_element = {{kPseudoGrad, 8}};
   }
   so.on_member_change = [&](const MembershipChange& c) { changes.Add(c); };
+  // A second SIGINT/SIGTERM leaves at once, also from the middle of an
+  // all-reduce that waits for a slow or silent peer.
+  so.interrupted = [] { return StopSignalCount() >= 2; };
   absl::StatusOr<std::unique_ptr<Swarm>> started = Swarm::Start(so);
   if (!started.ok()) {
     return Fail(started.status(),

@@ -1,9 +1,10 @@
 // Integration tests of elastic DiLoCo on real `starling node` processes over
 // loopback: kill -9 at each point of a round, joins with state transfer
 // (also from a donor that dies mid-transfer or sends a corrupt chunk),
-// graceful leave, restart with --resume, a member or the coordinator killed
-// and restarted before anyone suspects it, a partition that heals, and bad
-// joiners or forged membership gossip. Every wait is bounded.
+// graceful leave, a second signal in the middle of an all-reduce that waits
+// on a hung member, restart with --resume, a member or the coordinator
+// killed and restarted before anyone suspects it, a partition that heals,
+// and bad joiners or forged membership gossip. Every wait is bounded.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -111,6 +112,22 @@ class Swarm {
     return code;
   }
   void Signal(const std::string& id, int sig) { ::kill(pids_[id], sig); }
+  // Whether node `id` stopped (SIGSTOP, --test_crash_at=freeze:...) within
+  // `timeout`.
+  bool WaitFrozen(const std::string& id, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      int status = 0;
+      pid_t r = ::waitpid(pids_[id], &status, WNOHANG | WUNTRACED);
+      if (r == pids_[id] && WIFSTOPPED(status)) return true;
+      if (r == pids_[id]) {  // it ended instead
+        pids_[id] = -1;
+        return false;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  }
 
   std::string Log(const std::string& id) const {
     return absl::StrCat(dir_, "/", id, ".log");
@@ -412,6 +429,45 @@ INSTANTIATE_TEST_SUITE_P(
         FastRestartCase{"coordinator_mid_ring", "n0", "reduce", "n1", "n1",
                         "called off here: n0 came back at a new incarnation"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// A second SIGTERM leaves at once, also from the middle of an all-reduce
+// that waits on a member which hangs with its connections open (n1, frozen
+// by SIGSTOP between two ring messages; the 200 s failure detector and the
+// 300 s --round_timeout are both past the test's bound). n0 and n2 are
+// n1's neighbours in the ring: one waits to receive from n1, the other for
+// n1 to acknowledge its send. The first to see its second signal calls its
+// part off and leaves; the attempt is off then, and the other leaves too
+// (by its own signal or the coordinator's abort, whichever comes first),
+// with its send in flight called off. n1, resumed, and n3 finish the run
+// together.
+TEST(ElasticTest, ASecondSignalLeavesFromTheMiddleOfAnAllReduce) {
+  Swarm s("second-signal", 100, 10);
+  const std::string slow_detector = "--suspect_timeout=200";
+  s.Start("n0", 0, 4, 4, slow_detector);
+  s.Start("n1", 1, 4, 2, slow_detector + " --test_crash_at=freeze:reduce@3");
+  s.Start("n2", 2, 4, 4, slow_detector);
+  s.Start("n3", 3, 4, 2, slow_detector);
+  ASSERT_TRUE(s.WaitFrozen("n1", absl::Seconds(60))) << s.LogText("n1");
+  absl::SleepFor(absl::Seconds(1));  // the others reach their waits
+  for (const char* id : {"n0", "n2"}) s.Signal(id, SIGTERM);
+  absl::SleepFor(absl::Milliseconds(200));
+  for (const char* id : {"n0", "n2"}) s.Signal(id, SIGTERM);
+  int interrupted = 0;
+  for (const char* id : {"n0", "n2"}) {
+    EXPECT_EQ(s.Wait(id), 1) << id << ":\n" << s.LogText(id);
+    EXPECT_NE(s.LogText(id).find("left the swarm"), std::string::npos);
+    interrupted +=
+        s.LogText(id).find("called off here: this node is stopping") !=
+        std::string::npos;
+  }
+  EXPECT_GE(interrupted, 1);
+  s.Signal("n1", SIGCONT);
+  for (const char* id : {"n1", "n3"}) {
+    EXPECT_EQ(s.Wait(id), 0) << id << ":\n" << s.LogText(id);
+  }
+  EXPECT_EQ(s.FinalHash("n1"), s.FinalHash("n3"));
+  ExpectRoundsAgree(s, {"n0", "n1", "n2", "n3"});
+}
 
 // Two halves that cannot reach each other both continue; after the
 // partition heals one lineage survives and everybody converges to it.
