@@ -882,8 +882,15 @@ absl::Status GrpcTransport::SendOnce(int to, const Message& m,
   // The emulated link: its latency once per message, before the stream.
   LinkShaper* link =
       options_.links ? options_.links->For(peers_[to]->address) : nullptr;
+  // The link's waits end early when the attempt is called off.
+  LinkShaper::Sleep sleep;
+  if (mailbox_ != nullptr) {
+    sleep = [box = mailbox_](absl::Duration d) {
+      return box->SleepUnlessCancelled(d);
+    };
+  }
   if (link != nullptr) {
-    if (absl::Status s = link->StartMessage(deadline); !s.ok()) {
+    if (absl::Status s = link->StartMessage(deadline, sleep); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("peer ", peers_[to]->address,
                                                  ": ", s.message()));
     }
@@ -934,7 +941,7 @@ absl::Status GrpcTransport::SendOnce(int to, const Message& m,
       grpc::ByteBuffer buffer;
       const int64_t bytes = chunks.Next(&buffer);
       if (mailbox_ != nullptr && mailbox_->cancelled()) break;  // see on_cancel
-      shaped = link->Acquire(bytes, deadline);
+      shaped = link->Acquire(bytes, deadline, sleep);
       if (!shaped.ok()) {
         ctx.TryCancel();
         break;

@@ -28,6 +28,14 @@ bool ValidHostPort(absl::string_view a) {
 
 std::string FormatNumber(double v) { return absl::StrFormat("%.10g", v); }
 
+// Sleeps `d` through `sleep` (a plain sleep when null); false when called
+// off.
+bool SleepOrCancel(absl::Duration d, const LinkShaper::Sleep& sleep) {
+  if (sleep) return sleep(d);
+  absl::SleepFor(d);
+  return true;
+}
+
 }  // namespace
 
 LinkShaperOptions ShaperOptionsFor(const LinkParams& params) {
@@ -47,18 +55,21 @@ LinkShaper::LinkShaper(const LinkShaperOptions& options)
       tokens_(static_cast<double>(burst_)),
       last_(absl::Now()) {}
 
-absl::Status LinkShaper::StartMessage(absl::Time deadline) {
+absl::Status LinkShaper::StartMessage(absl::Time deadline, const Sleep& sleep) {
   if (latency_ <= absl::ZeroDuration()) return absl::OkStatus();
   if (absl::Now() + latency_ > deadline) {
     return absl::DeadlineExceededError(absl::StrCat(
         "link emulator: the link's latency of ", absl::FormatDuration(latency_),
         " ends past the deadline"));
   }
-  absl::SleepFor(latency_);
+  if (!SleepOrCancel(latency_, sleep)) {
+    return absl::CancelledError("link emulator: called off in the latency");
+  }
   return absl::OkStatus();
 }
 
-absl::Status LinkShaper::Acquire(int64_t bytes, absl::Time deadline) {
+absl::Status LinkShaper::Acquire(int64_t bytes, absl::Time deadline,
+                                 const Sleep& sleep) {
   if (rate_ <= 0 || bytes <= 0) return absl::OkStatus();
   absl::Duration wait;
   {
@@ -79,7 +90,13 @@ absl::Status LinkShaper::Acquire(int64_t bytes, absl::Time deadline) {
     }
     tokens_ = after;  // the debt is paid while this caller sleeps
   }
-  if (wait > absl::ZeroDuration()) absl::SleepFor(wait);
+  if (wait > absl::ZeroDuration() && !SleepOrCancel(wait, sleep)) {
+    absl::MutexLock lock(&mu_);  // these bytes will not go: give them back
+    tokens_ = std::min(static_cast<double>(burst_),
+                       tokens_ + static_cast<double>(bytes));
+    return absl::CancelledError(absl::StrCat(
+        "link emulator: called off waiting to send ", bytes, " bytes"));
+  }
   return absl::OkStatus();
 }
 

@@ -12,6 +12,7 @@
 #define STARLING_GOSSIP_LINK_SHAPER_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -52,15 +53,22 @@ class LinkShaper {
  public:
   explicit LinkShaper(const LinkShaperOptions& options);
 
+  // How StartMessage and Acquire wait: sleeps for the duration and returns
+  // true, or returns false as soon as the sender is called off. Null: a
+  // plain sleep.
+  using Sleep = std::function<bool(absl::Duration)>;
+
   // Sleeps the link's latency: call once per message, before its first
   // chunk. DeadlineExceeded (without sleeping) when the latency would end
-  // after `deadline`.
-  absl::Status StartMessage(absl::Time deadline);
+  // after `deadline`; Cancelled when `sleep` is called off.
+  absl::Status StartMessage(absl::Time deadline, const Sleep& sleep = nullptr);
 
   // Sleeps until `bytes` more bytes fit the link's rate, then returns OK;
   // at once when the link is unlimited. DeadlineExceeded (without sleeping
-  // or taking the tokens) when that would be after `deadline`.
-  absl::Status Acquire(int64_t bytes, absl::Time deadline);
+  // or taking the tokens) when that would be after `deadline`; Cancelled
+  // (giving the tokens back) when `sleep` is called off.
+  absl::Status Acquire(int64_t bytes, absl::Time deadline,
+                       const Sleep& sleep = nullptr);
 
   double bytes_per_second() const { return rate_; }
   absl::Duration latency() const { return latency_; }

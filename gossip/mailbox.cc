@@ -355,6 +355,14 @@ bool Mailbox::cancelled() const {
   return !cancelled_.ok();
 }
 
+bool Mailbox::SleepUnlessCancelled(absl::Duration d) const {
+  absl::MutexLock lock(&mu_);
+  auto called_off = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !cancelled_.ok();
+  };
+  return !mu_.AwaitWithTimeout(absl::Condition(&called_off), d);
+}
+
 int64_t Mailbox::round() const {
   absl::MutexLock lock(&mu_);
   return round_;

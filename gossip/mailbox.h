@@ -161,6 +161,9 @@ class Mailbox {
   // Idempotent; the first reason stays.
   void Cancel(const absl::Status& why);
   bool cancelled() const;
+  // Sleeps up to `d`, waking when the mailbox is cancelled: true when it
+  // slept all of `d`, false when cancelled (then, or already before).
+  bool SleepUnlessCancelled(absl::Duration d) const;
 
   // A registration from OnCancel; destroying it removes the hook (waiting
   // for a run of it in progress).

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <limits>
 #include <memory>
 #include <string>
@@ -66,12 +67,12 @@ Swarm Start(int world, int64_t chunk_bytes = 1 << 20,
   return Start(world, o);
 }
 
-void ConnectAll(Swarm& s) {
+void ConnectAll(Swarm& s, const MailboxOptions& mo = Mailboxes()) {
   std::vector<std::thread> threads;
   std::vector<absl::Status> st(s.nodes.size());
   for (size_t r = 0; r < s.nodes.size(); ++r) {
     threads.emplace_back([&, r] {
-      st[r] = s.nodes[r]->Connect(s.members, static_cast<int>(r), Mailboxes(),
+      st[r] = s.nodes[r]->Connect(s.members, static_cast<int>(r), mo,
                                   absl::Now() + absl::Seconds(20));
     });
   }
@@ -363,29 +364,13 @@ TEST(GrpcTransportTest, EmulatedLinkShapesBytesAndAddsLatencyPerMessage) {
   GrpcTransportOptions o;
   o.chunk_bytes = 256 << 10;
   o.links = std::make_shared<LinkEmulator>(*lo);
-  std::vector<std::unique_ptr<GrpcTransport>> nodes;
-  for (int r = 0; r < 2; ++r) {
-    auto t = GrpcTransport::Start(o, Identity(2));
-    ASSERT_TRUE(t.ok()) << t.status();
-    nodes.push_back(std::move(t).value());
-  }
-  std::sort(nodes.begin(), nodes.end(), [](const auto& a, const auto& b) {
-    return a->address() < b->address();
-  });
-  std::vector<std::string> members = {nodes[0]->address(), nodes[1]->address()};
+  Swarm pair = Start(2, o);
   MailboxOptions mo;
   mo.run_id = "test-run";
   mo.tensors = {{"big", 2 * kSegment}};
-  std::vector<absl::Status> st(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      st[r] =
-          nodes[r]->Connect(members, r, mo, absl::Now() + absl::Seconds(20));
-    });
-  }
-  for (auto& t : threads) t.join();
-  ASSERT_TRUE(st[0].ok() && st[1].ok()) << st[0] << " " << st[1];
+  ConnectAll(pair, mo);
+  std::vector<std::unique_ptr<GrpcTransport>>& nodes = pair.nodes;
+  const std::vector<std::string>& members = pair.members;
 
   Message m;
   m.from = 0;
@@ -426,6 +411,39 @@ TEST(GrpcTransportTest, EmulatedLinkShapesBytesAndAddsLatencyPerMessage) {
   EXPECT_TRUE(absl::IsDeadlineExceeded(late)) << late;
   EXPECT_NE(late.message().find(members[1]), std::string::npos) << late;
   EXPECT_LT(absl::Now() - short_start, absl::Seconds(5));
+}
+
+// A send waiting on a slow emulated link ends as soon as its attempt is
+// called off, instead of waiting out the link (here about 40 s for the
+// first chunk) while the node tries to leave.
+TEST(GrpcTransportTest, AShapedSendEndsWhenItsAttemptIsCalledOff) {
+  absl::StatusOr<LinkEmulatorOptions> lo = ParseLinkFlags("0.04", "");
+  ASSERT_TRUE(lo.ok()) << lo.status();
+  GrpcTransportOptions o;
+  o.chunk_bytes = 256 << 10;
+  o.links = std::make_shared<LinkEmulator>(*lo);
+  Swarm pair = Start(2, o);
+  MailboxOptions mo;
+  mo.run_id = "test-run";
+  mo.tensors = {{"big", 1 << 20}};
+  ConnectAll(pair, mo);
+  // 4 MiB at 5 kB/s; the first 256 KiB chunk alone waits about 40 s.
+  Message m;
+  m.from = 0;
+  m.tensor = "big";
+  m.phase = RingPhase::kReduceScatter;
+  m.total_elements = 1 << 20;
+  m.payload.assign(4 << 20, '\0');
+  std::future<absl::Status> sent = std::async(std::launch::async, [&] {
+    return pair.nodes[0]->Send(1, m, absl::Now() + absl::Minutes(10));
+  });
+  absl::SleepFor(absl::Milliseconds(300));  // into the link's wait
+  pair.nodes[0]->mailbox().Cancel(absl::AbortedError("called off"));
+  ASSERT_EQ(sent.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "the send still waits on the emulated link";
+  absl::Status s = sent.get();
+  EXPECT_TRUE(absl::IsCancelled(s)) << s;
+  EXPECT_NE(s.message().find(pair.members[1]), std::string::npos) << s;
 }
 
 // A hostile or buggy peer talks to rank 1 directly through the stub.

@@ -6,6 +6,7 @@
 #include "gossip/link_shaper.h"
 
 #include <thread>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -144,6 +145,39 @@ TEST(LinkShaperTest, DeadlinesAreRespectedWithoutSleeping) {
   const absl::Time again = absl::Now();
   EXPECT_TRUE(link.Acquire(1000, absl::Now() + absl::Milliseconds(1)).ok());
   EXPECT_LT(SecondsSince(again), 0.5);
+}
+
+TEST(LinkShaperTest, ASenderCalledOffStopsWaitingAndGivesItsTokensBack) {
+  LinkShaperOptions o;
+  o.bytes_per_second = 1e6;
+  o.burst_bytes = 1000;
+  o.latency = absl::Seconds(5);
+  LinkShaper link(o);
+  std::vector<absl::Duration> asked;
+  auto called_off = [&](absl::Duration d) {
+    asked.push_back(d);
+    return false;
+  };
+  absl::Status s = link.StartMessage(absl::InfiniteFuture(), called_off);
+  EXPECT_TRUE(absl::IsCancelled(s)) << s;
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0], absl::Seconds(5));
+  // 5 MB at 1 MB/s: about 5 s of waiting, called off.
+  s = link.Acquire(5000000, absl::InfiniteFuture(), called_off);
+  EXPECT_TRUE(absl::IsCancelled(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("called off"));
+  ASSERT_EQ(asked.size(), 2u);
+  EXPECT_GT(asked[1], absl::Seconds(4));
+  // Those bytes never went, so the link owes nothing for them: the next
+  // sender waits for its own bytes only.
+  absl::Duration next = absl::InfiniteDuration();
+  ASSERT_TRUE(link.Acquire(2000, absl::InfiniteFuture(),
+                           [&](absl::Duration d) {
+                             next = d;
+                             return true;
+                           })
+                  .ok());
+  EXPECT_LT(next, absl::Milliseconds(100));
 }
 
 TEST(LinkShaperTest, DefaultBurstIsTenMillisecondsOrSixtyFourKiB) {

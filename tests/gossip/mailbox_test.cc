@@ -272,5 +272,19 @@ TEST(MailboxTest, CancelRunsTheLiveHooksOnce) {
   EXPECT_EQ(m.status().message(), "called off");
 }
 
+// A sleep that a cancel cuts short: how a shaped send waits on its link.
+TEST(MailboxTest, SleepUnlessCancelledWakesOnCancel) {
+  Mailbox box(Options());
+  EXPECT_TRUE(box.SleepUnlessCancelled(absl::Milliseconds(1)));
+  std::thread canceller([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    box.Cancel(absl::AbortedError("called off"));
+  });
+  // Without the wake-up this sleeps the full hour and the test times out.
+  EXPECT_FALSE(box.SleepUnlessCancelled(absl::Hours(1)));
+  canceller.join();
+  EXPECT_FALSE(box.SleepUnlessCancelled(absl::Hours(1)));  // already off
+}
+
 }  // namespace
 }  // namespace starling
