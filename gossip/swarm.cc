@@ -1539,7 +1539,16 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
     if (stopping_.load()) {
       return absl::CancelledError("the swarm is shutting down");
     }
-    if (done_attempt < 0 && stop && stop()) {
+    // Waiting for a plan, or with its part done for the coordinator's
+    // decision: either way `stop` leaves the round at once. After DONE the
+    // others may still commit the attempt without this node, which keeps
+    // its state from before the round.
+    if (stop && stop()) {
+      if (done_attempt >= 0) {
+        STARLING_LOG(WARNING)
+            << "round " << round << ": stopping with attempt " << done_attempt
+            << " done but not yet committed by " << done_coordinator;
+      }
       RoundResult res;
       res.outcome = Outcome::kStopped;
       absl::MutexLock lock(&inbox_->mu);

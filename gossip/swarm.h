@@ -203,8 +203,9 @@ class Swarm {
   using Reduce = std::function<absl::Status(
       Transport& t, int64_t sequence, const std::vector<std::string>& members)>;
   // Steps 2-5 of the protocol for round `round` of `lineage`. kStopped when
-  // `stop()` turns true while this node is not in an attempt (it abandons
-  // the round; see SwarmOptions::interrupted for leaving one). Errors only
+  // `stop()` turns true while this node waits for a plan or, its part done,
+  // for the coordinator's COMMIT (it abandons the round; see
+  // SwarmOptions::interrupted for leaving an attempt's reduce). Errors only
   // for local failures.
   absl::StatusOr<RoundResult> SyncRound(int64_t round,
                                         const std::string& lineage,

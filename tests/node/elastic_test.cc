@@ -469,6 +469,37 @@ TEST(ElasticTest, ASecondSignalLeavesFromTheMiddleOfAnAllReduce) {
   ExpectRoundsAgree(s, {"n0", "n1", "n2", "n3"});
 }
 
+// A second SIGTERM also leaves from the wait for the coordinator's COMMIT.
+// The coordinator n0 hangs (SIGSTOP) right after its part of round 3's
+// all-reduce, so no COMMIT comes, and the 200 s failure detector is past
+// the test's bound. n2, its part done, leaves at once; n0, resumed, finds
+// n2 gone, and n0, n1 and n3 finish the run together.
+TEST(ElasticTest, ASecondSignalLeavesWhileWaitingForTheCommit) {
+  Swarm s("second-signal-done", 100, 10);
+  const std::string slow_detector = "--suspect_timeout=200";
+  s.Start("n0", 0, 4, 4, slow_detector + " --test_crash_at=freeze:done@3");
+  for (int k = 1; k < 4; ++k) {
+    s.Start(absl::StrCat("n", k), k, 4, 4, slow_detector);
+  }
+  ASSERT_TRUE(s.WaitFrozen("n0", absl::Seconds(60))) << s.LogText("n0");
+  absl::SleepFor(absl::Seconds(1));  // the others finish their parts
+  s.Signal("n2", SIGTERM);
+  absl::SleepFor(absl::Milliseconds(200));
+  s.Signal("n2", SIGTERM);
+  EXPECT_EQ(s.Wait("n2", absl::Seconds(60)), 1) << s.LogText("n2");
+  EXPECT_NE(s.LogText("n2").find("left the swarm"), std::string::npos);
+  EXPECT_NE(s.LogText("n2").find("done but not yet committed by n0"),
+            std::string::npos)
+      << s.LogText("n2");
+  s.Signal("n0", SIGCONT);
+  for (const char* id : {"n0", "n1", "n3"}) {
+    EXPECT_EQ(s.Wait(id), 0) << id << ":\n" << s.LogText(id);
+  }
+  EXPECT_EQ(s.FinalHash("n0"), s.FinalHash("n1"));
+  EXPECT_EQ(s.FinalHash("n0"), s.FinalHash("n3"));
+  ExpectRoundsAgree(s, {"n0", "n1", "n2", "n3"});
+}
+
 // Two halves that cannot reach each other both continue; after the
 // partition heals one lineage survives and everybody converges to it.
 TEST(ElasticTest, PartitionHealsToOneLineage) {
