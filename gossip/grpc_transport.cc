@@ -305,7 +305,14 @@ class GrpcTransport::Service final
     grpc::Status admitted = credentials_.Admit(ctx, "SendChunks");
     std::unique_ptr<StreamDeadlines::Watched> watch;
     if (admitted.ok()) {
-      watch = deadlines_->Watch(ctx, "SendChunks", chunk_stream_deadline_);
+      absl::StatusOr<std::unique_ptr<StreamDeadlines::Watched>> w =
+          deadlines_->Watch(ctx, "SendChunks", chunk_stream_deadline_);
+      if (w.ok()) {
+        watch = *std::move(w);
+      } else {
+        admitted = grpc::Status(ToGrpc(w.status().code()),
+                                std::string(w.status().message()));
+      }
     }
     return new ChunkReader(this, std::move(mailbox), exact, ack, admitted,
                            std::move(watch));
@@ -703,8 +710,8 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(
   auto t = std::unique_ptr<GrpcTransport>(new GrpcTransport(options, identity));
   t->deadlines_ = options.stream_deadlines;
   if (t->deadlines_ == nullptr) {
-    t->deadlines_ =
-        std::make_shared<StreamDeadlines>(options.stream_idle_timeout);
+    t->deadlines_ = std::make_shared<StreamDeadlines>(
+        options.stream_idle_timeout, options.peer_max_streams);
   }
   t->service_ = std::make_unique<Service>(identity, options.credentials,
                                           t->deadlines_.get(),

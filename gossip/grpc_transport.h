@@ -67,6 +67,9 @@ struct GrpcTransportOptions {
   // longer than chunk_stream_deadline, so a slow-loris peer holds no slot.
   std::shared_ptr<StreamDeadlines> stream_deadlines;
   absl::Duration stream_idle_timeout = absl::Seconds(60);
+  // With stream_deadlines null: how many incoming streams one peer host may
+  // have open at once (--peer_max_streams); 0: no cap.
+  int peer_max_streams = 0;
   absl::Duration chunk_stream_deadline = absl::Minutes(5);
 };
 

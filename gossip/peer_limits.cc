@@ -82,8 +82,12 @@ struct StreamDeadlines::Entry {
   int cancelling = 0;
 };
 
-StreamDeadlines::StreamDeadlines(absl::Duration idle, absl::Duration tick)
-    : idle_(idle), tick_(tick), thread_([this] { Run(); }) {}
+StreamDeadlines::StreamDeadlines(absl::Duration idle, int max_per_host,
+                                 absl::Duration tick)
+    : idle_(idle),
+      max_per_host_(std::max(0, max_per_host)),
+      tick_(tick),
+      thread_([this] { Run(); }) {}
 
 StreamDeadlines::~StreamDeadlines() {
   {
@@ -93,8 +97,9 @@ StreamDeadlines::~StreamDeadlines() {
   thread_.join();
 }
 
-std::unique_ptr<StreamDeadlines::Watched> StreamDeadlines::Watch(
-    grpc::CallbackServerContext* ctx, std::string what, absl::Duration total) {
+absl::StatusOr<std::unique_ptr<StreamDeadlines::Watched>>
+StreamDeadlines::Watch(grpc::CallbackServerContext* ctx, std::string what,
+                       absl::Duration total) {
   auto e = std::make_shared<Entry>();
   const absl::Time now = absl::Now();
   e->ctx = ctx;
@@ -103,9 +108,25 @@ std::unique_ptr<StreamDeadlines::Watched> StreamDeadlines::Watch(
   e->total = total;
   e->deadline = now + total;
   e->last_ns.store(absl::ToUnixNanos(now));
+  absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
-    entries_[e.get()] = e;
+    int& open = per_host_[e->host];
+    if (max_per_host_ > 0 && open >= max_per_host_) {
+      ++refused_;
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          "stream limit: ", e->host, " already has ", open,
+          " streams open here (--peer_max_streams=", max_per_host_, ")"));
+    } else {
+      ++open;
+      entries_[e.get()] = e;
+    }
+  }
+  if (!refused.ok()) {
+    refusal_log_.Warn(
+        e->host, now, "stream_refused",
+        absl::StrCat("refused a ", e->what, " stream: ", refused.message()));
+    return refused;
   }
   return std::unique_ptr<Watched>(new Watched(this, std::move(e)));
 }
@@ -113,6 +134,11 @@ std::unique_ptr<StreamDeadlines::Watched> StreamDeadlines::Watch(
 int64_t StreamDeadlines::cancelled() const {
   absl::MutexLock lock(&mu_);
   return cancelled_;
+}
+
+int64_t StreamDeadlines::refused() const {
+  absl::MutexLock lock(&mu_);
+  return refused_;
 }
 
 void StreamDeadlines::Watched::Progress() {
@@ -125,6 +151,9 @@ StreamDeadlines::Watched::~Watched() { owner_->Forget(entry_.get()); }
 void StreamDeadlines::Forget(Entry* e) {
   absl::MutexLock lock(&mu_);
   entries_.erase(e);
+  if (auto it = per_host_.find(e->host); it != per_host_.end()) {
+    if (--it->second <= 0) per_host_.erase(it);
+  }
   // A cancellation in flight still uses e->ctx; unless this is that
   // cancellation, run inline by gRPC.
   if (std::this_thread::get_id() == thread_.get_id()) return;

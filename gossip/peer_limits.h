@@ -4,7 +4,8 @@
 // flood of bad calls never floods the log. Keyed by host, not host:port: a
 // peer cannot dodge its limit by opening new connections. And deadlines for
 // server-side streams (StreamDeadlines), so that a slow-loris peer cannot
-// hold a stream, and the buffers behind it, open.
+// hold a stream, and the buffers behind it, open, with a cap on how many
+// streams each peer host may have open at once, across all its connections.
 // Thread-safe.
 #ifndef STARLING_GOSSIP_PEER_LIMITS_H_
 #define STARLING_GOSSIP_PEER_LIMITS_H_
@@ -16,6 +17,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -73,12 +75,14 @@ class PeerRateLimiter {
 // Cancels (ServerContext::TryCancel) a watched server-side stream that goes
 // `idle` without a message in either direction, or that runs past its own
 // total deadline. One thread checks every watched stream each `tick`; a
-// cancellation is logged at most once a minute per peer host.
+// cancellation is logged at most once a minute per peer host. With
+// `max_per_host` > 0, a peer host may have at most that many watched
+// streams at once (whatever its connections): Watch refuses the next.
 class StreamDeadlines {
  public:
   class Watched;
 
-  explicit StreamDeadlines(absl::Duration idle,
+  explicit StreamDeadlines(absl::Duration idle, int max_per_host = 0,
                            absl::Duration tick = absl::Seconds(1));
   // Stops the checking thread. Every Watched must be gone by then (shut the
   // server down first).
@@ -90,12 +94,16 @@ class StreamDeadlines {
   // until the returned handle is destroyed, which the stream's reactor does
   // in OnDone (the destructor waits for a cancellation in flight, so `ctx`
   // outlives every use). `total` is the stream's own deadline.
-  std::unique_ptr<Watched> Watch(grpc::CallbackServerContext* ctx,
-                                 std::string what, absl::Duration total);
+  // ResourceExhausted, naming the host and the cap (logged at most once a
+  // minute per host), when the peer's host already has max_per_host.
+  absl::StatusOr<std::unique_ptr<Watched>> Watch(
+      grpc::CallbackServerContext* ctx, std::string what, absl::Duration total);
 
   absl::Duration idle() const { return idle_; }
   // Streams cancelled so far.
   int64_t cancelled() const;
+  // Streams refused for their host's cap so far.
+  int64_t refused() const;
 
  private:
   struct Entry;
@@ -103,12 +111,16 @@ class StreamDeadlines {
   void Forget(Entry* e);
 
   const absl::Duration idle_;
+  const int max_per_host_;
   const absl::Duration tick_;
   PerHostLogLimiter log_{absl::Minutes(1)};
+  PerHostLogLimiter refusal_log_{absl::Minutes(1)};
   mutable absl::Mutex mu_;
   absl::flat_hash_map<Entry*, std::shared_ptr<Entry>> entries_
       ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int> per_host_ ABSL_GUARDED_BY(mu_);
   int64_t cancelled_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

@@ -250,10 +250,15 @@ grpc::ServerWriteReactor<StateChunk>* Swarm::Service::FetchState(
       req->offset() < static_cast<int64_t>(blob->bytes().size())) {
     offset = req->offset();
   }
+  absl::StatusOr<std::unique_ptr<StreamDeadlines::Watched>> watch =
+      swarm_->deadlines_->Watch(ctx, "FetchState", absl::Minutes(10));
+  if (!watch.ok()) {
+    return fail(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                std::string(watch.status().message()));
+  }
   // The joiner resumes from where a cancelled transfer stopped.
-  return new StateWriter(
-      std::move(blob), offset, swarm_->options_.chunk_bytes,
-      swarm_->deadlines_->Watch(ctx, "FetchState", absl::Minutes(10)));
+  return new StateWriter(std::move(blob), offset, swarm_->options_.chunk_bytes,
+                         *std::move(watch));
 }
 
 // One incoming push stream's place in the inbox (its identity in
@@ -295,8 +300,14 @@ class Swarm::Service::PushReader : public grpc::ServerReadReactor<PushChunk> {
     }
     reserved_ = true;
     // A push that stalls is cancelled, so no inbox place is held forever.
-    watch_ =
+    absl::StatusOr<std::unique_ptr<StreamDeadlines::Watched>> watch =
         swarm_->deadlines_->Watch(ctx, "Push", swarm_->options_.push_timeout);
+    if (!watch.ok()) {
+      End(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                       std::string(watch.status().message())));
+      return;
+    }
+    watch_ = *std::move(watch);
     StartRead(&chunk_);
   }
   void OnReadDone(bool ok) override {
@@ -431,8 +442,8 @@ absl::StatusOr<std::unique_ptr<Swarm>> Swarm::Start(
   to.extra_services = {s->service_.get()};
   to.links = options.links;
   to.credentials = options.credentials;
-  s->deadlines_ =
-      std::make_shared<StreamDeadlines>(options.stream_idle_timeout);
+  s->deadlines_ = std::make_shared<StreamDeadlines>(options.stream_idle_timeout,
+                                                    options.peer_max_streams);
   to.stream_deadlines = s->deadlines_;
   to.chunk_stream_deadline = options.round_deadline + absl::Minutes(1);
   Swarm* self = s.get();

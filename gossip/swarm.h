@@ -121,6 +121,9 @@ struct SwarmOptions {
   // round_deadline plus a minute, a state transfer 10 minutes (the joiner
   // resumes where it stopped), a push push_timeout.
   absl::Duration stream_idle_timeout = absl::Seconds(60);
+  // How many incoming streams one peer host may have open at once, across
+  // its connections (--peer_max_streams); 0: no cap.
+  int peer_max_streams = 0;
   // Called on the gossip thread, with no lock held, for every change of the
   // peer table.
   std::function<void(const MembershipChange&)> on_member_change;

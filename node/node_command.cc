@@ -79,6 +79,11 @@ ABSL_FLAG(double, peer_rate_limit, 1000,
           "incoming calls per second each peer host may make (bursts of "
           "twice as many); beyond it calls are refused RESOURCE_EXHAUSTED "
           "and logged once a minute per host; 0 = no limit");
+ABSL_FLAG(int, peer_max_streams, 256,
+          "incoming streams (tensor chunks, pushes, state transfers) each "
+          "peer host may have open at once, across all its connections; "
+          "beyond it streams are refused RESOURCE_EXHAUSTED and logged once "
+          "a minute per host; 0 = no limit. A sim's nodes share one host");
 ABSL_FLAG(double, stream_idle_timeout, 60,
           "seconds an incoming stream (tensor chunks, pushes, state "
           "transfer) may go without a message before this node cancels it, "
@@ -485,6 +490,7 @@ const std::vector<std::string>& NodeFlagNames() {
                                    "insecure",
                                    "join_token_file",
                                    "peer_rate_limit",
+                                   "peer_max_streams",
                                    "stream_idle_timeout",
                                    "run_id",
                                    "algo",
@@ -716,6 +722,7 @@ struct NodeRun {
   // TLS (--tls_*) or plaintext (--insecure) for all peer traffic.
   PeerCredentials credentials;
   absl::Duration stream_idle = absl::Seconds(60);  // --stream_idle_timeout
+  int peer_max_streams = 0;                        // --peer_max_streams
   // --aggregate and --norm_bound; robust: the all-gather path.
   AggregateSpec aggregate;
   double norm_bound = 0;
@@ -906,6 +913,7 @@ absl::StatusOr<SwarmOptions> SharedSwarmOptions(const NodeRun& run,
   so.links = run.links;
   so.credentials = run.credentials;
   so.stream_idle_timeout = run.stream_idle;
+  so.peer_max_streams = run.peer_max_streams;
   return so;
 }
 
@@ -2022,6 +2030,7 @@ int RunDdp(NodeRun& run) {
     to.links = run.links;
     to.credentials = run.credentials;
     to.stream_idle_timeout = run.stream_idle;
+    to.peer_max_streams = run.peer_max_streams;
     to.chunk_stream_deadline = to.rpc_timeout + absl::Minutes(1);
     PeerIdentity id;
     id.run_id = absl::GetFlag(FLAGS_run_id);
@@ -2303,6 +2312,13 @@ int RunNodeCommand() {
                 2);
   } else {
     run.stream_idle = absl::Seconds(idle);
+  }
+  run.peer_max_streams = absl::GetFlag(FLAGS_peer_max_streams);
+  if (run.peer_max_streams < 0) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--peer_max_streams=", run.peer_max_streams,
+                    ": must be a number of streams >= 0 (0 = no limit)")),
+                2);
   }
   std::string log_node = absl::GetFlag(FLAGS_node_id);
   if (log_node.empty()) log_node = absl::GetFlag(FLAGS_listen);

@@ -355,20 +355,31 @@ TEST(GrpcTransportTest, UnreachablePeerFailsWithItsAddress) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(15));
 }
 
+// Two connected nodes whose links the emulator shapes to `mbps` and
+// `latency_ms` (--link_bandwidth_mbps / --link_latency_ms values), with one
+// tensor "big" of `elements` floats, sent in 256 KiB chunks.
+Swarm ShapedPair(const std::string& mbps, const std::string& latency_ms,
+                 int64_t elements, std::shared_ptr<LinkEmulator>* links) {
+  absl::StatusOr<LinkEmulatorOptions> lo = ParseLinkFlags(mbps, latency_ms);
+  EXPECT_TRUE(lo.ok()) << lo.status();
+  GrpcTransportOptions o;
+  o.chunk_bytes = 256 << 10;
+  o.links = std::make_shared<LinkEmulator>(lo.value_or(LinkEmulatorOptions()));
+  *links = o.links;
+  Swarm pair = Start(2, o);
+  MailboxOptions mo;
+  mo.run_id = "test-run";
+  mo.tensors = {{"big", elements}};
+  ConnectAll(pair, mo);
+  return pair;
+}
+
 TEST(GrpcTransportTest, EmulatedLinkShapesBytesAndAddsLatencyPerMessage) {
   // Every link at 64 Mbit/s (8 MB/s) with 100 ms latency; two 2 MiB messages
   // in 256 KiB chunks.
   constexpr int64_t kSegment = 512 << 10;  // floats per message
-  absl::StatusOr<LinkEmulatorOptions> lo = ParseLinkFlags("64", "100");
-  ASSERT_TRUE(lo.ok()) << lo.status();
-  GrpcTransportOptions o;
-  o.chunk_bytes = 256 << 10;
-  o.links = std::make_shared<LinkEmulator>(*lo);
-  Swarm pair = Start(2, o);
-  MailboxOptions mo;
-  mo.run_id = "test-run";
-  mo.tensors = {{"big", 2 * kSegment}};
-  ConnectAll(pair, mo);
+  std::shared_ptr<LinkEmulator> links;
+  Swarm pair = ShapedPair("64", "100", 2 * kSegment, &links);
   std::vector<std::unique_ptr<GrpcTransport>>& nodes = pair.nodes;
   const std::vector<std::string>& members = pair.members;
 
@@ -394,7 +405,7 @@ TEST(GrpcTransportTest, EmulatedLinkShapesBytesAndAddsLatencyPerMessage) {
   // The serialized chunks go at the rate (the first burst at once), and
   // each message waits the latency once.
   const int64_t bytes = nodes[0]->bytes_sent() - sent_before;
-  LinkShaper* link = o.links->For(members[1]);
+  LinkShaper* link = links->For(members[1]);
   ASSERT_NE(link, nullptr);
   const double expected =
       2 * 0.1 + (bytes - link->burst_bytes()) / link->bytes_per_second();
@@ -417,16 +428,8 @@ TEST(GrpcTransportTest, EmulatedLinkShapesBytesAndAddsLatencyPerMessage) {
 // called off, instead of waiting out the link (here about 40 s for the
 // first chunk) while the node tries to leave.
 TEST(GrpcTransportTest, AShapedSendEndsWhenItsAttemptIsCalledOff) {
-  absl::StatusOr<LinkEmulatorOptions> lo = ParseLinkFlags("0.04", "");
-  ASSERT_TRUE(lo.ok()) << lo.status();
-  GrpcTransportOptions o;
-  o.chunk_bytes = 256 << 10;
-  o.links = std::make_shared<LinkEmulator>(*lo);
-  Swarm pair = Start(2, o);
-  MailboxOptions mo;
-  mo.run_id = "test-run";
-  mo.tensors = {{"big", 1 << 20}};
-  ConnectAll(pair, mo);
+  std::shared_ptr<LinkEmulator> links;
+  Swarm pair = ShapedPair("0.04", "", 1 << 20, &links);
   // 4 MiB at 5 kB/s; the first 256 KiB chunk alone waits about 40 s.
   Message m;
   m.from = 0;
@@ -631,6 +634,66 @@ TEST_F(HostilePeerTest, BrokenChunkSequencesAreRefused) {
 
 // Slow-loris peers: a chunk stream that goes quiet, or that trickles on past
 // its deadline, is cancelled by the server, which goes on serving.
+// --peer_max_streams: one peer host may hold only so many streams open,
+// however many connections it opens; a stream over the cap is refused at
+// once, and a slot that frees up is taken again.
+TEST(GrpcTransportTest, StreamsPerPeerHostAreCappedAcrossConnections) {
+  GrpcTransportOptions o;
+  o.peer_max_streams = 3;
+  Swarm s = Start(2, o);
+  ConnectAll(s);
+  struct Stream {
+    std::unique_ptr<peer::v1::Peer::Stub> stub;
+    grpc::ClientContext ctx;
+    peer::v1::SendAck ack;
+    std::unique_ptr<grpc::ClientWriter<peer::v1::TensorChunk>> writer;
+  };
+  // A stream on a connection of its own (its channel does not share
+  // subchannels); it sends no chunk, so it stays open.
+  auto open = [&] {
+    auto st = std::make_unique<Stream>();
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    st->stub = peer::v1::Peer::NewStub(grpc::CreateCustomChannel(
+        s.members[1], grpc::InsecureChannelCredentials(), args));
+    st->ctx.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(30));
+    st->writer = st->stub->SendChunks(&st->ctx, &st->ack);
+    return st;
+  };
+  // Ends a stream without a chunk: the server's refusal, or (admitted) its
+  // complaint about an empty stream.
+  auto close = [](Stream& st) {
+    st.writer->WritesDone();
+    return st.writer->Finish();
+  };
+  std::vector<std::unique_ptr<Stream>> held;
+  for (int i = 0; i < 3; ++i) held.push_back(open());
+  absl::SleepFor(absl::Milliseconds(500));  // the server has all three
+  auto fourth = open();
+  const grpc::Status refused = close(*fourth);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << refused.error_message();
+  EXPECT_NE(refused.error_message().find("--peer_max_streams=3"),
+            std::string::npos)
+      << refused.error_message();
+  EXPECT_NE(refused.error_message().find("127.0.0.1"), std::string::npos)
+      << refused.error_message();
+  EXPECT_EQ(s.nodes[1]->stream_deadlines().refused(), 1);
+  // One held stream ends; its slot is free again.
+  EXPECT_EQ(close(*held[0]).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  grpc::Status again;
+  for (int tries = 0; tries < 50; ++tries) {
+    auto next = open();
+    again = close(*next);
+    if (again.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << again.error_message();
+  for (size_t i = 1; i < held.size(); ++i) close(*held[i]);
+}
+
 TEST(GrpcTransportTest, SlowLorisStreamsAreCancelled) {
   GrpcTransportOptions o;
   o.stream_idle_timeout = absl::Seconds(1);

@@ -396,6 +396,7 @@ TEST(NodeTest, BadNodeFlagsExitTwo) {
             "--stream_idle_timeout=0"},
            {"node --insecure --stream_idle_timeout=-1",
             "--stream_idle_timeout=-1"},
+           {"node --insecure --peer_max_streams=-1", "--peer_max_streams=-1"},
            {"sim --poison=n9:nan@1-2", "--poison="}}) {
     auto r = RunStarling(args + " --out=" + TempDir() + "/x");
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
