@@ -1037,6 +1037,14 @@ void Swarm::CancelAttemptIfDue() {
   inbox_->running_mailbox->Cancel(absl::AbortedError(what));
 }
 
+std::map<std::string, int64_t> Swarm::refusals() const {
+  const std::shared_ptr<PeerRateLimiter>& limit =
+      options_.credentials.rate_limit;
+  return {{"rate_limit", limit != nullptr ? limit->refused() : 0},
+          {"stream_limit", deadlines_->refused()},
+          {"stream_cancelled", deadlines_->cancelled()}};
+}
+
 void Swarm::Leave() {
   membership_->Leave();
   GossipRequest req;

@@ -245,6 +245,10 @@ class Swarm {
   std::map<std::string, int64_t> rpc_errors() const {
     return transport_->rpc_errors().Snapshot();
   }
+  // Incoming calls and streams refused or cut off so far, by reason:
+  // "rate_limit" (--peer_rate_limit), "stream_limit" (--peer_max_streams),
+  // "stream_cancelled" (idle or past its deadline).
+  std::map<std::string, int64_t> refusals() const;
 
   class Service;  // public for the .cc's reactors
 

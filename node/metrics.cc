@@ -311,6 +311,7 @@ struct NodeMetrics::Metrics {
   Gauge* peers_known;
   Gauge* peers_connected;
   Family<Counter>* rpc_errors;
+  Family<Counter>* refusals;
   Histogram* checkpoint_duration;
   Gauge* last_checkpoint;
 };
@@ -406,6 +407,11 @@ std::unique_ptr<NodeMetrics::Metrics> NodeMetrics::RegisterAll(
            .Add({});
   m->rpc_errors = &Register(BuildCounter(), "starling_rpc_errors_total",
                             "Failed outgoing RPCs, by gRPC status code.", r);
+  m->refusals =
+      &Register(BuildCounter(), "starling_peer_refusals_total",
+                "Incoming calls and streams refused or cut off to protect "
+                "this node, by reason.",
+                r);
 
   m->checkpoint_duration =
       &Register(BuildHistogram(), "starling_checkpoint_duration_seconds",
@@ -521,14 +527,25 @@ void NodeMetrics::SetPeers(int known, int connected) {
   metrics_->peers_connected->Set(connected);
 }
 
+void NodeMetrics::AdvanceEach(Family<Counter>& family, const std::string& label,
+                              const std::map<std::string, int64_t>& totals,
+                              std::map<std::string, int64_t>* seen) {
+  for (const auto& [value, total] : totals) {
+    // Family::Add returns the existing counter for a known label value.
+    Advance(family.Add({{label, value}}), total, &(*seen)[value]);
+  }
+}
+
 void NodeMetrics::SetRpcErrors(
     const std::map<std::string, int64_t>& totals_by_code) {
   absl::MutexLock lock(&mu_);
-  for (const auto& [code, total] : totals_by_code) {
-    // Family::Add returns the existing counter for a known code.
-    Counter& counter = metrics_->rpc_errors->Add({{"code", code}});
-    Advance(counter, total, &rpc_errors_seen_[code]);
-  }
+  AdvanceEach(*metrics_->rpc_errors, "code", totals_by_code, &rpc_errors_seen_);
+}
+
+void NodeMetrics::SetRefusals(
+    const std::map<std::string, int64_t>& totals_by_reason) {
+  absl::MutexLock lock(&mu_);
+  AdvanceEach(*metrics_->refusals, "reason", totals_by_reason, &refusals_seen_);
 }
 
 void NodeMetrics::Checkpoint(double seconds, absl::Time when) {

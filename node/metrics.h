@@ -102,6 +102,13 @@ class NodeMetrics {
   // their value.
   void SetRpcErrors(const std::map<std::string, int64_t>& totals_by_code);
 
+  // Running totals of incoming calls and streams this node refused or cut
+  // off to protect itself, by reason ("rate_limit": --peer_rate_limit,
+  // "stream_limit": --peer_max_streams, "stream_cancelled": a stream past
+  // its idle time or deadline): starling_peer_refusals_total{reason}, with
+  // the same rule as SetRpcErrors().
+  void SetRefusals(const std::map<std::string, int64_t>& totals_by_reason);
+
   // A checkpoint written at `when` that took `seconds`:
   // starling_checkpoint_duration_seconds observes it and
   // starling_last_checkpoint_timestamp_seconds = when (Unix seconds).
@@ -123,6 +130,11 @@ class NodeMetrics {
   // Adds total - *seen to `counter` when positive and remembers the total.
   static void Advance(prometheus::Counter& counter, int64_t total,
                       int64_t* seen);
+  // Advance() for each labelled total of `family` (label `label`).
+  static void AdvanceEach(prometheus::Family<prometheus::Counter>& family,
+                          const std::string& label,
+                          const std::map<std::string, int64_t>& totals,
+                          std::map<std::string, int64_t>* seen);
 
   const std::string host_;  // as given, bracketed if IPv6
   // Declaration order matters: the server (whose thread reads the registry)
@@ -131,13 +143,14 @@ class NodeMetrics {
   const std::unique_ptr<Metrics> metrics_;
   const std::unique_ptr<HttpServer> server_;
 
-  // Largest totals seen by SetTraffic() and SetRpcErrors().
+  // Largest totals seen by SetTraffic(), SetRpcErrors() and SetRefusals().
   absl::Mutex mu_;
   int64_t sent_seen_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t received_seen_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t before_compression_seen_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t after_compression_seen_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, int64_t> rpc_errors_seen_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> refusals_seen_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace starling

@@ -1030,6 +1030,7 @@ int RunDiloco(NodeRun& run) {
         }
         ops.metrics->SetPeers(known, connected);
         ops.metrics->SetRpcErrors(swarm.rpc_errors());
+        ops.metrics->SetRefusals(swarm.refusals());
         absl::SleepFor(absl::Seconds(1));
       }
     });
@@ -1918,6 +1919,7 @@ int RunGossip(NodeRun& run) {
       const int alive = static_cast<int>(swarm.AlivePeers().size());
       ops.metrics->SetPeers(alive, alive);
       ops.metrics->SetRpcErrors(swarm.rpc_errors());
+      ops.metrics->SetRefusals(swarm.refusals());
     }
     if (config.checkpoint_every() > 0 &&
         step / config.checkpoint_every() >

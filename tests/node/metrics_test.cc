@@ -219,6 +219,16 @@ TEST(NodeMetricsTest, TrafficCountersFollowTheLargestTotal) {
   EXPECT_EQ(s[after], 801);
 }
 
+TEST(NodeMetricsTest, RefusalsByReason) {
+  std::unique_ptr<NodeMetrics> m = StartOrDie();
+  ASSERT_NE(m, nullptr);
+  m->SetRefusals({{"rate_limit", 0}, {"stream_limit", 2}});
+  m->SetRefusals({{"rate_limit", 7}, {"stream_limit", 1}});  // 1: ignored
+  std::map<std::string, double> s = ScrapeSamples(*m);
+  EXPECT_EQ(s["starling_peer_refusals_total{reason=\"rate_limit\"}"], 7);
+  EXPECT_EQ(s["starling_peer_refusals_total{reason=\"stream_limit\"}"], 2);
+}
+
 TEST(NodeMetricsTest, RpcErrorsByCode) {
   std::unique_ptr<NodeMetrics> m = StartOrDie();
   ASSERT_NE(m, nullptr);
@@ -356,6 +366,7 @@ TEST(NodeMetricsTest, PromtoolAcceptsTheExposition) {
   m->SetTraffic(10, 20, 30, 3);
   m->SetPeers(2, 1);
   m->SetRpcErrors({{"UNAVAILABLE", 1}});
+  m->SetRefusals({{"stream_limit", 1}});
   m->Checkpoint(0.5, absl::Now());
   const std::string text = Scrape(*m);
   ASSERT_FALSE(text.empty());

@@ -154,7 +154,8 @@ TEST_F(OpsTest, HealthMetricsAndLogsOfARunningNode) {
        {"starling_build_info{", "starling_inner_steps_total",
         "starling_rounds_total{", "result=\"committed\"",
         "starling_peers_connected", "starling_sent_bytes_total",
-        "starling_round_duration_seconds_bucket"}) {
+        "starling_round_duration_seconds_bucket",
+        "starling_peer_refusals_total{reason=\"stream_limit\"} 0"}) {
     EXPECT_NE(scraped->find(want), std::string::npos) << want << "\n"
                                                       << *scraped;
   }
