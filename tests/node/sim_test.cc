@@ -59,14 +59,24 @@ TEST(SimTest, FourNodeDilocoAgreesEveryRoundAndCountsBytes) {
   const auto& fin = Field(summary, "final").struct_value();
   EXPECT_TRUE(Field(fin, "all_hashes_agree").bool_value());
   EXPECT_GT(Field(fin, "val_loss").number_value(), 0.5);
-  // Per node per round: 2·(N−1)/N · (P + 1 weight) · 4 bytes, plus framing.
+  // Per node per round: 2·(N−1)/N · (P + 1 weight) · 4 bytes of
+  // pseudo-gradient in the committed attempts, exactly (fp32: before and
+  // after compression alike).
   const double want = 4 * 4 * 2.0 * 3 / 4 * (kParams + 1) * 4;
+  const double payload = Field(fin, "bytes_before_compression").number_value();
+  EXPECT_GE(payload, want);
+  EXPECT_LT(payload, want * 1.001);
+  EXPECT_EQ(Field(fin, "bytes_after_compression").number_value(), payload);
+  // Everything on the wire: that, plus framing, membership gossip and
+  // control messages (which grow with the run's wall time) and any attempt
+  // that was called off and run again (a node suspected on a loaded
+  // machine): a few percent here, up to a quarter more under heavy load.
   const double total = Field(fin, "total_bytes").number_value();
-  EXPECT_GT(total, want);
-  EXPECT_LT(total, want * 1.05);
+  EXPECT_GT(total, payload);
+  EXPECT_LT(total, want * 1.25);
   // vs per-step all-reduce of gradients: about H = 10x less.
   const double reduction = Field(fin, "comm_reduction").number_value();
-  EXPECT_GT(reduction, 9.5);
+  EXPECT_GT(reduction, 10.0 / 1.25);
   EXPECT_LE(reduction, 10.0);
   const auto& nodes = Field(summary, "nodes").list_value();
   ASSERT_EQ(nodes.values_size(), 4);
