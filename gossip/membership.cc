@@ -284,6 +284,15 @@ void Membership::Tick(absl::Time now, std::vector<MembershipChange>* changes) {
   }
 }
 
+void Membership::ForgivePause(absl::Duration paused, absl::Time now) {
+  if (paused <= absl::ZeroDuration()) return;
+  absl::MutexLock lock(&mu_);
+  for (Row& row : rows_) {
+    if (row.entry.id() == options_.self_id) continue;
+    row.last_rise = std::min(row.last_rise + paused, now);
+  }
+}
+
 std::vector<MemberEntry> Membership::Snapshot() const {
   absl::MutexLock lock(&mu_);
   std::vector<MemberEntry> out;

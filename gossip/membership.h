@@ -2,7 +2,8 @@
 // in the swarm, at which incarnation, alive, suspected, dead or gone. Nodes
 // exchange Snapshot()s by gossip and Merge() what they receive; heartbeats
 // ride on those exchanges, and Tick() runs the failure detector on the time
-// since each member's heartbeat last rose.
+// since each member's heartbeat last rose, less any pause of this node's own
+// (ForgivePause).
 //
 // Merge rules, per member id:
 //  - a higher incarnation wins outright;
@@ -93,6 +94,13 @@ class Membership {
 
   // Failure detection at local time `now` (see suspect_after).
   void Tick(absl::Time now, std::vector<MembershipChange>* changes = nullptr);
+
+  // This node itself could not run for `paused` up to local time `now` (its
+  // process was stopped, or starved of CPU): it heard nobody then, through
+  // no fault of theirs. Every other member's silence timer moves on by that
+  // much (never past `now`), so that a node waking from a pause does not
+  // suspect the whole swarm at its next Tick() and go on alone.
+  void ForgivePause(absl::Duration paused, absl::Time now);
 
   // The whole table, this node included (sorted by id).
   std::vector<peer::v1::MemberEntry> Snapshot() const;

@@ -386,6 +386,9 @@ struct Swarm::Coordinator {
   bool running ABSL_GUARDED_BY(mu) = false;
   absl::Time plan_started ABSL_GUARDED_BY(mu);
   bool replan_now ABSL_GUARDED_BY(mu) = false;
+  // The attempt being aborted was refused by a live member that follows
+  // another coordinator: the next plan waits for it (see CoordinatorLoop).
+  bool hold_after_abort ABSL_GUARDED_BY(mu) = false;
   std::vector<std::string> plan ABSL_GUARDED_BY(mu);
   std::vector<std::string> plan_addresses ABSL_GUARDED_BY(mu);
   std::vector<int64_t> plan_incarnations ABSL_GUARDED_BY(mu);
@@ -918,37 +921,89 @@ absl::Status Swarm::OnGossip(const GossipRequest& req, GossipResponse* resp) {
   return s;
 }
 
-absl::StatusOr<GossipResponse> Swarm::CallGossip(const std::string& address,
-                                                 const GossipRequest& req) {
-  if (Blocked(address)) {
-    return absl::UnavailableError("across a network partition");
+std::vector<absl::StatusOr<GossipResponse>> Swarm::CallGossip(
+    const std::vector<std::string>& addresses, const GossipRequest& req,
+    absl::Duration timeout) {
+  struct Call {
+    grpc::ClientContext ctx;
+    GossipResponse resp;
+    grpc::Status status;
+    std::shared_ptr<Stub> stub;
+  };
+  std::vector<std::unique_ptr<Call>> calls(addresses.size());
+  absl::Mutex mu;
+  int pending = 0;
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    if (Blocked(addresses[i])) continue;
+    calls[i] = std::make_unique<Call>();
+    Call& c = *calls[i];
+    c.ctx.set_deadline(Deadline(timeout));
+    options_.credentials.Sign(&c.ctx, "Gossip");
+    c.stub = StubFor(addresses[i]);
+    control_bytes_ += static_cast<int64_t>(req.ByteSizeLong());
+    {
+      absl::MutexLock lock(&mu);
+      ++pending;
+    }
+    c.stub->stub->async()->Gossip(&c.ctx, &req, &c.resp,
+                                  [&mu, &pending, &c](grpc::Status s) {
+                                    absl::MutexLock lock(&mu);
+                                    c.status = std::move(s);
+                                    --pending;
+                                  });
   }
-  grpc::ClientContext ctx;
-  ctx.set_deadline(Deadline(absl::Seconds(1)));
-  options_.credentials.Sign(&ctx, "Gossip");
-  GossipResponse resp;
-  control_bytes_ += static_cast<int64_t>(req.ByteSizeLong());
-  grpc::Status s = StubFor(address)->stub->Gossip(&ctx, req, &resp);
-  if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
-    absl::MutexLock lock(&state_mu_);
-    self_seeds_.insert(address);  // this node under another name
-  } else {
-    transport_->rpc_errors().Record(s.error_code());
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(
+        +[](int* left) { return *left == 0; }, &pending));
   }
-  if (!s.ok()) {
-    return absl::UnavailableError(s.error_message());
+  std::vector<absl::StatusOr<GossipResponse>> out;
+  out.reserve(addresses.size());
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    if (calls[i] == nullptr) {
+      out.push_back(absl::UnavailableError("across a network partition"));
+      continue;
+    }
+    const grpc::Status& s = calls[i]->status;
+    if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+      absl::MutexLock lock(&state_mu_);
+      self_seeds_.insert(addresses[i]);  // this node under another name
+    } else {
+      transport_->rpc_errors().Record(s.error_code());
+    }
+    if (s.ok()) {
+      out.push_back(std::move(calls[i]->resp));
+    } else {
+      out.push_back(absl::UnavailableError(s.error_message()));
+    }
   }
-  return resp;
+  return out;
 }
 
 void Swarm::GossipLoop() {
   std::mt19937_64 rng(std::hash<std::string>()(options_.node_id) ^
                       static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
+  // Each call waits at most this long, and all run at once: a hung peer
+  // (stopped, or behind a black hole) must not hold up the heartbeats that
+  // tell the others this node is alive.
+  const absl::Duration call_timeout =
+      std::min(absl::Seconds(1), options_.suspect_after / 4);
+  absl::Time last_tick = absl::InfinitePast();
+  absl::Duration last_calls = absl::ZeroDuration();
   while (!stopping_.load()) {
     ReadPartitionFile();
     membership_->Beat();
+    // The time since the last tick beyond the sleep and the calls was a
+    // pause of this process: nobody's silence then counts against them.
+    const absl::Time now = absl::Now();
+    if (last_tick != absl::InfinitePast()) {
+      membership_->ForgivePause(now - last_tick - options_.gossip_interval -
+                                    std::min(last_calls, call_timeout),
+                                now);
+    }
+    last_tick = now;
     std::vector<MembershipChange> changes;
-    membership_->Tick(absl::Now(), &changes);
+    membership_->Tick(now, &changes);
     // Two random live peers, plus (rarely) a suspected or seed address so
     // that partitions and lost seeds heal.
     std::vector<MemberEntry> table = membership_->Snapshot();
@@ -984,14 +1039,17 @@ void Swarm::GossipLoop() {
     req.set_run_id(options_.identity.run_id);
     req.set_from(options_.node_id);
     for (const MemberEntry& e : table) *req.add_members() = e;
-    for (const std::string& address : targets) {
-      if (address == this->address()) continue;
-      absl::StatusOr<GossipResponse> resp = CallGossip(address, req);
+    targets.erase(std::remove(targets.begin(), targets.end(), address()),
+                  targets.end());
+    const absl::Time calls_start = absl::Now();
+    for (absl::StatusOr<GossipResponse>& resp :
+         CallGossip(targets, req, call_timeout)) {
       if (resp.ok()) {
         (void)membership_->Merge(ToVector(resp->members()), absl::Now(),
                                  &changes);
       }
     }
+    last_calls = absl::Now() - calls_start;
     if (options_.on_member_change) {
       for (const MembershipChange& c : changes) options_.on_member_change(c);
     }
@@ -1050,12 +1108,12 @@ void Swarm::Leave() {
   GossipRequest req;
   req.set_run_id(options_.identity.run_id);
   req.set_from(options_.node_id);
-  for (const MemberEntry& e : membership_->Snapshot()) *req.add_members() = e;
+  std::vector<std::string> live;
   for (const MemberEntry& e : membership_->Snapshot()) {
-    if (e.id() != options_.node_id && IsLive(e)) {
-      (void)CallGossip(e.address(), req);
-    }
+    *req.add_members() = e;
+    if (e.id() != options_.node_id && IsLive(e)) live.push_back(e.address());
   }
+  (void)CallGossip(live, req, absl::Seconds(1));
 }
 
 absl::StatusOr<ControlAck> Swarm::SendControl(const std::string& to_id,
@@ -1141,6 +1199,7 @@ ControlAck Swarm::OnControl(const ControlMessage& m) {
             c.banned.clear();
             c.running = false;
             c.replan_now = false;
+            c.hold_after_abort = false;
             c.attempt = 0;
             c.first_ready = absl::Now();
           }
@@ -1203,6 +1262,7 @@ ControlAck Swarm::OnControl(const ControlMessage& m) {
         ack.set_accepted(false);
         ack.set_reason(absl::StrCat(options_.node_id, " follows coordinator ",
                                     coordinator, ", not ", m.from()));
+        ack.set_follows(coordinator);
       } else {
         if (inbox_->running_mailbox != nullptr &&
             m.attempt() > inbox_->running_attempt) {
@@ -1274,7 +1334,8 @@ void Swarm::CoordinatorLoop() {
           for (const std::string& id : c.excluded) c.ready.erase(id);
           c.running = false;
           c.abort = false;
-          c.replan_now = true;
+          c.replan_now = !c.hold_after_abort;
+          c.hold_after_abort = false;
         } else if (c.done.size() == c.plan.size()) {
           CrashPoint("commit");
           for (const std::string& id : c.plan) {
@@ -1292,19 +1353,31 @@ void Swarm::CoordinatorLoop() {
           c.plan.clear();
         }
       }
-      // This node has moved past the round the others are ready for: an
-      // earlier coordinator committed it and died before telling them
-      // all. They must catch up with that commit, not run the round again
-      // among themselves (two different models for one round).
-      // Only the coordinator decides this: any other node's ready set is
-      // left over from a time it was taken for the coordinator.
-      if (auto self = live.find(options_.node_id);
-          !c.running && !c.ready.empty() && c.round > c.committed &&
-          CoordinatorId() == options_.node_id && self != live.end() &&
-          !self->second.joining() && self->second.round() > c.round) {
+      // A live member (this node or another) has moved past the round the
+      // others are ready for: an earlier coordinator committed it and died
+      // before telling them all, or this node was cut off (stopped, starved)
+      // while the rest went on. The ready ones must catch up with that
+      // commit, not run the round again among themselves (two different
+      // models for one round). Only the coordinator decides this: any other
+      // node's ready set is left over from a time it was taken for the
+      // coordinator.
+      const MemberEntry* ahead = nullptr;
+      if (!c.running && !c.ready.empty() && c.round > c.committed &&
+          CoordinatorId() == options_.node_id) {
+        for (const auto& [id, e] : live) {
+          if (e.state() == peer::v1::MEMBER_ALIVE && !e.joining() &&
+              e.round() > c.round) {
+            ahead = &e;
+            break;
+          }
+        }
+      }
+      if (ahead != nullptr) {
         STARLING_LOG(INFO) << "round " << c.round
                            << " was committed without its ready members ("
-                           << c.ready.size() << "); they catch up";
+                           << c.ready.size() << "): " << ahead->id()
+                           << " is at round " << ahead->round()
+                           << "; they catch up";
         for (const auto& [id, addr] : c.ready) {
           outbox.emplace_back(id, msg(ControlMessage::STALE));
         }
@@ -1382,10 +1455,21 @@ void Swarm::CoordinatorLoop() {
         if (c.running && c.round == m.round() && c.attempt == m.attempt()) {
           c.abort = true;
           c.abort_reason = absl::StrCat(to, " refused the plan");
-          // A member that follows another coordinator or is not ready is
-          // left out of this round; it resends READY if it still wants in.
-          c.excluded.insert(to);
           c.ready.erase(to);
+          if (ack.ok() && !ack->follows().empty()) {
+            // Alive, but it takes another member for the coordinator: the
+            // views differ for a gossip interval or two (this node was
+            // suspected while it was stopped, say). Running the round
+            // without it could make two models of one round if its
+            // coordinator runs the round too. Wait for its READY (sent
+            // when it takes this node for the coordinator), for a member
+            // seen past the round, or for the deadline.
+            c.hold_after_abort = true;
+          } else {
+            // Unreachable or not ready: left out of this round; it resends
+            // READY if it still wants in.
+            c.excluded.insert(to);
+          }
         }
         break;
       }
@@ -1414,6 +1498,8 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
   std::string done_coordinator;
   std::string sent_to;
   absl::Time sent_at = absl::InfinitePast();
+  // Since when the coordinator of the attempt done here is past this round.
+  absl::Time coordinator_past = absl::InfiniteFuture();
   auto send_ready = [&] {
     sent_to = CoordinatorId();
     sent_at = absl::Now();
@@ -1573,6 +1659,28 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
       absl::MutexLock lock(&inbox_->mu);
       inbox_->round = -1;
       return res;
+    }
+    // The coordinator went past this round and its COMMIT or ABORT for this
+    // node's attempt never came (lost while this node was stopped, say):
+    // ask again, and hear STALE. A COMMIT merely late by then is ignored;
+    // the catch-up fetches the same model.
+    if (done_attempt >= 0) {
+      absl::StatusOr<MemberEntry> e = membership_->Get(done_coordinator);
+      if (!e.ok() || e->state() != peer::v1::MEMBER_ALIVE ||
+          e->round() <= round) {
+        coordinator_past = absl::InfiniteFuture();
+      } else if (coordinator_past == absl::InfiniteFuture()) {
+        coordinator_past = absl::Now();
+      } else if (absl::Now() - coordinator_past > absl::Seconds(2)) {
+        STARLING_LOG(INFO) << "round " << round << ": " << done_coordinator
+                           << " is at round " << e->round()
+                           << " without a word about attempt " << done_attempt
+                           << "; asking again";
+        done_attempt = -1;
+        coordinator_past = absl::InfiniteFuture();
+        send_ready();
+        continue;
+      }
     }
     // Resend READY when the coordinator changed (it died or a partition
     // healed) and, while waiting for a plan, every two seconds in case it

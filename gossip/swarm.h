@@ -10,7 +10,11 @@
 //     lineage (the hash of its θ_global). Silence for suspect_after makes a
 //     member SUSPECT, as long again DEAD; a member refutes a rumour by
 //     raising its incarnation (gossip/membership.h). A leaving node gossips
-//     LEFT to every live member at once.
+//     LEFT to every live member at once. A tick's gossip calls run at once,
+//     each bounded by suspect_after / 4 (1 s at most), so a hung peer cannot
+//     hold up the heartbeats of the others; a tick late beyond its sleep and
+//     calls was a pause of this process (SIGSTOP, a starved CPU), and
+//     nobody's silence during it counts against them (ForgivePause).
 //  2. The coordinator of a node is the live, non-joining member with the
 //     smallest id in its view. After its inner steps a member sends READY
 //     (r, lineage) to its coordinator and resends it when the coordinator
@@ -19,8 +23,14 @@
 //     (r, lineage) is ready, or round_deadline after the first READY, then
 //     sends PLAN(r, attempt, members, their incarnations) to the ready ones.
 //     A member accepts a PLAN only from the node it considers its
-//     coordinator. The members run the ring all-reduce over exactly that set
-//     (mailbox sequence r * 1024 + attempt) and report DONE.
+//     coordinator; a PLAN refused by a live member that follows another
+//     coordinator is aborted and the next one waits for that member's READY
+//     (or the deadline) instead of running the round without it. A
+//     coordinator that sees a live member already past r (an earlier
+//     coordinator committed r and died before telling all, or this node was
+//     stopped while the rest went on) answers its ready members STALE
+//     instead of running r among them. The members run the ring all-reduce over
+//     exactly that set (mailbox sequence r * 1024 + attempt) and report DONE.
 //  4. When every member of the attempt is DONE the coordinator sends COMMIT
 //     and only then does a member apply the outer step. If a member of the
 //     attempt becomes SUSPECT, DEAD or LEFT, shows up at a higher
@@ -31,7 +41,9 @@
 //     calls its running attempt off by itself on the same signs about the
 //     other members (the coordinator's ABORT may never come, e.g. when the
 //     coordinator is the one that restarted). So θ_global never moves from a
-//     sum that only some members saw.
+//     sum that only some members saw. A member whose part is DONE and whose
+//     coordinator shows up past r for 2 s without a COMMIT or ABORT for it
+//     (lost while the member was stopped) sends READY again.
 //  5. A READY for a round the coordinator has already committed, or on a
 //     worse lineage, gets STALE: that member (and any node that sees a
 //     better lineage in gossip before a round) fetches the state of the best
@@ -279,8 +291,11 @@ class Swarm {
   bool HasSelfSeed() const;
   absl::StatusOr<peer::v1::ControlAck> SendControl(
       const std::string& to_id, const peer::v1::ControlMessage& m);
-  absl::StatusOr<peer::v1::GossipResponse> CallGossip(
-      const std::string& address, const peer::v1::GossipRequest& req);
+  // Gossips `req` to every address at once, each call waiting at most
+  // `timeout`: one answer (or error) per address, in order.
+  std::vector<absl::StatusOr<peer::v1::GossipResponse>> CallGossip(
+      const std::vector<std::string>& addresses,
+      const peer::v1::GossipRequest& req, absl::Duration timeout);
 
   const SwarmOptions options_;
   std::shared_ptr<StreamDeadlines> deadlines_;  // outlives the server

@@ -177,6 +177,35 @@ TEST(MembershipTest, SuspectsThenDeclaresDeadAfterSilence) {
   EXPECT_EQ(Ids(a->Snapshot()), (std::vector<std::string>{"a", "b"}));
 }
 
+// A node that was itself stopped for a while (SIGSTOP, a starved CPU) holds
+// only the silence from before its pause against the others.
+TEST(MembershipTest, APauseOfThisNodeIsNotTheOthersSilence) {
+  auto a = Make("a"), b = Make("b"), c = Make("c");
+  ASSERT_TRUE(a->Merge(b->Snapshot(), T(0)).ok());
+  ASSERT_TRUE(a->Merge(c->Snapshot(), T(2)).ok());
+  // a is stopped from 2.5 s to 7.5 s: b was silent 2.5 s before it, c 0.5 s.
+  a->ForgivePause(absl::Seconds(5), T(7.5));
+  a->Tick(T(7.5));
+  EXPECT_EQ(StateOf(*a, "b"), MEMBER_ALIVE);
+  EXPECT_EQ(StateOf(*a, "c"), MEMBER_ALIVE);
+  a->Tick(T(8));  // b: 2.5 s before the pause and 0.5 s after it
+  EXPECT_EQ(StateOf(*a, "b"), MEMBER_SUSPECT);
+  EXPECT_EQ(StateOf(*a, "c"), MEMBER_ALIVE);
+  a->Tick(T(9.9));
+  EXPECT_EQ(StateOf(*a, "c"), MEMBER_ALIVE);
+  a->Tick(T(10));
+  EXPECT_EQ(StateOf(*a, "c"), MEMBER_SUSPECT);
+  // A member heard during the pause (its gossip was handled as the node
+  // woke) is not pushed into the future.
+  auto d = Make("d");
+  ASSERT_TRUE(a->Merge(d->Snapshot(), T(20)).ok());
+  a->ForgivePause(absl::Seconds(30), T(20));
+  a->Tick(T(22.9));
+  EXPECT_EQ(StateOf(*a, "d"), MEMBER_ALIVE);
+  a->Tick(T(23));
+  EXPECT_EQ(StateOf(*a, "d"), MEMBER_SUSPECT);
+}
+
 TEST(MembershipTest, RisingHeartbeatPreventsSuspicion) {
   auto a = Make("a"), b = Make("b");
   for (int t = 0; t <= 30; ++t) {

@@ -500,6 +500,57 @@ TEST(ElasticTest, ASecondSignalLeavesWhileWaitingForTheCommit) {
   ExpectRoundsAgree(s, {"n0", "n1", "n2", "n3"});
 }
 
+// A member stopped (SIGSTOP, a starved VM) for longer than the suspect
+// timeout: the others suspect it and go on without it. The swarm must not
+// fork: neither the others (whose gossip must not hang on the stopped
+// member) nor the member itself when it wakes (it must not take everyone's
+// silence during its own pause for deaths, run rounds alone, or wait for a
+// COMMIT that will never come). n1 stops right after its part of round 3.
+TEST(ElasticTest, AMemberStoppedPastTheSuspectTimeoutDoesNotFork) {
+  Swarm s("stopped-member", 300, 10);
+  const std::vector<std::string> ids = {"n0", "n1", "n2", "n3"};
+  for (int k = 0; k < 4; ++k) {
+    s.Start(ids[k], k, 4, 4, k == 1 ? "--test_crash_at=freeze:done@3" : "");
+  }
+  ASSERT_TRUE(s.WaitFrozen("n1", absl::Seconds(60))) << s.LogText("n1");
+  absl::SleepFor(absl::Seconds(2));  // suspected, and left behind
+  s.Signal("n1", SIGCONT);
+  for (const std::string& id : ids) {
+    EXPECT_EQ(s.Wait(id), 0) << id << ":\n" << s.LogText(id);
+  }
+  for (const std::string& id : ids) {
+    EXPECT_EQ(s.FinalHash(id), s.FinalHash("n0")) << id;
+  }
+  ExpectRoundsAgree(s, ids);
+  // n1 caught up with the rounds it missed and took part again after.
+  EXPECT_FALSE(s.Events_("n1", "state_transfer").empty()) << s.LogText("n1");
+  EXPECT_EQ(s.RoundHashes("n1").rbegin()->first, 29);
+}
+
+// The coordinator dies before its COMMIT, and its successor stops for
+// longer than the suspect timeout just then: the two others go on without
+// both. The successor, awake, must not run the round alone (the way a CI
+// run once forked the crash matrix's "commit" case).
+TEST(ElasticTest, TheSuccessorStoppedAsTheCoordinatorDiesDoesNotFork) {
+  Swarm s("stopped-successor", 300, 10);
+  const std::vector<std::string> ids = {"n0", "n1", "n2", "n3"};
+  for (int k = 0; k < 4; ++k) {
+    s.Start(ids[k], k, 4, 4, k == 0 ? "--test_crash_at=commit@2" : "");
+  }
+  EXPECT_EQ(s.Wait("n0"), 128 + SIGKILL) << s.LogText("n0");
+  s.Signal("n1", SIGSTOP);
+  absl::SleepFor(absl::Milliseconds(1500));
+  s.Signal("n1", SIGCONT);
+  const std::vector<std::string> survivors = {"n1", "n2", "n3"};
+  for (const std::string& id : survivors) {
+    EXPECT_EQ(s.Wait(id), 0) << id << ":\n" << s.LogText(id);
+  }
+  for (const std::string& id : survivors) {
+    EXPECT_EQ(s.FinalHash(id), s.FinalHash("n1")) << id;
+  }
+  ExpectRoundsAgree(s, survivors);
+}
+
 // Two halves that cannot reach each other both continue; after the
 // partition heals one lineage survives and everybody converges to it.
 TEST(ElasticTest, PartitionHealsToOneLineage) {
