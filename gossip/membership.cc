@@ -156,9 +156,16 @@ void Membership::SetProgress(int64_t round, const std::string& lineage,
                              bool joining) {
   absl::MutexLock lock(&mu_);
   MemberEntry& self = SelfLocked().entry;
+  if (self.round() == round && self.lineage() == lineage &&
+      self.joining() == joining) {
+    return;
+  }
   self.set_round(round);
   self.set_lineage(lineage);
   self.set_joining(joining);
+  // News: fresher than any copy of the row out there, even before the next
+  // Beat() (GossipToEveryone sends it at once).
+  self.set_heartbeat(self.heartbeat() + 1);
 }
 
 void Membership::RequestEarlySync(int64_t round) {

@@ -74,7 +74,8 @@ class Membership {
   // Raises this node's heartbeat (call once per gossip tick).
   void Beat();
 
-  // Sets what this node gossips about its progress.
+  // Sets what this node gossips about its progress; a change raises the
+  // heartbeat, so that the others take the new row over copies of the old.
   void SetProgress(int64_t round, const std::string& lineage, bool joining);
   // Asks the members (by gossip) to end `round` early: see
   // MemberEntry.early_sync.

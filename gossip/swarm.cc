@@ -659,7 +659,10 @@ absl::Status Swarm::WaitForMembers(int n, absl::Time deadline) {
       const bool counted = IsLive(e) || e.state() == peer::v1::MEMBER_LEFT;
       if (e.id() == options_.node_id || (counted && !e.joining())) ++ready;
     }
-    if (ready >= n) return absl::OkStatus();
+    if (ready >= n) {
+      GossipToEveryone();
+      return absl::OkStatus();
+    }
     if (absl::Now() >= deadline || stopping_.load()) {
       // Every member this node knows of, with its state and address: a
       // member declared dead, or one whose address is this node's own (two
@@ -1105,6 +1108,10 @@ std::map<std::string, int64_t> Swarm::refusals() const {
 
 void Swarm::Leave() {
   membership_->Leave();
+  GossipToEveryone();
+}
+
+void Swarm::GossipToEveryone() {
   GossipRequest req;
   req.set_run_id(options_.identity.run_id);
   req.set_from(options_.node_id);
@@ -1113,7 +1120,12 @@ void Swarm::Leave() {
     *req.add_members() = e;
     if (e.id() != options_.node_id && IsLive(e)) live.push_back(e.address());
   }
-  (void)CallGossip(live, req, absl::Seconds(1));
+  for (absl::StatusOr<GossipResponse>& resp :
+       CallGossip(live, req, absl::Seconds(1))) {
+    if (resp.ok()) {
+      (void)membership_->Merge(ToVector(resp->members()), absl::Now());
+    }
+  }
 }
 
 absl::StatusOr<ControlAck> Swarm::SendControl(const std::string& to_id,

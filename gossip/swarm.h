@@ -168,6 +168,9 @@ class Swarm {
   // joining (a node counts for the others only once its JoinSwarm returned
   // and it said so with SetProgress) and live, or LEFT after being ready (a
   // fast member may train and leave before a slow one sees it ready).
+  // On success it first tells every live member at once that this node is
+  // ready: a node that joined last may pass at once, train and die before
+  // its first gossip, and the others must not then wait for it in vain.
   // DeadlineExceeded saying who is known.
   absl::Status WaitForMembers(int n, absl::Time deadline);
 
@@ -291,6 +294,9 @@ class Swarm {
   bool HasSelfSeed() const;
   absl::StatusOr<peer::v1::ControlAck> SendControl(
       const std::string& to_id, const peer::v1::ControlMessage& m);
+  // Gossips this node's table to every live member at once (a goodbye, or
+  // the news that it is ready) and merges their answers.
+  void GossipToEveryone();
   // Gossips `req` to every address at once, each call waiting at most
   // `timeout`: one answer (or error) per address, in order.
   std::vector<absl::StatusOr<peer::v1::GossipResponse>> CallGossip(

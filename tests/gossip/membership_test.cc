@@ -104,7 +104,7 @@ TEST(MembershipTest, SelfRowIsAlwaysPresentAndIncarnationDefaultsToNow) {
   (*m)->Beat();
   (*m)->SetProgress(7, "abcd", true);
   self = Row(**m, "a");
-  EXPECT_EQ(self.heartbeat(), 2);
+  EXPECT_EQ(self.heartbeat(), 3);  // two beats, and the news
   EXPECT_EQ(self.round(), 7);
   EXPECT_EQ(self.lineage(), "abcd");
   EXPECT_TRUE(self.joining());
@@ -139,12 +139,28 @@ TEST(MembershipTest, ThreeTablesConvergeByPairwiseGossip) {
     MemberEntry ea = Row(*m, "a");
     EXPECT_EQ(ea.round(), 5);
     EXPECT_EQ(ea.lineage(), "lin5");
-    EXPECT_EQ(ea.heartbeat(), 1);
+    EXPECT_EQ(ea.heartbeat(), 2);
   }
   // More gossip changes nothing and records nothing.
   changes.clear();
   ASSERT_TRUE(a->Merge(c->Snapshot(), T(1.5), &changes).ok());
   EXPECT_TRUE(changes.empty());
+}
+
+// A node that turns ready (or moves on) says so before its next beat: the
+// others take the new row over the copy they already hold.
+TEST(MembershipTest, ProgressIsNewsBeforeTheNextBeat) {
+  auto a = Make("a"), b = Make("b");
+  a->SetProgress(0, "", true);
+  ASSERT_TRUE(b->Merge(a->Snapshot(), T(0)).ok());
+  ASSERT_TRUE(Row(*b, "a").joining());
+  a->SetProgress(0, "", false);
+  ASSERT_TRUE(b->Merge(a->Snapshot(), T(0.1)).ok());
+  EXPECT_FALSE(Row(*b, "a").joining());
+  // The same progress again is no news.
+  const int64_t beat = Row(*a, "a").heartbeat();
+  a->SetProgress(0, "", false);
+  EXPECT_EQ(Row(*a, "a").heartbeat(), beat);
 }
 
 TEST(MembershipTest, SuspectsThenDeclaresDeadAfterSilence) {
@@ -340,7 +356,7 @@ TEST(MembershipTest, GossipNeverEditsThisNodesRow) {
   ASSERT_TRUE(a->Merge({forged}, T(1), &changes).ok());
   MemberEntry self = Row(*a, "a");
   EXPECT_EQ(self.address(), "a:7000");
-  EXPECT_EQ(self.heartbeat(), 1);
+  EXPECT_EQ(self.heartbeat(), 2);
   EXPECT_EQ(self.round(), 3);
   EXPECT_EQ(self.lineage(), "mine");
   EXPECT_EQ(self.incarnation(), 100);
