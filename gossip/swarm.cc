@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "core/file_util.h"
 #include "core/logging.h"
 #include "core/status.h"
@@ -924,63 +925,52 @@ absl::Status Swarm::OnGossip(const GossipRequest& req, GossipResponse* resp) {
   return s;
 }
 
-std::vector<absl::StatusOr<GossipResponse>> Swarm::CallGossip(
-    const std::vector<std::string>& addresses, const GossipRequest& req,
-    absl::Duration timeout) {
+void Swarm::GossipTo(const std::vector<std::string>& addresses,
+                     absl::Duration timeout,
+                     std::vector<MembershipChange>* changes) {
+  GossipRequest req;
+  req.set_run_id(options_.identity.run_id);
+  req.set_from(options_.node_id);
+  for (const MemberEntry& e : membership_->Snapshot()) *req.add_members() = e;
   struct Call {
+    std::string address;
+    std::shared_ptr<Stub> stub;
     grpc::ClientContext ctx;
     GossipResponse resp;
     grpc::Status status;
-    std::shared_ptr<Stub> stub;
   };
-  std::vector<std::unique_ptr<Call>> calls(addresses.size());
-  absl::Mutex mu;
-  int pending = 0;
-  for (size_t i = 0; i < addresses.size(); ++i) {
-    if (Blocked(addresses[i])) continue;
-    calls[i] = std::make_unique<Call>();
-    Call& c = *calls[i];
+  std::vector<std::unique_ptr<Call>> calls;
+  for (const std::string& address : addresses) {
+    if (address == this->address() || Blocked(address)) continue;
+    calls.push_back(std::make_unique<Call>());
+    calls.back()->address = address;
+  }
+  absl::BlockingCounter pending(static_cast<int>(calls.size()));
+  for (const std::unique_ptr<Call>& call : calls) {
+    Call& c = *call;
     c.ctx.set_deadline(Deadline(timeout));
     options_.credentials.Sign(&c.ctx, "Gossip");
-    c.stub = StubFor(addresses[i]);
+    c.stub = StubFor(c.address);
     control_bytes_ += static_cast<int64_t>(req.ByteSizeLong());
-    {
-      absl::MutexLock lock(&mu);
-      ++pending;
-    }
     c.stub->stub->async()->Gossip(&c.ctx, &req, &c.resp,
-                                  [&mu, &pending, &c](grpc::Status s) {
-                                    absl::MutexLock lock(&mu);
+                                  [&pending, &c](grpc::Status s) {
                                     c.status = std::move(s);
-                                    --pending;
+                                    pending.DecrementCount();
                                   });
   }
-  {
-    absl::MutexLock lock(&mu);
-    mu.Await(absl::Condition(
-        +[](int* left) { return *left == 0; }, &pending));
-  }
-  std::vector<absl::StatusOr<GossipResponse>> out;
-  out.reserve(addresses.size());
-  for (size_t i = 0; i < addresses.size(); ++i) {
-    if (calls[i] == nullptr) {
-      out.push_back(absl::UnavailableError("across a network partition"));
-      continue;
-    }
-    const grpc::Status& s = calls[i]->status;
-    if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+  pending.Wait();
+  for (const std::unique_ptr<Call>& c : calls) {
+    if (c->status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
       absl::MutexLock lock(&state_mu_);
-      self_seeds_.insert(addresses[i]);  // this node under another name
+      self_seeds_.insert(c->address);  // this node under another name
     } else {
-      transport_->rpc_errors().Record(s.error_code());
+      transport_->rpc_errors().Record(c->status.error_code());
     }
-    if (s.ok()) {
-      out.push_back(std::move(calls[i]->resp));
-    } else {
-      out.push_back(absl::UnavailableError(s.error_message()));
+    if (c->status.ok()) {
+      (void)membership_->Merge(ToVector(c->resp.members()), absl::Now(),
+                               changes);
     }
   }
-  return out;
 }
 
 void Swarm::GossipLoop() {
@@ -1038,20 +1028,8 @@ void Swarm::GossipLoop() {
         targets.push_back(seed);
       }
     }
-    GossipRequest req;
-    req.set_run_id(options_.identity.run_id);
-    req.set_from(options_.node_id);
-    for (const MemberEntry& e : table) *req.add_members() = e;
-    targets.erase(std::remove(targets.begin(), targets.end(), address()),
-                  targets.end());
     const absl::Time calls_start = absl::Now();
-    for (absl::StatusOr<GossipResponse>& resp :
-         CallGossip(targets, req, call_timeout)) {
-      if (resp.ok()) {
-        (void)membership_->Merge(ToVector(resp->members()), absl::Now(),
-                                 &changes);
-      }
-    }
+    GossipTo(targets, call_timeout, &changes);
     last_calls = absl::Now() - calls_start;
     if (options_.on_member_change) {
       for (const MembershipChange& c : changes) options_.on_member_change(c);
@@ -1112,20 +1090,11 @@ void Swarm::Leave() {
 }
 
 void Swarm::GossipToEveryone() {
-  GossipRequest req;
-  req.set_run_id(options_.identity.run_id);
-  req.set_from(options_.node_id);
   std::vector<std::string> live;
   for (const MemberEntry& e : membership_->Snapshot()) {
-    *req.add_members() = e;
     if (e.id() != options_.node_id && IsLive(e)) live.push_back(e.address());
   }
-  for (absl::StatusOr<GossipResponse>& resp :
-       CallGossip(live, req, absl::Seconds(1))) {
-    if (resp.ok()) {
-      (void)membership_->Merge(ToVector(resp->members()), absl::Now());
-    }
-  }
+  GossipTo(live, absl::Seconds(1), /*changes=*/nullptr);
 }
 
 absl::StatusOr<ControlAck> Swarm::SendControl(const std::string& to_id,

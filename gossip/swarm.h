@@ -297,11 +297,11 @@ class Swarm {
   // Gossips this node's table to every live member at once (a goodbye, or
   // the news that it is ready) and merges their answers.
   void GossipToEveryone();
-  // Gossips `req` to every address at once, each call waiting at most
-  // `timeout`: one answer (or error) per address, in order.
-  std::vector<absl::StatusOr<peer::v1::GossipResponse>> CallGossip(
-      const std::vector<std::string>& addresses,
-      const peer::v1::GossipRequest& req, absl::Duration timeout);
+  // Gossips this node's table to every address at once (skipping its own
+  // and those across a partition), each call waiting at most `timeout`, and
+  // merges the answers (recording into `changes` when not null).
+  void GossipTo(const std::vector<std::string>& addresses,
+                absl::Duration timeout, std::vector<MembershipChange>* changes);
 
   const SwarmOptions options_;
   std::shared_ptr<StreamDeadlines> deadlines_;  // outlives the server
