@@ -598,6 +598,10 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(absl::string_view spec,
   return std::unique_ptr<Codec>(new CodecImpl(config, options));
 }
 
+int64_t FirstNonFinite(absl::string_view fp32) {
+  return compression_internal::Fp32FirstNonFinite(fp32.data(), fp32.size() / 4);
+}
+
 std::string CompressionSpecHelp() {
   return "--compression=SPEC picks how pseudo-gradients (diloco) and "
          "pushed models (gossip, where a lossy codec encodes the difference "

@@ -74,6 +74,15 @@ struct CodecOptions {
 absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(
     absl::string_view spec, const CodecOptions& options = CodecOptions());
 
+// The index of the first NaN or ±Inf among little-endian fp32 values (a
+// trailing partial value is ignored), or -1: the check of values that come
+// from peers, vectorized (about memory speed).
+int64_t FirstNonFinite(absl::string_view fp32);
+inline int64_t FirstNonFinite(absl::Span<const float> v) {
+  return FirstNonFinite(absl::string_view(
+      reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)));
+}
+
 // One paragraph for `starling --help` listing the specs.
 std::string CompressionSpecHelp();
 

@@ -16,12 +16,18 @@ namespace compression_internal {
 inline constexpr int kInt8Levels = 127;
 inline constexpr int kInt4Levels = 7;
 
-// Index of the first NaN or Inf in x[0, n), or -1 when all are finite.
-int64_t FirstNonFinite(const float* x, size_t n);
+// Index of the first NaN or Inf among the n little-endian fp32 values at
+// `bytes`, or -1 when all are finite.
+int64_t Fp32FirstNonFinite(const char* bytes, size_t n);
+inline int64_t FirstNonFinite(const float* x, size_t n) {
+  return Fp32FirstNonFinite(reinterpret_cast<const char*>(x), n);
+}
 
 // Whether no fp32 / fp16 / bf16 value in the n little-endian elements at
 // `bytes` is NaN or Inf.
-bool Fp32AllFinite(const char* bytes, size_t n);
+inline bool Fp32AllFinite(const char* bytes, size_t n) {
+  return Fp32FirstNonFinite(bytes, n) < 0;
+}
 bool Fp16AllFinite(const char* bytes, size_t n);
 bool Bf16AllFinite(const char* bytes, size_t n);
 

@@ -5,43 +5,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "compression/codec.h"
 
 namespace starling {
-
-int64_t FirstNonFinite(absl::string_view fp32) {
-  const size_t n = fp32.size() / 4;
-  // NaN and ±Inf are the values whose 8 exponent bits are all set: adding
-  // one unit to such an exponent carries into bit 31. Each block ORs those
-  // sums into 16 lanes with no early exit and no compare, a loop the
-  // compiler turns into vector ORs at -O2 (about 2.3x the speed of a
-  // compare per element here); only a block with a hit is searched.
-  constexpr uint32_t kExponent = 0x7f800000u, kOne = 0x00800000u;
-  constexpr uint32_t kCarry = 0x80000000u;
-  constexpr size_t kBlock = 1024, kLanes = 16;
-  auto carry = [&](size_t i) {  // kCarry set for NaN and ±Inf only
-    uint32_t w;
-    std::memcpy(&w, fp32.data() + 4 * i, 4);
-    return (w & kExponent) + kOne;
-  };
-  for (size_t start = 0; start < n; start += kBlock) {
-    const size_t end = std::min(n, start + kBlock);
-    uint32_t lanes[kLanes] = {};
-    size_t i = start;
-    for (; i + kLanes <= end; i += kLanes) {
-      uint32_t w[kLanes];
-      std::memcpy(w, fp32.data() + 4 * i, sizeof(w));
-      for (size_t j = 0; j < kLanes; ++j) lanes[j] |= (w[j] & kExponent) + kOne;
-    }
-    uint32_t any = 0;
-    for (size_t j = 0; j < kLanes; ++j) any |= lanes[j];
-    for (; i < end; ++i) any |= carry(i);
-    if ((any & kCarry) == 0) continue;
-    for (i = start; i < end; ++i) {
-      if (carry(i) & kCarry) return static_cast<int64_t>(i);
-    }
-  }
-  return -1;
-}
 
 int64_t SegmentLength(int64_t total, int parts, int segment) {
   return total / parts + (segment < total % parts ? 1 : 0);

@@ -71,13 +71,6 @@ class Sink {
   bool open_ ABSL_GUARDED_BY(mu_) = true;
 };
 
-// The index of the first NaN or ±Inf among little-endian fp32 values, or -1.
-int64_t FirstNonFinite(absl::string_view fp32);
-inline int64_t FirstNonFinite(absl::Span<const float> v) {
-  return FirstNonFinite(absl::string_view(
-      reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)));
-}
-
 // Elements of segment `segment` when `total` elements are split into `parts`
 // nearly equal contiguous segments (the first total % parts get one more).
 int64_t SegmentLength(int64_t total, int parts, int segment);

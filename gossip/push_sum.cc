@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "compression/codec.h"
 #include "core/status.h"
 #include "gossip/mailbox.h"
 

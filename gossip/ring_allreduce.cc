@@ -8,6 +8,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "compression/codec.h"
 #include "core/logging.h"
 #include "gossip/crash_point.h"
 

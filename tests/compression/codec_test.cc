@@ -320,6 +320,47 @@ TEST(CodecTest, NonFiniteInputIsRejectedWithItsIndex) {
   }
 }
 
+TEST(FirstNonFiniteTest, FindsTheFirstNaNOrInfAtAnyPositionAndSize) {
+  // Sizes around the scan's 16-value vectors and 1024-value blocks, with
+  // the bad value in the bulk, the tail, or at a block's edges.
+  const float kBad[] = {std::numeric_limits<float>::quiet_NaN(),
+                        std::numeric_limits<float>::infinity(),
+                        -std::numeric_limits<float>::infinity(),
+                        -std::numeric_limits<float>::quiet_NaN()};
+  // The extremes of the finite range, and the bit patterns next to Inf.
+  const float kFinite[] = {std::numeric_limits<float>::max(),
+                           std::numeric_limits<float>::lowest(),
+                           std::numeric_limits<float>::denorm_min(),
+                           -0.0f,
+                           0.0f,
+                           1.5f};
+  for (size_t n : {0, 1, 15, 16, 17, 1023, 1024, 1025, 2048, 3001}) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = kFinite[i % 6];
+    auto scan = [&] { return FirstNonFinite(absl::MakeConstSpan(v)); };
+    EXPECT_EQ(scan(), -1) << n;
+    for (size_t pos : {size_t{0}, n / 2, n - 1, size_t{1023}, size_t{1024},
+                       size_t{1040}, n - n % 16}) {
+      if (pos >= n) continue;
+      for (float bad : kBad) {
+        const float keep = v[pos];
+        v[pos] = bad;
+        EXPECT_EQ(scan(), static_cast<int64_t>(pos)) << n << " " << pos;
+        if (pos + 1 < n) {  // a later one does not hide the first
+          v[n - 1] = bad;
+          EXPECT_EQ(scan(), static_cast<int64_t>(pos)) << n << " " << pos;
+          v[n - 1] = kFinite[(n - 1) % 6];
+        }
+        v[pos] = keep;
+      }
+    }
+  }
+  // Not whole values: the trailing bytes are ignored.
+  const std::string partial("\x00\x00\x80\x7f\x00\x00\x80", 7);
+  EXPECT_EQ(FirstNonFinite(partial), 0);
+  EXPECT_EQ(FirstNonFinite(partial.substr(4)), -1);
+}
+
 TEST(CodecTest, DecodeRejectsWrongCodecAndSize) {
   const std::vector<float> x = RandomValues(100, Dist::kNormal, 1);
   auto int8 = Make("int8");

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "compression/codec.h"
 #include "gossip/mailbox.h"
 #include "tests/fuzz/fuzz_util.h"
 
