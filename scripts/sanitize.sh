@@ -20,11 +20,13 @@ cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSTARLING_SANITIZE="${SANITIZERS:-address,undefined}" \
   -DSTARLING_BUILD_BENCH=OFF
 # The unit-test binaries (and what they need: the starling binary and the
-# TorchScript fixtures).
-mapfile -t targets < <(sed -n \
-  's/^starling_test(\([a-z_]*\) unit.*/\1/p' tests/CMakeLists.txt)
-targets+=(compression_test)
-cmake --build "$BUILD_DIR" -j "$JOBS" --target "${targets[@]}"
+# TorchScript fixtures); CMake lists their paths in unit_tests.txt.
+cmake --build "$BUILD_DIR" -j "$JOBS" --target unit_tests
+mapfile -t binaries <"$BUILD_DIR/unit_tests.txt"
+if ((${#binaries[@]} == 0)); then
+  echo "sanitize: $BUILD_DIR/unit_tests.txt lists no unit-test binary" >&2
+  exit 1
+fi
 echo "sanitize: build took $(($(date +%s) - start)) s"
 
 # LeakSanitizer stays on; gRPC's and LibTorch's process-lifetime singletons
@@ -33,10 +35,11 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:symbolize=1:
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 mkdir -p "$BUILD_DIR/sanitize-logs"
 failed=()
-for t in "${targets[@]}"; do
+for bin in "${binaries[@]}"; do
+  t=$(basename "$bin")
   log="$BUILD_DIR/sanitize-logs/$t.log"
   t0=$(date +%s)
-  if "$BUILD_DIR/tests/$t" "$@" >"$log" 2>&1; then
+  if "$bin" "$@" >"$log" 2>&1; then
     echo "sanitize: $t ok ($(grep -o '^\[  PASSED  \] [0-9]* tests\?' "$log" |
       tail -n 1 | sed 's/.*\] //'), $(($(date +%s) - t0)) s)"
   else
@@ -50,4 +53,4 @@ if ((${#failed[@]})); then
   echo "sanitize: FAILED: ${failed[*]}" >&2
   exit 1
 fi
-echo "sanitize: all ${#targets[@]} unit-test binaries clean"
+echo "sanitize: all ${#binaries[@]} unit-test binaries clean"
