@@ -29,6 +29,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "compression/codec.h"
@@ -42,7 +43,8 @@
 #include "node/run_output.h"
 
 ABSL_FLAG(std::string, sizes_mib, "4,64,256",
-          "bench allreduce: payload sizes in MiB (fp32), comma-separated");
+          "bench allreduce: payload sizes in MiB (fp32), comma-separated; a "
+          "K suffix gives KiB instead (e.g. 4K,1024K,4)");
 ABSL_FLAG(int, iterations, 5,
           "bench allreduce: timed all-reduces per size and method, after one "
           "untimed warm-up; the median is reported");
@@ -61,7 +63,7 @@ constexpr char kWorkerEnv[] = "STARLING_BENCH_WORKER";
 struct BenchConfig {
   std::string out;
   int nodes = 4;
-  std::vector<int64_t> sizes_mib;
+  std::vector<int64_t> sizes;  // payload bytes
   int iterations = 5;
   std::vector<std::string> codecs;  // Starling's, e.g. {"fp32", "int8"}
   int64_t chunk_bytes = 1 << 20;
@@ -77,13 +79,16 @@ absl::StatusOr<BenchConfig> ConfigFromFlags() {
   }
   const std::string sizes = absl::GetFlag(FLAGS_sizes_mib);
   for (absl::string_view s : absl::StrSplit(sizes, ',')) {
-    int64_t mib = 0;
-    if (!absl::SimpleAtoi(s, &mib) || mib < 1 || mib > 4096) {
+    const bool kib = absl::ConsumeSuffix(&s, "K");
+    int64_t n = 0;
+    const int64_t unit = kib ? 1 << 10 : 1 << 20;
+    if (!absl::SimpleAtoi(s, &n) || n < 1 || n > (int64_t{4096} << 20) / unit) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--sizes_mib=", sizes, ": '", s,
-          "' is not a size in MiB in [1, 4096] (e.g. --sizes_mib=4,64,256)"));
+          "--sizes_mib=", sizes, ": '", s, kib ? "K" : "",
+          "' is not a size in MiB in [1, 4096], or in KiB with a K suffix "
+          "(e.g. --sizes_mib=4,64,256 or --sizes_mib=4K,1024K)"));
     }
-    c.sizes_mib.push_back(mib);
+    c.sizes.push_back(n * unit);
   }
   c.iterations = absl::GetFlag(FLAGS_iterations);
   if (c.iterations < 1 || c.iterations > 1000) {
@@ -111,6 +116,18 @@ absl::StatusOr<BenchConfig> ConfigFromFlags() {
         "--chunk_bytes=", c.chunk_bytes, ": must be in [1024, 4194304]"));
   }
   return c;
+}
+
+// "4 MiB", or "64 KiB" below a whole MiB.
+std::string SizeLabel(int64_t bytes) {
+  return bytes % (1 << 20) == 0 ? absl::StrCat(bytes >> 20, " MiB")
+                                : absl::StrCat(bytes >> 10, " KiB");
+}
+
+// The --sizes_mib spelling of `bytes`: "4", or "64K".
+std::string SizeArg(int64_t bytes) {
+  return bytes % (1 << 20) == 0 ? absl::StrCat(bytes >> 20)
+                                : absl::StrCat(bytes >> 10, "K");
 }
 
 // ---------------------------------------------------------------------------
@@ -208,8 +225,8 @@ absl::Status WriteReports(const BenchConfig& c,
       "| size | method | median s | ratio to Gloo | sent per rank | "
       "algbw GB/s |\n",
       "|---:|---|---:|---:|---:|---:|\n");
-  for (size_t i = 0; i < c.sizes_mib.size(); ++i) {
-    const int64_t elems = c.sizes_mib[i] * (1 << 20) / 4;
+  for (size_t i = 0; i < c.sizes.size(); ++i) {
+    const int64_t elems = c.sizes[i] / 4;
     const double payload = static_cast<double>(elems) * 4;
     const std::vector<Method>& methods = results[i];
     const double gloo = Median(methods[0].seconds);
@@ -219,8 +236,8 @@ absl::Status WriteReports(const BenchConfig& c,
     JsonArray gloo_all;
     for (double x : methods[0].seconds) gloo_all.Push(x);
     JsonArray starling;
-    absl::StrAppend(&md, "| ", c.sizes_mib[i], " MiB | Gloo | ", Seconds(gloo),
-                    " | 1.00 | ", FormatBytes(gloo_bytes), " | ",
+    absl::StrAppend(&md, "| ", SizeLabel(c.sizes[i]), " | Gloo | ",
+                    Seconds(gloo), " | 1.00 | ", FormatBytes(gloo_bytes), " | ",
                     absl::StrFormat("%.2f", payload / gloo / 1e9), " |\n");
     for (size_t m = 1; m < methods.size(); ++m) {
       const double sec = Median(methods[m].seconds);
@@ -236,14 +253,18 @@ absl::Status WriteReports(const BenchConfig& c,
           .Add("algbw_GBps", payload / sec / 1e9);
       starling.Push(o);
       absl::StrAppend(
-          &md, "| ", c.sizes_mib[i], " MiB | Starling ", methods[m].codec,
+          &md, "| ", SizeLabel(c.sizes[i]), " | Starling ", methods[m].codec,
           " | ", Seconds(sec), " | ", absl::StrFormat("%.2f", sec / gloo),
           " | ", FormatBytes(static_cast<double>(methods[m].bytes_sent)), " | ",
           absl::StrFormat("%.2f", payload / sec / 1e9), " |\n");
     }
     JsonObject size;
-    size.Add("size_mib", c.sizes_mib[i])
-        .Add("payload_bytes", static_cast<int64_t>(payload))
+    if (c.sizes[i] % (1 << 20) == 0) {
+      size.Add("size_mib", c.sizes[i] >> 20);
+    } else {
+      size.Add("size_mib", static_cast<double>(c.sizes[i]) / (1 << 20));
+    }
+    size.Add("payload_bytes", static_cast<int64_t>(payload))
         .Add("gloo_seconds", gloo)
         .Add("gloo_seconds_all", gloo_all)
         .Add("gloo_bytes_sent_per_rank", gloo_bytes)
@@ -290,12 +311,12 @@ absl::Status RunWorker(const BenchConfig& c, int rank,
   auto barrier = [&] { pg->barrier()->wait(); };
 
   // Starling's transport, one tensor name per (size, codec).
-  std::vector<std::vector<Method>> results(c.sizes_mib.size());
+  std::vector<std::vector<Method>> results(c.sizes.size());
   MailboxOptions mailbox;
   mailbox.run_id = "bench-allreduce";
   int64_t total_elements = 0;
-  for (size_t i = 0; i < c.sizes_mib.size(); ++i) {
-    const int64_t elems = c.sizes_mib[i] * (1 << 20) / 4;
+  for (size_t i = 0; i < c.sizes.size(); ++i) {
+    const int64_t elems = c.sizes[i] / 4;
     total_elements += elems;
     Method gloo;
     gloo.name = "gloo";
@@ -304,7 +325,7 @@ absl::Status RunWorker(const BenchConfig& c, int rank,
       Method m;
       m.codec = codec;
       m.name = absl::StrCat("starling/", codec);
-      m.tensor = absl::StrCat(c.sizes_mib[i], "MiB/", codec);
+      m.tensor = absl::StrCat(SizeArg(c.sizes[i]), "/", codec);
       if (codec != "fp32") {
         PolicyOptions po;
         po.main = codec;
@@ -338,8 +359,8 @@ absl::Status RunWorker(const BenchConfig& c, int rank,
                                               absl::Now() + absl::Seconds(60)));
 
   int64_t round = 0;
-  for (size_t i = 0; i < c.sizes_mib.size(); ++i) {
-    const int64_t elems = c.sizes_mib[i] * (1 << 20) / 4;
+  for (size_t i = 0; i < c.sizes.size(); ++i) {
+    const int64_t elems = c.sizes[i] / 4;
     std::vector<Method>& methods = results[i];
     const int count = static_cast<int>(methods.size());
     std::vector<float> mine(kPeriod), sum(kPeriod, 0.0f);
@@ -388,9 +409,10 @@ absl::Status RunWorker(const BenchConfig& c, int rank,
                                       : std::isfinite(got);
           if (!ok) {
             return absl::InternalError(absl::StrFormat(
-                "%s, %d MiB: element %d is %.9g, the exact sum is %.9g "
+                "%s, %s: element %d is %.9g, the exact sum is %.9g "
                 "(allowed error %g): the all-reduce is wrong",
-                m.name, c.sizes_mib[i], e, got, want, std::max(bound, 0.0)));
+                m.name, SizeLabel(c.sizes[i]), e, got, want,
+                std::max(bound, 0.0)));
           }
         }
         checksums[(j + it) % count] = Checksum(buf);
@@ -414,8 +436,8 @@ absl::Status RunWorker(const BenchConfig& c, int rank,
       for (int m = 0; m < count; ++m) {
         if (lo[m].item<int64_t>() != hi[m].item<int64_t>()) {
           return absl::InternalError(
-              absl::StrCat(methods[m].name, ", ", c.sizes_mib[i],
-                           " MiB: the ranks ended with different bytes"));
+              absl::StrCat(methods[m].name, ", ", SizeLabel(c.sizes[i]),
+                           ": the ranks ended with different bytes"));
         }
         const double s = t[m].item<double>();
         if (it > 0) methods[m].seconds.push_back(s);
@@ -424,7 +446,7 @@ absl::Status RunWorker(const BenchConfig& c, int rank,
       }
       if (rank == 0) {
         WriteStderrLine(absl::StrCat(
-            "bench allreduce: ", c.sizes_mib[i], " MiB ",
+            "bench allreduce: ", SizeLabel(c.sizes[i]), " ",
             it == 0 ? "warm-up" : absl::StrCat(it, "/", c.iterations), ": ",
             absl::StrJoin(line, ", ")));
       }
@@ -522,18 +544,24 @@ int RunBenchCommand() {
     return 1;
   }
   const std::string store = tmp + "/store";
-  WriteStderrLine(
-      absl::StrCat("bench allreduce: ", c.nodes, " processes, sizes ",
-                   absl::StrJoin(c.sizes_mib, ","), " MiB, gloo vs starling ",
-                   absl::StrJoin(c.codecs, ","), ", ", c.iterations,
-                   " timed iterations each; writing ", c.out));
+  WriteStderrLine(absl::StrCat(
+      "bench allreduce: ", c.nodes, " processes, sizes ",
+      absl::StrJoin(
+          c.sizes, ",",
+          [](std::string* out, int64_t b) { out->append(SizeLabel(b)); }),
+      ", gloo vs starling ", absl::StrJoin(c.codecs, ","), ", ", c.iterations,
+      " timed iterations each; writing ", c.out));
   std::vector<std::string> args = {
       "starling",
       "bench",
       "allreduce",
       absl::StrCat("--out=", c.out),
       absl::StrCat("--nodes=", c.nodes),
-      absl::StrCat("--sizes_mib=", absl::StrJoin(c.sizes_mib, ",")),
+      absl::StrCat("--sizes_mib=",
+                   absl::StrJoin(c.sizes, ",",
+                                 [](std::string* out, int64_t b) {
+                                   out->append(SizeArg(b));
+                                 })),
       absl::StrCat("--iterations=", c.iterations),
       absl::StrCat("--compression=", absl::StrJoin(c.codecs, ",")),
       absl::StrCat("--chunk_bytes=", c.chunk_bytes)};

@@ -19,7 +19,7 @@ using ::starling::testing::TempDir;
 TEST(BenchTest, AllreduceWritesJsonAndMarkdown) {
   const std::string dir = TempDir() + "/ar";
   auto r = RunStarling("bench allreduce --out=" + dir +
-                       " --nodes=2 --sizes_mib=1 --iterations=1");
+                       " --nodes=2 --sizes_mib=1,4K --iterations=1");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("bench allreduce: 1 MiB 1/1"), std::string::npos)
       << r.err;
@@ -29,7 +29,7 @@ TEST(BenchTest, AllreduceWritesJsonAndMarkdown) {
   EXPECT_EQ(Field(json, "nodes").number_value(), 2);
   EXPECT_EQ(Field(json, "iterations").number_value(), 1);
   const auto& sizes = Field(json, "sizes").list_value();
-  ASSERT_EQ(sizes.values_size(), 1);
+  ASSERT_EQ(sizes.values_size(), 2);
   const auto& size = sizes.values(0).struct_value();
   EXPECT_EQ(Field(size, "size_mib").number_value(), 1);
   EXPECT_EQ(Field(size, "payload_bytes").number_value(), 1 << 20);
@@ -57,10 +57,21 @@ TEST(BenchTest, AllreduceWritesJsonAndMarkdown) {
     }
   }
 
+  // A K suffix gives KiB: 4 KiB is 1024 values, 512 of them sent twice.
+  const auto& small = sizes.values(1).struct_value();
+  EXPECT_EQ(Field(small, "size_mib").number_value(), 4.0 / 1024);
+  EXPECT_EQ(Field(small, "payload_bytes").number_value(), 4096);
+  EXPECT_EQ(Field(small, "gloo_bytes_sent_per_rank").number_value(), 4096);
+  const auto& small_fp32 =
+      Field(small, "starling").list_value().values(0).struct_value();
+  EXPECT_EQ(Field(small_fp32, "payload_bytes_sent_per_rank").number_value(),
+            4096);
+
   absl::StatusOr<std::string> md = ReadFile(dir + "/allreduce.md");
   ASSERT_TRUE(md.ok()) << md.status();
   for (const char* row : {"| 1 MiB | Gloo |", "| 1 MiB | Starling fp32 |",
-                          "| 1 MiB | Starling int8 |", "ratio to Gloo"}) {
+                          "| 1 MiB | Starling int8 |", "| 4 KiB | Gloo |",
+                          "| 4 KiB | Starling fp32 |", "ratio to Gloo"}) {
     EXPECT_NE(md->find(row), std::string::npos) << row << "\n" << *md;
   }
   EXPECT_EQ(r.out, *md);  // the table is printed too
@@ -76,6 +87,8 @@ TEST(BenchTest, BadFlagsExitTwoNamingTheFlag) {
       {"bench reduce", "got 'reduce'"},
       {"bench allreduce --nodes=1", "--nodes=1"},
       {"bench allreduce --sizes_mib=4,x", "--sizes_mib=4,x"},
+      {"bench allreduce --sizes_mib=0K", "--sizes_mib=0K"},
+      {"bench allreduce --sizes_mib=4097", "--sizes_mib=4097"},
       {"bench allreduce --iterations=0", "--iterations=0"},
       {"bench allreduce --compression=fp32,int9", "int9"},
       {"bench allreduce --compression=int8,int8", "'int8' twice"},
