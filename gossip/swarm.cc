@@ -246,6 +246,13 @@ grpc::ServerWriteReactor<StateChunk>* Swarm::Service::FetchState(
     return fail(grpc::StatusCode::UNAVAILABLE,
                 "this node has no committed state to serve yet");
   }
+  if (req->round() > blob->round()) {
+    // Its next state is still being encoded (or it is behind): say so
+    // rather than send a state the joiner would throw away.
+    return fail(grpc::StatusCode::FAILED_PRECONDITION,
+                absl::StrCat("this node serves round ", blob->round(),
+                             ", not yet round ", req->round()));
+  }
   int64_t offset = 0;
   if (req->digest() == blob->digest() && req->offset() > 0 &&
       req->offset() < static_cast<int64_t>(blob->bytes().size())) {
@@ -467,6 +474,7 @@ absl::StatusOr<std::unique_ptr<Swarm>> Swarm::Start(
   s->ReadPartitionFile();
   s->gossip_thread_ = std::thread([self] { self->GossipLoop(); });
   s->coord_thread_ = std::thread([self] { self->CoordinatorLoop(); });
+  s->state_thread_ = std::thread([self] { self->StateLoop(); });
   return s;
 }
 
@@ -476,8 +484,12 @@ void Swarm::Shutdown() {
     absl::MutexLock lock(&coord_->mu);
     coord_->cv.SignalAll();
   }
+  {
+    absl::MutexLock lock(&to_serve_mu_);  // StateLoop's wait sees stopping_
+  }
   if (gossip_thread_.joinable()) gossip_thread_.join();
   if (coord_thread_.joinable()) coord_thread_.join();
+  if (state_thread_.joinable()) state_thread_.join();
   if (transport_) transport_->Shutdown();
 }
 
@@ -706,9 +718,32 @@ bool Swarm::EarlySyncRequested(int64_t round) const {
   return false;
 }
 
-void Swarm::ServeState(std::shared_ptr<const StateBlob> blob) {
+void Swarm::ServeState(SwarmState state) {
+  absl::MutexLock lock(&to_serve_mu_);
+  to_serve_ = std::make_unique<SwarmState>(std::move(state));
+}
+
+int64_t Swarm::ServedRound() const {
   absl::MutexLock lock(&state_mu_);
-  served_ = std::move(blob);
+  return served_ == nullptr ? -1 : served_->round();
+}
+
+void Swarm::StateLoop() {
+  while (true) {
+    std::unique_ptr<SwarmState> state;
+    {
+      absl::MutexLock lock(&to_serve_mu_);
+      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(to_serve_mu_) {
+        return to_serve_ != nullptr || stopping_.load();
+      };
+      to_serve_mu_.Await(absl::Condition(&woken));
+      if (stopping_.load()) return;
+      state = std::move(to_serve_);
+    }
+    std::shared_ptr<const StateBlob> blob = StateBlob::Make(*state);
+    absl::MutexLock lock(&state_mu_);
+    served_ = std::move(blob);
+  }
 }
 
 bool Swarm::Ahead(const Lineage& best, int64_t round,
@@ -1696,6 +1731,7 @@ absl::StatusOr<SwarmState> Swarm::FetchState(
       req.set_from(options_.node_id);
       req.set_offset(assembler.next_offset());
       req.set_digest(assembler.digest());
+      if (at_least != nullptr) req.set_round(at_least->round);
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(deadline));
       options_.credentials.Sign(&ctx, "FetchState");
@@ -1703,7 +1739,9 @@ absl::StatusOr<SwarmState> Swarm::FetchState(
           StubFor(e->address())->stub->FetchState(&ctx, req);
       StateChunk chunk;
       absl::Status bad;
+      bool any = false;  // chunks in this call
       while (reader->Read(&chunk)) {
+        any = true;
         if (stats) stats->bytes += static_cast<int64_t>(chunk.data().size());
         bad = assembler.Add(chunk.digest(), chunk.total_bytes(), chunk.offset(),
                             chunk.data(), chunk.checksum());
@@ -1744,6 +1782,12 @@ absl::StatusOr<SwarmState> Swarm::FetchState(
       }
       last_error = absl::StrCat(
           donors[i], ": ", s.ok() ? "stream ended early" : s.error_message());
+      if (!any && s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+        // Refused before any byte (its state has not reached the round
+        // asked for): the next donor, but no transfer broke off.
+        STARLING_LOG(INFO) << "state from " << last_error;
+        break;
+      }
       STARLING_LOG(WARNING) << "state transfer from " << donors[i]
                             << " broke off at byte " << assembler.next_offset()
                             << ": " << last_error << "; trying the next donor";

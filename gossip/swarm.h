@@ -49,10 +49,12 @@
 //     better lineage in gossip before a round) fetches the state of the best
 //     lineage from a member on it (FetchState: chunked, zstd, checksummed,
 //     resumable from another donor with the same digest) and continues from
-//     the next round. Lineages order by round (more progress wins), then by
-//     smallest hash, so after a partition heals every node converges on one
-//     θ_global: the half that completed more rounds; on a tie, the smaller
-//     hash.
+//     the next round. Each member encodes and compresses its state after a
+//     commit on a thread of its own (ServeState), and refuses at once a
+//     request for a round its served state has not reached. Lineages order by
+//     round (more progress wins), then by smallest hash, so after a partition
+//     heals every node converges on one θ_global: the half that completed more
+//     rounds; on a tie, the smaller hash.
 //  6. Adaptive sync. A member whose drift detector or divergence trigger
 //     fires during round r gossips early_sync = r + 1 in its entry
 //     (RequestEarlySync); every member polls EarlySyncRequested(r) between
@@ -181,8 +183,14 @@ class Swarm {
   // live member (this one included) asked so for `round`.
   void RequestEarlySync(int64_t round);
   bool EarlySyncRequested(int64_t round) const;
-  // The state this node serves to joiners (its last committed round).
-  void ServeState(std::shared_ptr<const StateBlob> blob);
+  // The state this node serves to joiners (its last committed round). It
+  // is encoded, compressed and hashed on a thread of the swarm's, so the
+  // caller (the training loop) pays only for the copy it hands over; until
+  // that is done joiners get the previous state (or UNAVAILABLE before the
+  // first). A state still waiting to be encoded is replaced by a newer one.
+  void ServeState(SwarmState state);
+  // The round of the state served now, or -1 before the first.
+  int64_t ServedRound() const;
 
   struct Lineage {
     int64_t round = 0;
@@ -282,6 +290,7 @@ class Swarm {
 
   void GossipLoop();
   void CoordinatorLoop();
+  void StateLoop();  // encodes what ServeState hands over
   void ReadPartitionFile();
   void CancelAttemptIfDue();
   // Push handler: reserves an inbox place for a new stream (false when the
@@ -320,6 +329,11 @@ class Swarm {
   PublicCopies push_copies_;  // the senders' models, for relative pushes
   std::thread gossip_thread_;
   std::thread coord_thread_;
+  std::thread state_thread_;
+
+  // The state ServeState handed over, for StateLoop to encode.
+  absl::Mutex to_serve_mu_;
+  std::unique_ptr<SwarmState> to_serve_ ABSL_GUARDED_BY(to_serve_mu_);
 
   mutable absl::Mutex state_mu_;
   std::shared_ptr<const StateBlob> served_ ABSL_GUARDED_BY(state_mu_);

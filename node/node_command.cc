@@ -1067,8 +1067,7 @@ int RunDiloco(NodeRun& run) {
   int last_rank = 0, last_world = 1;
   bool left = false;
   auto serve = [&](int step = -1) {
-    swarm.ServeState(
-        StateBlob::Make(CurrentState(run, theta_global, lineage, step)));
+    swarm.ServeState(CurrentState(run, theta_global, lineage, step));
   };
   serve();
 

@@ -1,7 +1,8 @@
-// The start barrier of in-process swarms on loopback: JoinSwarm, then
+// In-process swarms on loopback. The start barrier: JoinSwarm, then
 // SetProgress(joining = false), then WaitForMembers. A member counts for the
 // others only once it is ready, and still counts after it leaves, so that a
-// slow joiner and a fast finisher cannot strand each other.
+// slow joiner and a fast finisher cannot strand each other. And the state a
+// member serves to joiners (ServeState, FetchState).
 #include "gossip/swarm.h"
 
 #include <chrono>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/flat_params.h"
 #include "gtest/gtest.h"
 
 namespace starling {
@@ -95,6 +97,77 @@ TEST(SwarmTest, OnlyReadyMembersCountAndOneThatLeftReadyStillCounts) {
   EXPECT_TRUE(absl::IsDeadlineExceeded(four)) << four;
   EXPECT_NE(four.message().find("only 3 are ready"), std::string::npos) << four;
   EXPECT_NE(four.message().find("n3 left"), std::string::npos) << four;
+}
+
+// A state whose θ holds `value` everywhere (with its hash, which the joiner
+// checks).
+SwarmState StateAt(int64_t round, float value) {
+  SwarmState s;
+  s.round = round;
+  s.step = round * 10;
+  s.theta.assign(5000, value);
+  s.lineage = FlatHash(s.theta);
+  s.outer_state = absl::StrCat("momentum of round ", round);
+  return s;
+}
+
+TEST(SwarmTest, ServesItsNewestStateAndRefusesARoundItHasNotReached) {
+  std::unique_ptr<Swarm> donor = StartSwarm("n0", {});
+  ASSERT_NE(donor, nullptr);
+  ASSERT_TRUE(donor->JoinSwarm(absl::Now() + absl::Seconds(10)).ok());
+  donor->SetProgress(4, "", /*joining=*/false);
+  std::unique_ptr<Swarm> joiner = StartSwarm("n1", {donor->address()});
+  ASSERT_NE(joiner, nullptr);
+  ASSERT_TRUE(joiner->JoinSwarm(absl::Now() + absl::Seconds(10)).ok());
+
+  // Nothing served yet.
+  EXPECT_EQ(donor->ServedRound(), -1);
+  absl::StatusOr<SwarmState> none = joiner->FetchState(
+      {"n0"}, nullptr, absl::Now() + absl::Seconds(10), nullptr);
+  ASSERT_TRUE(absl::IsUnavailable(none.status())) << none.status();
+  EXPECT_NE(none.status().message().find("no committed state"),
+            std::string::npos)
+      << none.status();
+
+  // Encoded in the background; the newer state wins, and the served round
+  // never goes back.
+  donor->ServeState(StateAt(3, 1.5f));
+  donor->ServeState(StateAt(4, 2.5f));
+  int64_t seen = -1;
+  const absl::Time by = absl::Now() + absl::Seconds(30);
+  while (seen != 4 && absl::Now() < by) {
+    const int64_t now = donor->ServedRound();
+    ASSERT_GE(now, seen);
+    ASSERT_TRUE(now == -1 || now == 3 || now == 4) << now;
+    seen = now;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(seen, 4);
+  const SwarmState want = StateAt(4, 2.5f);
+  Swarm::Lineage best{4, want.lineage, {"n0"}};
+  Swarm::FetchStats stats;
+  absl::StatusOr<SwarmState> got = joiner->FetchState(
+      {"n0"}, &best, absl::Now() + absl::Seconds(10), &stats);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->round, 4);
+  EXPECT_EQ(got->step, 40);
+  EXPECT_EQ(got->lineage, want.lineage);
+  EXPECT_EQ(got->theta, want.theta);
+  EXPECT_EQ(got->outer_state, want.outer_state);
+  EXPECT_GT(stats.bytes, 0);
+
+  // A joiner that wants round 6 is refused before any byte moves, and that
+  // is no failed transfer.
+  Swarm::Lineage ahead{6, "", {"n0"}};
+  stats = Swarm::FetchStats();
+  absl::StatusOr<SwarmState> early = joiner->FetchState(
+      {"n0"}, &ahead, absl::Now() + absl::Seconds(10), &stats);
+  ASSERT_TRUE(absl::IsUnavailable(early.status())) << early.status();
+  EXPECT_NE(early.status().message().find("serves round 4, not yet round 6"),
+            std::string::npos)
+      << early.status();
+  EXPECT_EQ(stats.bytes, 0);
+  EXPECT_EQ(stats.retries, 0);
 }
 
 }  // namespace
