@@ -1,7 +1,7 @@
 // Codec throughput on one thread: int8 encode and decode-accumulate against a
 // memcpy of the same 64 MiB (the reference bandwidth), zstd over int8 codes,
-// and top-k selection over 10M floats. Writes JSON with
-// --benchmark_format=json; asserts nothing.
+// top-k selection over 10M floats, and the NaN/Inf scan of a received
+// chunk. Writes JSON with --benchmark_format=json; asserts nothing.
 #include <benchmark/benchmark.h>
 
 #include <cstring>
@@ -75,6 +75,21 @@ void BM_Int8DecodeAccumulate(benchmark::State& state) {
 BENCHMARK(BM_Int8DecodeAccumulate)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+// The NaN/Inf scan every received fp32 chunk goes through (1 MiB, as the
+// transport's chunks, at an odd address, as in gRPC's slices).
+void BM_FirstNonFinite1MiB(benchmark::State& state) {
+  const std::vector<float>& in = Input(kFloats);
+  constexpr size_t kBytes = size_t{1} << 20;
+  std::string buf(kBytes + 1, '\0');
+  std::memcpy(&buf[1], in.data(), kBytes);
+  const absl::string_view chunk(buf.data() + 1, kBytes);
+  for (auto _ : state) {
+    if (FirstNonFinite(chunk) != -1) std::abort();
+  }
+  state.SetBytesProcessed(state.iterations() * kBytes);
+}
+BENCHMARK(BM_FirstNonFinite1MiB)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // zstd over the 16 MiB of int8 codes (scales excluded); bytes/s is over the
 // codes, i.e. the zstd input.
