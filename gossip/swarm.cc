@@ -1784,7 +1784,8 @@ absl::StatusOr<SwarmState> Swarm::FetchState(
           donors[i], ": ", s.ok() ? "stream ended early" : s.error_message());
       if (!any && s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
         // Refused before any byte (its state has not reached the round
-        // asked for): the next donor, but no transfer broke off.
+        // asked for, or another run): the next donor, but no transfer
+        // broke off.
         STARLING_LOG(INFO) << "state from " << last_error;
         break;
       }

@@ -32,6 +32,16 @@ std::unique_ptr<Swarm> StartSwarm(const std::string& id,
   return s.ok() ? std::move(s).value() : nullptr;
 }
 
+// StartSwarm, then JoinSwarm through `seeds` (null when either fails).
+std::unique_ptr<Swarm> StartJoined(const std::string& id,
+                                   const std::vector<std::string>& seeds) {
+  std::unique_ptr<Swarm> s = StartSwarm(id, seeds);
+  if (s == nullptr) return nullptr;
+  absl::Status joined = s->JoinSwarm(absl::Now() + absl::Seconds(10));
+  EXPECT_TRUE(joined.ok()) << id << ": " << joined;
+  return joined.ok() ? std::move(s) : nullptr;
+}
+
 // The state of `id` in `s`'s view ("" when unknown), with " joining" when
 // it is still joining.
 std::string Seen(const Swarm& s, const std::string& id) {
@@ -48,13 +58,11 @@ bool Ready(std::future<absl::Status>& f) {
 }
 
 TEST(SwarmTest, OnlyReadyMembersCountAndOneThatLeftReadyStillCounts) {
-  std::unique_ptr<Swarm> a = StartSwarm("n0", {});
+  std::unique_ptr<Swarm> a = StartJoined("n0", {});
   ASSERT_NE(a, nullptr);
-  ASSERT_TRUE(a->JoinSwarm(absl::Now() + absl::Seconds(10)).ok());
   a->SetProgress(0, "", /*joining=*/false);
-  std::unique_ptr<Swarm> b = StartSwarm("n2", {a->address()});
+  std::unique_ptr<Swarm> b = StartJoined("n2", {a->address()});
   ASSERT_NE(b, nullptr);
-  ASSERT_TRUE(b->JoinSwarm(absl::Now() + absl::Seconds(10)).ok());
   b->SetProgress(0, "", /*joining=*/false);
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   std::future<absl::Status> wait_a = std::async(
@@ -112,13 +120,11 @@ SwarmState StateAt(int64_t round, float value) {
 }
 
 TEST(SwarmTest, ServesItsNewestStateAndRefusesARoundItHasNotReached) {
-  std::unique_ptr<Swarm> donor = StartSwarm("n0", {});
+  std::unique_ptr<Swarm> donor = StartJoined("n0", {});
   ASSERT_NE(donor, nullptr);
-  ASSERT_TRUE(donor->JoinSwarm(absl::Now() + absl::Seconds(10)).ok());
   donor->SetProgress(4, "", /*joining=*/false);
-  std::unique_ptr<Swarm> joiner = StartSwarm("n1", {donor->address()});
+  std::unique_ptr<Swarm> joiner = StartJoined("n1", {donor->address()});
   ASSERT_NE(joiner, nullptr);
-  ASSERT_TRUE(joiner->JoinSwarm(absl::Now() + absl::Seconds(10)).ok());
 
   // Nothing served yet.
   EXPECT_EQ(donor->ServedRound(), -1);
