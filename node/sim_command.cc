@@ -1216,7 +1216,9 @@ int RunSimCommand() {
     WriteStderrLine(absl::StrCat("starling sim: node ", ids[failed],
                                  " failed (exit ", failed_code, "): ", last,
                                  "\n  its log: ", log));
-    return 1;
+    // A node that refused its flags, config or input (exit 2) makes it the
+    // sim's too; anything else is a failure at run time.
+    return failed_code == 2 ? 2 : 1;
   }
   JsonObject sim_cfg;
   sim_cfg.Add("nodes", static_cast<int64_t>(n))
