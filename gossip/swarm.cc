@@ -7,6 +7,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -1162,6 +1163,31 @@ absl::StatusOr<ControlAck> Swarm::SendControl(const std::string& to_id,
   return ack;
 }
 
+std::vector<absl::StatusOr<ControlAck>> Swarm::SendControls(
+    absl::Span<const std::pair<std::string, ControlMessage>> msgs) {
+  std::vector<absl::StatusOr<ControlAck>> acks(msgs.size(),
+                                               absl::UnknownError("not sent"));
+  std::map<std::string, std::vector<size_t>> by_member;
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    by_member[msgs[i].first].push_back(i);
+  }
+  auto send = [&](const std::vector<size_t>& indices) {
+    for (size_t i : indices) {
+      acks[i] = SendControl(msgs[i].first, msgs[i].second);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (const auto& [id, indices] : by_member) {
+    if (threads.size() + 1 == by_member.size()) {
+      send(indices);  // the last on this thread
+    } else {
+      threads.emplace_back(send, std::cref(indices));
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  return acks;
+}
+
 ControlAck Swarm::OnControl(const ControlMessage& m) {
   ControlAck ack;
   ack.set_accepted(true);
@@ -1448,29 +1474,41 @@ void Swarm::CoordinatorLoop() {
       outbox.insert(outbox.begin(), c.outbox.begin(), c.outbox.end());
       c.outbox.clear();
     }
-    bool told_one = false;  // a COMMIT to another member
-    for (const auto& [to, m] : outbox) {
-      (void)SendControl(to, m);
-      if (m.kind() == ControlMessage::COMMIT && to != options_.node_id &&
-          !told_one) {
-        told_one = true;
-        CrashPoint("commit_partial");
+    // Members at once. The messages up to the first COMMIT to another
+    // member go first, so that a crash right after it (commit_partial)
+    // leaves the rest uncommitted.
+    size_t first_commit = outbox.size();
+    for (size_t i = 0; i < outbox.size(); ++i) {
+      if (outbox[i].second.kind() == ControlMessage::COMMIT &&
+          outbox[i].first != options_.node_id) {
+        first_commit = i;
+        break;
       }
     }
-    // Plans need every member's acceptance.
-    std::string refused;
-    for (const auto& [to, m] : plans) {
-      absl::StatusOr<ControlAck> ack = SendControl(to, m);
+    const absl::Span<const std::pair<std::string, ControlMessage>> all(outbox);
+    if (first_commit < outbox.size()) {
+      (void)SendControls(all.subspan(0, first_commit + 1));
+      CrashPoint("commit_partial");
+      (void)SendControls(all.subspan(first_commit + 1));
+    } else {
+      (void)SendControls(all);
+    }
+    // Plans need every member's acceptance; every member that refused (or
+    // could not be reached) is dealt with in this attempt.
+    const std::vector<absl::StatusOr<ControlAck>> acks = SendControls(plans);
+    for (size_t i = 0; i < plans.size(); ++i) {
+      const std::string& to = plans[i].first;
+      const ControlMessage& m = plans[i].second;
+      const absl::StatusOr<ControlAck>& ack = acks[i];
       if (!ack.ok() || !ack->accepted()) {
-        refused = to;
-        STARLING_LOG(INFO) << "plan for round " << m.round() << " refused by "
-                           << to << ": "
+        STARLING_LOG(INFO) << "plan for round " << m.round() << " attempt "
+                           << m.attempt() << " refused by " << to << ": "
                            << (ack.ok() ? ack->reason()
                                         : std::string(ack.status().message()));
         absl::MutexLock lock(&c.mu);
         if (c.running && c.round == m.round() && c.attempt == m.attempt()) {
+          if (!c.abort) c.abort_reason = absl::StrCat(to, " refused the plan");
           c.abort = true;
-          c.abort_reason = absl::StrCat(to, " refused the plan");
           c.ready.erase(to);
           if (ack.ok() && !ack->follows().empty()) {
             // Alive, but it takes another member for the coordinator: the
@@ -1487,7 +1525,6 @@ void Swarm::CoordinatorLoop() {
             c.excluded.insert(to);
           }
         }
-        break;
       }
     }
   }

@@ -81,12 +81,14 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "compression/tensor_policy.h"
 #include "gossip/grpc_transport.h"
 #include "gossip/membership.h"
@@ -303,6 +305,11 @@ class Swarm {
   bool HasSelfSeed() const;
   absl::StatusOr<peer::v1::ControlAck> SendControl(
       const std::string& to_id, const peer::v1::ControlMessage& m);
+  // Sends each member's messages in order and the members at once, so that
+  // a member that hangs (stopped, or behind a black hole) costs one call
+  // timeout, not one for every member after it. Acks in `msgs` order.
+  std::vector<absl::StatusOr<peer::v1::ControlAck>> SendControls(
+      absl::Span<const std::pair<std::string, peer::v1::ControlMessage>> msgs);
   // Gossips this node's table to every live member at once (a goodbye, or
   // the news that it is ready) and merges their answers.
   void GossipToEveryone();
