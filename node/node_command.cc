@@ -143,7 +143,9 @@ ABSL_FLAG(bool, overlap, false,
           "a fixed H");
 ABSL_FLAG(std::string, error_feedback, "auto",
           "auto (on for int4 and topk, off otherwise) | on | off: keep what "
-          "the codec dropped and add it to the next round's pseudo-gradient");
+          "the codec dropped and add it to the next round's pseudo-gradient "
+          "(with topk fractions of 5% or more, off measured better: see the "
+          "README)");
 ABSL_FLAG(int, small_tensor_elems, 4096,
           "with a lossy --compression, tensors with fewer elements (norms, "
           "biases) use --small_tensor_codec instead");
