@@ -254,6 +254,15 @@ grpc::ServerWriteReactor<StateChunk>* Swarm::Service::FetchState(
                 absl::StrCat("this node serves round ", blob->round(),
                              ", not yet round ", req->round()));
   }
+  if (Swarm::Ahead(Swarm::Lineage{req->round(), req->lineage(), {}},
+                   blob->round(), blob->lineage())) {
+    // The same round on a lineage that lost (a partition's other side):
+    // the joiner would throw this one away too.
+    return fail(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("this node serves round ", blob->round(), " of lineage ",
+                     blob->lineage(), ", not ", req->lineage()));
+  }
   int64_t offset = 0;
   if (req->digest() == blob->digest() && req->offset() > 0 &&
       req->offset() < static_cast<int64_t>(blob->bytes().size())) {
@@ -1768,7 +1777,10 @@ absl::StatusOr<SwarmState> Swarm::FetchState(
       req.set_from(options_.node_id);
       req.set_offset(assembler.next_offset());
       req.set_digest(assembler.digest());
-      if (at_least != nullptr) req.set_round(at_least->round);
+      if (at_least != nullptr) {
+        req.set_round(at_least->round);
+        req.set_lineage(at_least->lineage);
+      }
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(deadline));
       options_.credentials.Sign(&ctx, "FetchState");
@@ -1821,8 +1833,8 @@ absl::StatusOr<SwarmState> Swarm::FetchState(
           donors[i], ": ", s.ok() ? "stream ended early" : s.error_message());
       if (!any && s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
         // Refused before any byte (its state has not reached the round
-        // asked for, or another run): the next donor, but no transfer
-        // broke off.
+        // asked for, is on a losing lineage, or is another run's): the
+        // next donor, but no transfer broke off.
         STARLING_LOG(INFO) << "state from " << last_error;
         break;
       }

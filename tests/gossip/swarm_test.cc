@@ -119,7 +119,7 @@ SwarmState StateAt(int64_t round, float value) {
   return s;
 }
 
-TEST(SwarmTest, ServesItsNewestStateAndRefusesARoundItHasNotReached) {
+TEST(SwarmTest, ServesItsNewestStateAndRefusesARoundItHasNotReachedOrLost) {
   std::unique_ptr<Swarm> donor = StartJoined("n0", {});
   ASSERT_NE(donor, nullptr);
   donor->SetProgress(4, "", /*joining=*/false);
@@ -172,6 +172,21 @@ TEST(SwarmTest, ServesItsNewestStateAndRefusesARoundItHasNotReached) {
   EXPECT_NE(early.status().message().find("serves round 4, not yet round 6"),
             std::string::npos)
       << early.status();
+  EXPECT_EQ(stats.bytes, 0);
+  EXPECT_EQ(stats.retries, 0);
+
+  // Round 4 of a lineage that wins over the served one (after a partition):
+  // refused at once as well. "0" sorts before any longer hash.
+  ASSERT_NE(want.lineage, "0");
+  Swarm::Lineage other{4, "0", {"n0"}};
+  stats = Swarm::FetchStats();
+  absl::StatusOr<SwarmState> lost = joiner->FetchState(
+      {"n0"}, &other, absl::Now() + absl::Seconds(10), &stats);
+  ASSERT_TRUE(absl::IsUnavailable(lost.status())) << lost.status();
+  EXPECT_NE(lost.status().message().find(absl::StrCat(
+                "serves round 4 of lineage ", want.lineage, ", not 0")),
+            std::string::npos)
+      << lost.status();
   EXPECT_EQ(stats.bytes, 0);
   EXPECT_EQ(stats.retries, 0);
 }
