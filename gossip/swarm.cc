@@ -247,21 +247,18 @@ grpc::ServerWriteReactor<StateChunk>* Swarm::Service::FetchState(
     return fail(grpc::StatusCode::UNAVAILABLE,
                 "this node has no committed state to serve yet");
   }
-  if (req->round() > blob->round()) {
-    // Its next state is still being encoded (or it is behind): say so
-    // rather than send a state the joiner would throw away.
-    return fail(grpc::StatusCode::FAILED_PRECONDITION,
-                absl::StrCat("this node serves round ", blob->round(),
-                             ", not yet round ", req->round()));
-  }
   if (Swarm::Ahead(Swarm::Lineage{req->round(), req->lineage(), {}},
                    blob->round(), blob->lineage())) {
-    // The same round on a lineage that lost (a partition's other side):
-    // the joiner would throw this one away too.
-    return fail(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        absl::StrCat("this node serves round ", blob->round(), " of lineage ",
-                     blob->lineage(), ", not ", req->lineage()));
+    // The joiner would throw this state away: its next one is still being
+    // encoded (or this node is behind), or it is of the same round on a
+    // lineage that lost (a partition's other side).
+    return fail(grpc::StatusCode::FAILED_PRECONDITION,
+                req->round() > blob->round()
+                    ? absl::StrCat("this node serves round ", blob->round(),
+                                   ", not yet round ", req->round())
+                    : absl::StrCat("this node serves round ", blob->round(),
+                                   " of lineage ", blob->lineage(), ", not ",
+                                   req->lineage()));
   }
   int64_t offset = 0;
   if (req->digest() == blob->digest() && req->offset() > 0 &&
