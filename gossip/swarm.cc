@@ -1816,8 +1816,8 @@ absl::StatusOr<SwarmState> Swarm::FetchState(
         if (state.ok()) {
           if (stats) {
             stats->donor = donors[i];
-            stats->seconds = absl::ToDoubleSeconds(absl::Now() - start);
-            stats->retries = retries;
+            stats->seconds += absl::ToDoubleSeconds(absl::Now() - start);
+            stats->retries += retries;
           }
           return state;
         }
@@ -1841,6 +1841,10 @@ absl::StatusOr<SwarmState> Swarm::FetchState(
       ++retries;
       break;
     }
+  }
+  if (stats) {
+    stats->seconds += absl::ToDoubleSeconds(absl::Now() - start);
+    stats->retries += retries;
   }
   return absl::UnavailableError(
       absl::StrCat("state transfer failed from every donor (",

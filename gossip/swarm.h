@@ -214,7 +214,9 @@ class Swarm {
   // Fetches the state from `donors` (ids), resuming with the next donor when
   // one fails mid-transfer, and skipping a donor whose state is behind
   // `at_least` (when not null). Unavailable when every donor failed before
-  // `deadline`.
+  // `deadline`. Adds to `*stats` (when not null) what this call received,
+  // took and retried, whether it succeeds or not, so that a caller that
+  // calls again after a failure reports the whole transfer.
   absl::StatusOr<SwarmState> FetchState(const std::vector<std::string>& donors,
                                         const Lineage* at_least,
                                         absl::Time deadline, FetchStats* stats);

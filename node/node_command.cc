@@ -1075,12 +1075,15 @@ int RunDiloco(NodeRun& run) {
 
   // Catches up with the best lineage in the swarm (a joiner, a restarted
   // node, a member that missed a round, the losing side of a partition).
+  // What failed attempts moved and retried counts in the transfer that
+  // succeeds after them (e.g. a donor died mid-transfer, and the others had
+  // not reached its round yet).
+  Swarm::FetchStats fetch_stats;
   auto catch_up = [&](const Swarm::Lineage& best) -> absl::Status {
     ops.watchdog->Waiting(so.rpc_timeout);
     swarm.SetProgress(run.round, lineage, /*joining=*/true);
-    Swarm::FetchStats stats;
     absl::StatusOr<SwarmState> st = swarm.FetchState(
-        best.donors, &best, absl::Now() + so.rpc_timeout, &stats);
+        best.donors, &best, absl::Now() + so.rpc_timeout, &fetch_stats);
     if (!st.ok()) return st.status();
     STARLING_RETURN_IF_ERROR(run.outer->LoadState(st->outer_state));
     theta_global = std::move(st->theta);
@@ -1094,21 +1097,23 @@ int RunDiloco(NodeRun& run) {
       run.feedback = std::make_unique<ErrorFeedback>(run.n_params);
     events.Write("state_transfer",
                  JsonObject()
-                     .Add("from", stats.donor)
+                     .Add("from", fetch_stats.donor)
                      .Add("round", run.round)
                      .Add("from_round", from_round)
                      .Add("step", static_cast<int64_t>(st->step))
-                     .Add("bytes", stats.bytes)
-                     .Add("seconds", stats.seconds)
-                     .Add("retries", static_cast<int64_t>(stats.retries))
+                     .Add("bytes", fetch_stats.bytes)
+                     .Add("seconds", fetch_stats.seconds)
+                     .Add("retries", static_cast<int64_t>(fetch_stats.retries))
                      .Add("model_hash", lineage));
     SetLogPosition(run.round, st->step);
     LogEvent(LogLevel::kInfo, "state_transfer",
              absl::StrFormat(
                  "%s caught up: round %d, step %d from %s (%s in %.2f s)",
-                 node_id, run.round, st->step, stats.donor,
-                 FormatBytes(static_cast<double>(stats.bytes)), stats.seconds),
-             {{"peer", stats.donor}});
+                 node_id, run.round, st->step, fetch_stats.donor,
+                 FormatBytes(static_cast<double>(fetch_stats.bytes)),
+                 fetch_stats.seconds),
+             {{"peer", fetch_stats.donor}});
+    fetch_stats = Swarm::FetchStats();
     serve();
     swarm.SetProgress(run.round, lineage, /*joining=*/false);
     return absl::OkStatus();

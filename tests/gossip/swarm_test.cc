@@ -191,5 +191,50 @@ TEST(SwarmTest, ServesItsNewestStateAndRefusesARoundItHasNotReachedOrLost) {
   EXPECT_EQ(stats.retries, 0);
 }
 
+// A donor that died (still listed as alive) is a failed donor; a caller
+// that tries again after every donor failed gets one account of the whole
+// transfer, the failed call included.
+TEST(SwarmTest, FetchStatsAddUpAcrossAFailedCallAndTheNextOne) {
+  std::unique_ptr<Swarm> donor = StartJoined("n0", {});
+  ASSERT_NE(donor, nullptr);
+  donor->SetProgress(4, "", /*joining=*/false);
+  std::unique_ptr<Swarm> dead = StartJoined("n1", {donor->address()});
+  ASSERT_NE(dead, nullptr);
+  dead->SetProgress(4, "", /*joining=*/false);
+  std::unique_ptr<Swarm> joiner = StartJoined("n2", {donor->address()});
+  ASSERT_NE(joiner, nullptr);
+  const absl::Time seen_by = absl::Now() + absl::Seconds(20);
+  while (Seen(*joiner, "n1") != "alive" && absl::Now() < seen_by) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(Seen(*joiner, "n1"), "alive");
+  dead->Shutdown();  // no goodbye: it stays alive in the others' view
+  donor->ServeState(StateAt(4, 2.5f));
+  while (donor->ServedRound() != 4 && absl::Now() < seen_by) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(donor->ServedRound(), 4);
+
+  // n1 fails (a retry), n0 has not reached round 5 (a refusal): no state.
+  Swarm::FetchStats stats;
+  Swarm::Lineage ahead{5, "", {"n1", "n0"}};
+  absl::StatusOr<SwarmState> failed = joiner->FetchState(
+      ahead.donors, &ahead, absl::Now() + absl::Seconds(10), &stats);
+  ASSERT_TRUE(absl::IsUnavailable(failed.status())) << failed.status();
+  EXPECT_EQ(stats.retries, 1);
+  EXPECT_EQ(stats.bytes, 0);
+  EXPECT_EQ(stats.donor, "");
+
+  Swarm::Lineage best{4, "", {"n0"}};
+  absl::StatusOr<SwarmState> got = joiner->FetchState(
+      best.donors, &best, absl::Now() + absl::Seconds(10), &stats);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->round, 4);
+  EXPECT_EQ(stats.donor, "n0");
+  EXPECT_EQ(stats.retries, 1);
+  EXPECT_GT(stats.bytes, 0);
+  EXPECT_GT(stats.seconds, 0);
+}
+
 }  // namespace
 }  // namespace starling
