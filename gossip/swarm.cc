@@ -1764,6 +1764,12 @@ absl::StatusOr<SwarmState> Swarm::FetchState(
       MaxStateBytesFor(options_.identity.model.parameters()));
   std::string last_error = "no donors";
   int retries = 0;
+  // What this call took and retried, added to *stats on either way out.
+  auto account = [&] {
+    if (stats == nullptr) return;
+    stats->seconds += absl::ToDoubleSeconds(absl::Now() - start);
+    stats->retries += retries;
+  };
   for (size_t i = 0; i < donors.size() && absl::Now() < deadline; ++i) {
     absl::StatusOr<MemberEntry> e = membership_->Get(donors[i]);
     if (!e.ok() || Blocked(e->address())) continue;
@@ -1814,11 +1820,8 @@ absl::StatusOr<SwarmState> Swarm::FetchState(
           break;  // the next donor
         }
         if (state.ok()) {
-          if (stats) {
-            stats->donor = donors[i];
-            stats->seconds += absl::ToDoubleSeconds(absl::Now() - start);
-            stats->retries += retries;
-          }
+          account();
+          if (stats) stats->donor = donors[i];
           return state;
         }
         last_error = std::string(state.status().message());
@@ -1842,10 +1845,7 @@ absl::StatusOr<SwarmState> Swarm::FetchState(
       break;
     }
   }
-  if (stats) {
-    stats->seconds += absl::ToDoubleSeconds(absl::Now() - start);
-    stats->retries += retries;
-  }
+  account();
   return absl::UnavailableError(
       absl::StrCat("state transfer failed from every donor (",
                    absl::StrJoin(donors, ", "), "): ", last_error));

@@ -42,6 +42,15 @@ std::unique_ptr<Swarm> StartJoined(const std::string& id,
   return joined.ok() ? std::move(s) : nullptr;
 }
 
+// StartJoined, then SetProgress(round, no lineage, not joining).
+std::unique_ptr<Swarm> StartReady(const std::string& id,
+                                  const std::vector<std::string>& seeds,
+                                  int64_t round) {
+  std::unique_ptr<Swarm> s = StartJoined(id, seeds);
+  if (s != nullptr) s->SetProgress(round, "", /*joining=*/false);
+  return s;
+}
+
 // The state of `id` in `s`'s view ("" when unknown), with " joining" when
 // it is still joining.
 std::string Seen(const Swarm& s, const std::string& id) {
@@ -58,12 +67,10 @@ bool Ready(std::future<absl::Status>& f) {
 }
 
 TEST(SwarmTest, OnlyReadyMembersCountAndOneThatLeftReadyStillCounts) {
-  std::unique_ptr<Swarm> a = StartJoined("n0", {});
+  std::unique_ptr<Swarm> a = StartReady("n0", {}, 0);
   ASSERT_NE(a, nullptr);
-  a->SetProgress(0, "", /*joining=*/false);
-  std::unique_ptr<Swarm> b = StartJoined("n2", {a->address()});
+  std::unique_ptr<Swarm> b = StartReady("n2", {a->address()}, 0);
   ASSERT_NE(b, nullptr);
-  b->SetProgress(0, "", /*joining=*/false);
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   std::future<absl::Status> wait_a = std::async(
       std::launch::async, [&] { return a->WaitForMembers(3, deadline); });
@@ -120,9 +127,8 @@ SwarmState StateAt(int64_t round, float value) {
 }
 
 TEST(SwarmTest, ServesItsNewestStateAndRefusesARoundItHasNotReachedOrLost) {
-  std::unique_ptr<Swarm> donor = StartJoined("n0", {});
+  std::unique_ptr<Swarm> donor = StartReady("n0", {}, 4);
   ASSERT_NE(donor, nullptr);
-  donor->SetProgress(4, "", /*joining=*/false);
   std::unique_ptr<Swarm> joiner = StartJoined("n1", {donor->address()});
   ASSERT_NE(joiner, nullptr);
 
@@ -195,12 +201,10 @@ TEST(SwarmTest, ServesItsNewestStateAndRefusesARoundItHasNotReachedOrLost) {
 // that tries again after every donor failed gets one account of the whole
 // transfer, the failed call included.
 TEST(SwarmTest, FetchStatsAddUpAcrossAFailedCallAndTheNextOne) {
-  std::unique_ptr<Swarm> donor = StartJoined("n0", {});
+  std::unique_ptr<Swarm> donor = StartReady("n0", {}, 4);
   ASSERT_NE(donor, nullptr);
-  donor->SetProgress(4, "", /*joining=*/false);
-  std::unique_ptr<Swarm> dead = StartJoined("n1", {donor->address()});
+  std::unique_ptr<Swarm> dead = StartReady("n1", {donor->address()}, 4);
   ASSERT_NE(dead, nullptr);
-  dead->SetProgress(4, "", /*joining=*/false);
   std::unique_ptr<Swarm> joiner = StartJoined("n2", {donor->address()});
   ASSERT_NE(joiner, nullptr);
   const absl::Time seen_by = absl::Now() + absl::Seconds(20);
