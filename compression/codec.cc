@@ -524,8 +524,8 @@ absl::Status CodecImpl::DecodeImpl(absl::string_view bytes,
 
 absl::StatusOr<Config> ParseSpec(absl::string_view spec) {
   auto invalid = [spec](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "invalid --compression=", spec, ": ", why, ". ", kValidSpecs));
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid codec '", spec, "': ", why, ". ", kValidSpecs));
   };
   if (spec.empty()) return invalid("empty spec");
   std::vector<absl::string_view> parts = absl::StrSplit(spec, '+');

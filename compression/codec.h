@@ -69,8 +69,8 @@ struct CodecOptions {
 // int8:BLOCK | int4 | int4:BLOCK | topk:FRACTION | topk:FRACTION+int8 |
 // topk:FRACTION+fp16 (top-k values are fp16 by default). Examples: "int8",
 // "int8+zstd", "topk:0.01+int8", "int4", "fp16+zstd", "fp32".
-// InvalidArgument whose message contains "--compression=<spec>" and says what
-// is valid.
+// InvalidArgument whose message quotes the spec ("invalid codec '<spec>'")
+// and says what is valid; callers name their flag.
 absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(
     absl::string_view spec, const CodecOptions& options = CodecOptions());
 

@@ -20,17 +20,23 @@ void PutU32(std::string* out, uint32_t v) {
 absl::StatusOr<std::unique_ptr<PolicyCodec>> PolicyCodec::Create(
     const std::vector<int64_t>& tensor_sizes, const PolicyOptions& o) {
   auto p = std::unique_ptr<PolicyCodec>(new PolicyCodec());
-  STARLING_ASSIGN_OR_RETURN(std::unique_ptr<Codec> main, MakeCodec(o.main));
-  const Codec* main_ptr = main.get();
+  absl::StatusOr<std::unique_ptr<Codec>> main = MakeCodec(o.main);
+  if (!main.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--compression=", o.main, ": ", main.status().message()));
+  }
+  const Codec* main_ptr = main->get();
   const Codec* small_ptr = main_ptr;
   const Codec* fp32_ptr = nullptr;
-  p->codecs_.push_back(std::move(main));
+  p->codecs_.push_back(std::move(main).value());
+  // Checked even where it goes unused (a lossless main codec), so that a
+  // typo fails now, not when the main codec changes.
+  absl::StatusOr<std::unique_ptr<Codec>> small = MakeCodec(o.small);
+  if (!small.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--small_tensor_codec=", o.small, ": ", small.status().message()));
+  }
   if (!main_ptr->lossless()) {
-    absl::StatusOr<std::unique_ptr<Codec>> small = MakeCodec(o.small);
-    if (!small.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--small_tensor_codec=", o.small, ": ", small.status().message()));
-    }
     small_ptr = small->get();
     p->codecs_.push_back(std::move(small).value());
   }

@@ -29,8 +29,8 @@ class PolicyCodec : public Codec {
  public:
   // `tensor_sizes` are the element counts of the tensors in flat order.
   // With a lossless main codec every tensor uses it (the small codec only
-  // applies when compression is lossy). InvalidArgument naming the flag for
-  // a bad spec.
+  // applies when compression is lossy, but its spec is always checked).
+  // InvalidArgument naming the flag for a bad spec.
   static absl::StatusOr<std::unique_ptr<PolicyCodec>> Create(
       const std::vector<int64_t>& tensor_sizes, const PolicyOptions& options);
 

@@ -100,7 +100,7 @@ absl::StatusOr<BenchConfig> ConfigFromFlags() {
     absl::StatusOr<std::unique_ptr<Codec>> codec = MakeCodec(s);
     if (!codec.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--compression=", codecs, ": '", s, "': ", codec.status().message(),
+          "--compression=", codecs, ": ", codec.status().message(),
           " (bench allreduce takes a comma-separated list, e.g. fp32,int8)"));
     }
     const std::string name = (*codec)->Name();

@@ -2202,7 +2202,117 @@ void LogFromGrpc(gpr_log_func_args* args) {
              absl::StrCat(base ? base + 1 : args->file, ":", args->line)}});
 }
 
+OuterOptions OuterOptionsFromFlags() {
+  OuterOptions oo;
+  oo.kind = absl::GetFlag(FLAGS_outer);
+  oo.lr = absl::GetFlag(FLAGS_outer_lr);
+  oo.momentum = absl::GetFlag(FLAGS_outer_momentum);
+  return oo;
+}
+
+PolicyOptions PolicyOptionsFromFlags() {
+  PolicyOptions po;
+  po.main = absl::GetFlag(FLAGS_compression);
+  po.small = absl::GetFlag(FLAGS_small_tensor_codec);
+  po.small_elements = absl::GetFlag(FLAGS_small_tensor_elems);
+  return po;
+}
+
+// Reads the node-only flags that need no model, data, file or peer into
+// `run` and checks them: InvalidArgument naming the flag. `--test_poison`
+// and the link flags are left out (the sim sets them per node).
+absl::Status ParseNodeFlags(NodeRun& run) {
+  run.algo = absl::GetFlag(FLAGS_algo);
+  if (run.algo != "diloco" && run.algo != "ddp" && run.algo != "gossip") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--algo=", run.algo, ": expected diloco, ddp or gossip"));
+  }
+  run.h = absl::GetFlag(FLAGS_inner_steps);
+  if (run.h < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--inner_steps=", run.h, ": must be >= 1"));
+  }
+  if (absl::StatusOr<AdaptiveSync> a = ParseAdaptiveSync(run.h); !a.ok()) {
+    return a.status();
+  } else {
+    run.sync = std::move(a).value();
+  }
+  if (absl::GetFlag(FLAGS_overlap)) {
+    if (run.algo != "diloco") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--overlap: only --algo=diloco has outer rounds to "
+                       "overlap (got --algo=",
+                       run.algo, ")"));
+    }
+    if (run.sync.round_seconds > 0 || run.sync.h->adaptive() ||
+        run.sync.detector || run.sync.divergence) {
+      return absl::InvalidArgumentError(
+          "--overlap needs a fixed H: drop --round_seconds, "
+          "--min_inner_steps/--max_inner_steps, "
+          "--drift_detector=page_hinkley and "
+          "--divergence_threshold");
+    }
+  }
+  if (absl::StatusOr<AggregateSpec> a =
+          ParseAggregate(absl::GetFlag(FLAGS_aggregate));
+      !a.ok()) {
+    return a.status();
+  } else {
+    run.aggregate = *a;
+  }
+  run.norm_bound = absl::GetFlag(FLAGS_norm_bound);
+  if (!(run.norm_bound >= 0) || !std::isfinite(run.norm_bound) ||
+      (run.norm_bound > 0 && run.norm_bound < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--norm_bound=", run.norm_bound,
+                     ": must be 0 (off) or a multiple >= 1 of the round's "
+                     "median norm"));
+  }
+  run.robust = run.aggregate.kind != AggregateKind::kMean || run.norm_bound > 0;
+  if (run.robust && run.algo != "diloco") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--aggregate/--norm_bound apply to --algo=diloco rounds "
+                     "(got --algo=",
+                     run.algo, ")"));
+  }
+  run.chunk = absl::GetFlag(FLAGS_chunk_bytes);
+  if (run.chunk < 1024 || run.chunk > (4 << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--chunk_bytes=", run.chunk, ": must be in [1024, 4194304]"));
+  }
+  if (const double idle = absl::GetFlag(FLAGS_stream_idle_timeout);
+      !(idle > 0) || !std::isfinite(idle)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--stream_idle_timeout=", idle, ": must be > 0 seconds"));
+  } else {
+    run.stream_idle = absl::Seconds(idle);
+  }
+  run.peer_max_streams = absl::GetFlag(FLAGS_peer_max_streams);
+  if (run.peer_max_streams < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--peer_max_streams=", run.peer_max_streams,
+                     ": must be a number of streams >= 0 (0 = no limit)"));
+  }
+  // Checked here so that a bad value fails before the data load; built
+  // again once the model's size is known.
+  STARLING_RETURN_IF_ERROR(
+      OuterOptimizer::Create(OuterOptionsFromFlags(), 1).status());
+  STARLING_RETURN_IF_ERROR(
+      PolicyCodec::Create({}, PolicyOptionsFromFlags()).status());
+  const std::string ef_flag = absl::GetFlag(FLAGS_error_feedback);
+  if (ef_flag != "auto" && ef_flag != "on" && ef_flag != "off") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--error_feedback=", ef_flag, ": expected auto, on or off"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status CheckNodeFlags() {
+  NodeRun run;
+  return ParseNodeFlags(run);
+}
 
 int RunNodeCommand() {
   LogFormat format;
@@ -2216,78 +2326,13 @@ int RunNodeCommand() {
   run.config = ConfigFromFlags();
   TrainConfig& config = run.config;
   if (absl::Status s = ResolveTrainConfig(&config); !s.ok()) return Fail(s, 2);
-  run.algo = absl::GetFlag(FLAGS_algo);
-  if (run.algo != "diloco" && run.algo != "ddp" && run.algo != "gossip") {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--algo=", run.algo, ": expected diloco, ddp or gossip")),
-                2);
-  }
-  run.h = absl::GetFlag(FLAGS_inner_steps);
-  if (run.h < 1) {
-    return Fail(absl::InvalidArgumentError(
-                    absl::StrCat("--inner_steps=", run.h, ": must be >= 1")),
-                2);
-  }
-  if (absl::StatusOr<AdaptiveSync> a = ParseAdaptiveSync(run.h); !a.ok()) {
-    return Fail(a.status(), 2);
-  } else {
-    run.sync = std::move(a).value();
-  }
-  if (absl::GetFlag(FLAGS_overlap)) {
-    if (run.algo != "diloco") {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-                      "--overlap: only --algo=diloco has outer rounds to "
-                      "overlap (got --algo=",
-                      run.algo, ")")),
-                  2);
-    }
-    if (run.sync.round_seconds > 0 || run.sync.h->adaptive() ||
-        run.sync.detector || run.sync.divergence) {
-      return Fail(absl::InvalidArgumentError(
-                      "--overlap needs a fixed H: drop --round_seconds, "
-                      "--min_inner_steps/--max_inner_steps, "
-                      "--drift_detector=page_hinkley and "
-                      "--divergence_threshold"),
-                  2);
-    }
-  }
-  if (absl::StatusOr<AggregateSpec> a =
-          ParseAggregate(absl::GetFlag(FLAGS_aggregate));
-      !a.ok()) {
-    return Fail(a.status(), 2);
-  } else {
-    run.aggregate = *a;
-  }
-  run.norm_bound = absl::GetFlag(FLAGS_norm_bound);
-  if (!(run.norm_bound >= 0) || !std::isfinite(run.norm_bound) ||
-      (run.norm_bound > 0 && run.norm_bound < 1)) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--norm_bound=", run.norm_bound,
-                    ": must be 0 (off) or a multiple >= 1 of the round's "
-                    "median norm")),
-                2);
-  }
-  run.robust = run.aggregate.kind != AggregateKind::kMean || run.norm_bound > 0;
-  if (run.robust && run.algo != "diloco") {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--aggregate/--norm_bound apply to --algo=diloco rounds "
-                    "(got --algo=",
-                    run.algo, ")")),
-                2);
-  }
+  if (absl::Status s = ParseNodeFlags(run); !s.ok()) return Fail(s, 2);
   if (absl::StatusOr<std::vector<PoisonWindow>> p =
           ParsePoisonPlan(absl::GetFlag(FLAGS_test_poison));
       !p.ok()) {
     return Fail(p.status(), 2);
   } else {
     run.poison = *std::move(p);
-  }
-  run.chunk = absl::GetFlag(FLAGS_chunk_bytes);
-  if (run.chunk < 1024 || run.chunk > (4 << 20)) {
-    return Fail(
-        absl::InvalidArgumentError(absl::StrCat(
-            "--chunk_bytes=", run.chunk, ": must be in [1024, 4194304]")),
-        2);
   }
   if (absl::StatusOr<LinkEmulatorOptions> links =
           ParseLinkFlags(absl::GetFlag(FLAGS_link_bandwidth_mbps),
@@ -2312,21 +2357,6 @@ int RunNodeCommand() {
     return Fail(c.status(), 2);
   } else {
     run.credentials = *std::move(c);
-  }
-  if (const double idle = absl::GetFlag(FLAGS_stream_idle_timeout);
-      !(idle > 0) || !std::isfinite(idle)) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--stream_idle_timeout=", idle, ": must be > 0 seconds")),
-                2);
-  } else {
-    run.stream_idle = absl::Seconds(idle);
-  }
-  run.peer_max_streams = absl::GetFlag(FLAGS_peer_max_streams);
-  if (run.peer_max_streams < 0) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--peer_max_streams=", run.peer_max_streams,
-                    ": must be a number of streams >= 0 (0 = no limit)")),
-                2);
   }
   std::string log_node = absl::GetFlag(FLAGS_node_id);
   if (log_node.empty()) log_node = absl::GetFlag(FLAGS_listen);
@@ -2397,12 +2427,8 @@ int RunNodeCommand() {
   // Every member must start from the same θ (the same --seed).
   run.init_hash = ModelHash(run.params);
 
-  OuterOptions oo;
-  oo.kind = absl::GetFlag(FLAGS_outer);
-  oo.lr = absl::GetFlag(FLAGS_outer_lr);
-  oo.momentum = absl::GetFlag(FLAGS_outer_momentum);
   absl::StatusOr<std::unique_ptr<OuterOptimizer>> outer =
-      OuterOptimizer::Create(oo, run.n_params);
+      OuterOptimizer::Create(OuterOptionsFromFlags(), run.n_params);
   if (!outer.ok()) return Fail(outer.status(), 2);
   run.outer = std::move(outer).value();
 
@@ -2411,10 +2437,7 @@ int RunNodeCommand() {
   const std::string compression = absl::GetFlag(FLAGS_compression);
   std::vector<int64_t> tensor_sizes;
   for (const auto& p : run.params) tensor_sizes.push_back(p.numel());
-  PolicyOptions po;
-  po.main = compression;
-  po.small = absl::GetFlag(FLAGS_small_tensor_codec);
-  po.small_elements = absl::GetFlag(FLAGS_small_tensor_elems);
+  PolicyOptions po = PolicyOptionsFromFlags();
   absl::StatusOr<std::unique_ptr<PolicyCodec>> param_policy =
       PolicyCodec::Create(tensor_sizes, po);
   if (!param_policy.ok()) return Fail(param_policy.status(), 2);
@@ -2427,12 +2450,6 @@ int RunNodeCommand() {
   run.ring_policy = std::move(ring_policy).value();
   run.ring_codec = compression == "fp32" ? nullptr : run.ring_policy.get();
   const std::string ef_flag = absl::GetFlag(FLAGS_error_feedback);
-  if (ef_flag != "auto" && ef_flag != "on" && ef_flag != "off") {
-    return Fail(
-        absl::InvalidArgumentError(absl::StrCat("--error_feedback=", ef_flag,
-                                                ": expected auto, on or off")),
-        2);
-  }
   run.use_ef = !run.param_policy->lossless() &&
                (ef_flag == "on" ||
                 (ef_flag == "auto" && ErrorFeedbackByDefault(compression)));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/flags/declare.h"
+#include "absl/status/status.h"
 #include "node/flags.h"
 
 // Node flags that `starling sim` reads too.
@@ -31,6 +32,14 @@ const Subcommand& NodeSubcommand();
 
 // The node-only flags (sim passes them through to its children).
 const std::vector<std::string>& NodeFlagNames();
+
+// Checks the node flags that need no model, data, file or peer (--algo,
+// --inner_steps and the adaptive-sync flags, --overlap, --aggregate,
+// --norm_bound, --chunk_bytes, the stream limits, the outer optimizer,
+// --compression, --small_tensor_codec, --error_feedback): InvalidArgument
+// naming the flag. `starling sim` calls it before it makes its run
+// directory or starts a node; RunNodeCommand runs the same checks first.
+absl::Status CheckNodeFlags();
 
 // Exit code: 0 ok, 2 bad flags/config/input or a refused handshake,
 // 1 runtime failure (unreachable peer, failed round).

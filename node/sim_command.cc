@@ -855,6 +855,9 @@ int RunSimCommand() {
                     absl::GetFlag(FLAGS_link_latency_ms), ids);
   if (!links.ok()) return Fail(links.status(), 2);
   if (absl::Status s = ResolveTrainConfig(&config); !s.ok()) return Fail(s, 2);
+  // The flags every node gets: a bad one fails here, once, before the run
+  // directory exists, not in every child after its data load.
+  if (absl::Status s = CheckNodeFlags(); !s.ok()) return Fail(s, 2);
   if (config.out().empty()) {
     config.set_out(absl::StrCat(
         "runs/sim-",

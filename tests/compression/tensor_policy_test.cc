@@ -105,9 +105,17 @@ TEST(PolicyCodecTest, BadSpecsNameTheFlag) {
   EXPECT_TRUE(absl::IsInvalidArgument(p.status()));
   EXPECT_NE(p.status().message().find("--small_tensor_codec=int3"),
             std::string::npos);
+  // Only the flag that is wrong is named.
+  EXPECT_EQ(p.status().message().find("--compression"), std::string::npos)
+      << p.status().message();
+  o.main = "fp32";  // lossless: the small codec goes unused, but is checked
+  p = PolicyCodec::Create({10}, o);
+  EXPECT_TRUE(absl::IsInvalidArgument(p.status()));
   o.main = "nope";
   p = PolicyCodec::Create({10}, o);
-  EXPECT_NE(p.status().message().find("--compression="), std::string::npos);
+  EXPECT_NE(p.status().message().find("--compression=nope: invalid codec"),
+            std::string::npos)
+      << p.status().message();
 }
 
 }  // namespace

@@ -118,6 +118,22 @@ TEST(SimTest, AFailingNodeStopsTheSimAndIsNamed) {
   EXPECT_NE(r.err.find("node.log"), std::string::npos) << r.err;
 }
 
+// A bad node flag stops the sim before it makes its run directory or starts
+// a node, naming the flag once (not once per child, after each data load).
+TEST(SimTest, BadNodeFlagFailsBeforeAnyNodeStarts) {
+  const std::string out = TempDir() + "/badflag";
+  for (const char* flag : {"--compression=topk:2", "--small_tensor_codec=int3",
+                           "--error_feedback=maybe", "--outer_momentum=1.5",
+                           "--aggregate=bogus"}) {
+    auto r = RunStarling(
+        absl::StrCat("sim --nodes=2 --steps=10 ", flag, " --out=", out));
+    EXPECT_EQ(r.exit_code, 2) << flag << "\n" << r.err;
+    EXPECT_NE(r.err.find(flag), std::string::npos) << flag << "\n" << r.err;
+    EXPECT_EQ(r.err.find("failed (exit 2)"), std::string::npos) << r.err;
+    EXPECT_FALSE(FileExists(out)) << flag;
+  }
+}
+
 // Starts a 3-node sim that would run for long into `out` and waits for its
 // first round.
 pid_t StartLongSim(const std::string& out) {
