@@ -7,6 +7,7 @@
 #include <openssl/x509_vfy.h>
 
 #include <cmath>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/file_util.h"
 #include "core/logging.h"
+#include "core/status.h"
 
 namespace starling {
 namespace {
@@ -135,72 +137,85 @@ PeerCredentials InsecurePeerCredentials() {
 
 namespace {
 
-absl::StatusOr<PeerCredentials> LoadTransportCredentials(
+// The PEM files' contents, read and checked.
+struct TlsFiles {
+  std::string cert, key, ca;
+};
+
+// Every check of the options, with no gRPC object built. Empty: plaintext.
+absl::StatusOr<std::optional<TlsFiles>> CheckOptions(
     const PeerSecurityOptions& o) {
-  const bool any_tls = !o.tls_cert.empty() || !o.tls_key.empty() ||
-                       !o.tls_ca.empty() || o.tls_require_client_cert ||
-                       !o.tls_server_name.empty();
-  if (o.insecure) {
-    if (any_tls) {
-      return absl::InvalidArgumentError(
-          "--insecure turns TLS off, but --tls_* flags were given too: pick "
-          "one");
-    }
-    return InsecurePeerCredentials();
-  }
-  if (!any_tls) {
-    return absl::InvalidArgumentError(
-        "no transport security chosen: pass --tls_cert, --tls_key and "
-        "--tls_ca (PEM files) for TLS, or --insecure for plaintext (a "
-        "trusted network only)");
-  }
-  absl::StatusOr<std::string> cert = ReadPem("tls_cert", o.tls_cert);
-  if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = ReadPem("tls_key", o.tls_key);
-  if (!key.ok()) return key.status();
-  absl::StatusOr<std::string> ca = ReadPem("tls_ca", o.tls_ca);
-  if (!ca.ok()) return ca.status();
-  if (absl::Status s = CheckPems(o, *cert, *key, *ca); !s.ok()) return s;
-
-  grpc::SslServerCredentialsOptions server(
-      o.tls_require_client_cert
-          ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-          : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  server.pem_root_certs = *ca;
-  server.pem_key_cert_pairs.push_back({*key, *cert});
-  grpc::SslCredentialsOptions channel;
-  channel.pem_root_certs = *ca;
-  channel.pem_private_key = *key;  // presented when the server asks
-  channel.pem_cert_chain = *cert;
-  PeerCredentials c;
-  c.server = grpc::SslServerCredentials(server);
-  c.channel = grpc::SslCredentials(channel);
-  c.server_name = o.tls_server_name;
-  c.tls = true;
-  c.mutual = o.tls_require_client_cert;
-  return c;
-}
-
-}  // namespace
-
-absl::StatusOr<PeerCredentials> LoadPeerCredentials(
-    const PeerSecurityOptions& o) {
-  absl::StatusOr<PeerCredentials> c = LoadTransportCredentials(o);
-  if (!c.ok()) return c;
   if (!(o.peer_rate_limit >= 0) || !std::isfinite(o.peer_rate_limit)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--peer_rate_limit=", o.peer_rate_limit,
                      ": must be a number of calls per second >= 0"));
   }
-  if (o.peer_rate_limit > 0) {
-    c->rate_limit = std::make_shared<PeerRateLimiter>(o.peer_rate_limit,
-                                                      2 * o.peer_rate_limit);
+  if (o.insecure) {
+    if (o.asks_for_tls()) {
+      return absl::InvalidArgumentError(
+          "--insecure turns TLS off, but --tls_* flags were given too: pick "
+          "one");
+    }
+    return std::nullopt;
   }
-  if (o.join_token_file.empty()) return c;
-  absl::StatusOr<std::shared_ptr<JoinAuth>> auth =
-      JoinAuth::FromFile(o.join_token_file);
-  if (!auth.ok()) return auth.status();
-  c->join_auth = *std::move(auth);
+  if (!o.asks_for_tls()) {
+    return absl::InvalidArgumentError(
+        "no transport security chosen: pass --tls_cert, --tls_key and "
+        "--tls_ca (PEM files) for TLS, or --insecure for plaintext (a "
+        "trusted network only)");
+  }
+  TlsFiles f;
+  STARLING_ASSIGN_OR_RETURN(f.cert, ReadPem("tls_cert", o.tls_cert));
+  STARLING_ASSIGN_OR_RETURN(f.key, ReadPem("tls_key", o.tls_key));
+  STARLING_ASSIGN_OR_RETURN(f.ca, ReadPem("tls_ca", o.tls_ca));
+  STARLING_RETURN_IF_ERROR(CheckPems(o, f.cert, f.key, f.ca));
+  return f;
+}
+
+}  // namespace
+
+bool PeerSecurityOptions::asks_for_tls() const {
+  return !tls_cert.empty() || !tls_key.empty() || !tls_ca.empty() ||
+         tls_require_client_cert || !tls_server_name.empty();
+}
+
+absl::Status CheckPeerSecurity(const PeerSecurityOptions& o) {
+  STARLING_RETURN_IF_ERROR(CheckOptions(o).status());
+  if (o.join_token_file.empty()) return absl::OkStatus();
+  return JoinAuth::FromFile(o.join_token_file).status();
+}
+
+absl::StatusOr<PeerCredentials> LoadPeerCredentials(
+    const PeerSecurityOptions& o) {
+  STARLING_ASSIGN_OR_RETURN(std::optional<TlsFiles> files, CheckOptions(o));
+  PeerCredentials c;
+  if (!files.has_value()) {
+    c = InsecurePeerCredentials();
+  } else {
+    grpc::SslServerCredentialsOptions server(
+        o.tls_require_client_cert
+            ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+            : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+    server.pem_root_certs = files->ca;
+    server.pem_key_cert_pairs.push_back({files->key, files->cert});
+    grpc::SslCredentialsOptions channel;
+    channel.pem_root_certs = files->ca;
+    channel.pem_private_key = files->key;  // presented when the server asks
+    channel.pem_cert_chain = files->cert;
+    c.server = grpc::SslServerCredentials(server);
+    c.channel = grpc::SslCredentials(channel);
+    c.server_name = o.tls_server_name;
+    c.tls = true;
+    c.mutual = o.tls_require_client_cert;
+  }
+  if (o.peer_rate_limit > 0) {
+    c.rate_limit = std::make_shared<PeerRateLimiter>(o.peer_rate_limit,
+                                                     2 * o.peer_rate_limit);
+  }
+  if (!o.join_token_file.empty()) {
+    STARLING_ASSIGN_OR_RETURN(c.join_auth,
+                              JoinAuth::FromFile(o.join_token_file));
+  }
   return c;
 }
 

@@ -36,6 +36,9 @@ struct PeerSecurityOptions {
   // Incoming calls per second per peer host (bursts of twice as many);
   // 0: no limit.
   double peer_rate_limit = 0;
+
+  // Whether any --tls_* option is set.
+  bool asks_for_tls() const;
 };
 
 struct PeerCredentials {
@@ -69,6 +72,11 @@ PeerCredentials InsecurePeerCredentials();
 // asked for, or both were. Loads the join token when a file is named.
 absl::StatusOr<PeerCredentials> LoadPeerCredentials(
     const PeerSecurityOptions& options);
+
+// Every check LoadPeerCredentials makes (the flags, the PEM files, the join
+// token file), with no gRPC credentials built: for a parent process that
+// checks its children's flags before it starts them.
+absl::Status CheckPeerSecurity(const PeerSecurityOptions& options);
 
 }  // namespace starling
 

@@ -2309,6 +2309,20 @@ absl::Status ParseNodeFlags(NodeRun& run) {
 
 }  // namespace
 
+PeerSecurityOptions PeerSecurityFromFlags() {
+  PeerSecurityOptions security;
+  security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  security.tls_key = absl::GetFlag(FLAGS_tls_key);
+  security.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  security.tls_require_client_cert =
+      absl::GetFlag(FLAGS_tls_require_client_cert);
+  security.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  security.insecure = absl::GetFlag(FLAGS_insecure);
+  security.join_token_file = absl::GetFlag(FLAGS_join_token_file);
+  security.peer_rate_limit = absl::GetFlag(FLAGS_peer_rate_limit);
+  return security;
+}
+
 absl::Status CheckNodeFlags() {
   NodeRun run;
   return ParseNodeFlags(run);
@@ -2342,16 +2356,7 @@ int RunNodeCommand() {
   } else if (links->shaped()) {
     run.links = std::make_shared<LinkEmulator>(*std::move(links));
   }
-  PeerSecurityOptions security;
-  security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
-  security.tls_key = absl::GetFlag(FLAGS_tls_key);
-  security.tls_ca = absl::GetFlag(FLAGS_tls_ca);
-  security.tls_require_client_cert =
-      absl::GetFlag(FLAGS_tls_require_client_cert);
-  security.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
-  security.insecure = absl::GetFlag(FLAGS_insecure);
-  security.join_token_file = absl::GetFlag(FLAGS_join_token_file);
-  security.peer_rate_limit = absl::GetFlag(FLAGS_peer_rate_limit);
+  const PeerSecurityOptions security = PeerSecurityFromFlags();
   if (absl::StatusOr<PeerCredentials> c = LoadPeerCredentials(security);
       !c.ok()) {
     return Fail(c.status(), 2);

@@ -11,14 +11,12 @@
 
 #include "absl/flags/declare.h"
 #include "absl/status/status.h"
+#include "gossip/peer_credentials.h"
 #include "node/flags.h"
 
 // Node flags that `starling sim` reads too.
 ABSL_DECLARE_FLAG(std::string, algo);
 ABSL_DECLARE_FLAG(std::string, run_id);
-ABSL_DECLARE_FLAG(std::string, tls_cert);
-ABSL_DECLARE_FLAG(std::string, tls_key);
-ABSL_DECLARE_FLAG(std::string, tls_ca);
 ABSL_DECLARE_FLAG(int, inner_steps);
 ABSL_DECLARE_FLAG(std::string, outer);
 ABSL_DECLARE_FLAG(double, outer_lr);
@@ -40,6 +38,10 @@ const std::vector<std::string>& NodeFlagNames();
 // naming the flag. `starling sim` calls it before it makes its run
 // directory or starts a node; RunNodeCommand runs the same checks first.
 absl::Status CheckNodeFlags();
+
+// The peer-security flags (--tls_*, --insecure, --join_token_file,
+// --peer_rate_limit) as the node reads them.
+PeerSecurityOptions PeerSecurityFromFlags();
 
 // Exit code: 0 ok, 2 bad flags/config/input or a refused handshake,
 // 1 runtime failure (unreachable peer, failed round).

@@ -29,6 +29,7 @@
 #include "core/json.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "gossip/peer_credentials.h"
 #include "node/consensus.h"
 #include "node/faults.h"
 #include "node/node_command.h"
@@ -858,6 +859,15 @@ int RunSimCommand() {
   // The flags every node gets: a bad one fails here, once, before the run
   // directory exists, not in every child after its data load.
   if (absl::Status s = CheckNodeFlags(); !s.ok()) return Fail(s, 2);
+  // The nodes talk over 127.0.0.1: plaintext (the sim adds --insecure)
+  // unless a --tls_* flag asks for TLS. Their TLS files and join token are
+  // checked here too.
+  PeerSecurityOptions security = PeerSecurityFromFlags();
+  const bool plaintext = !security.asks_for_tls();
+  if (plaintext) security.insecure = true;
+  if (absl::Status s = CheckPeerSecurity(security); !s.ok()) {
+    return Fail(s, 2);
+  }
   if (config.out().empty()) {
     config.set_out(absl::StrCat(
         "runs/sim-",
@@ -905,13 +915,8 @@ int RunSimCommand() {
   }
   common.push_back(absl::StrCat("--run_id=", run_id));
   common.push_back(absl::StrCat("--threads=", std::max(1, config.threads())));
-  // The sim's nodes talk over 127.0.0.1: plaintext unless TLS was asked for
-  // (then --tls_* reach every node above).
-  if (absl::GetFlag(FLAGS_tls_cert).empty() &&
-      absl::GetFlag(FLAGS_tls_key).empty() &&
-      absl::GetFlag(FLAGS_tls_ca).empty()) {
-    common.push_back("--insecure=true");
-  }
+  // Plaintext unless TLS was asked for (then --tls_* reach every node above).
+  if (plaintext) common.push_back("--insecure=true");
 
   struct sigaction sa = {};
   sa.sa_handler = OnSimSignal;

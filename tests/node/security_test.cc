@@ -210,25 +210,30 @@ TEST_F(TlsTest, OneSwarmCertificateWithServerName) {
   EXPECT_EQ(FinalHash("n0"), FinalHash("n1"));
 }
 
+// Ways to get the TLS flags wrong, made from the certificates in `d`, each
+// with the text its error must contain.
+std::vector<std::pair<std::string, std::string>> BadTlsFlags(
+    const std::string& d) {
+  return {
+      {"", "--insecure for plaintext"},
+      {absl::StrCat(" --tls_cert=", d, "/n0.pem"), "--tls_key is missing"},
+      {" --tls_server_name=peers", "--tls_cert is missing"},
+      {absl::StrCat(" --tls_cert=", d, "/n0.pem --tls_key=", d,
+                    "/n1.key --tls_ca=", d, "/swarm-ca.pem"),
+       "does not match the certificate"},
+      {TlsFlags(d, "intruder", "swarm-ca.pem"),
+       "does not verify against --tls_ca"},
+      {TlsFlags(d, "n0", "nope.pem"), "nope.pem"},
+      {absl::StrCat(" --tls_cert=", d, "/n0.key --tls_key=", d,
+                    "/n0.key --tls_ca=", d, "/swarm-ca.pem"),
+       "no PEM certificate"},
+      {absl::StrCat(" --insecure --tls_ca=", d, "/swarm-ca.pem"), "pick one"}};
+}
+
 // Every way to get the TLS flags wrong stops the node at start-up (exit 2)
 // with a message naming the flag or file; --insecure says so in the log.
 TEST_F(TlsTest, BadTlsFlagsAreRefusedByName) {
-  const std::string d = dir_;
-  for (const auto& [flags, want] :
-       std::vector<std::pair<std::string, std::string>>{
-           {"", "--insecure for plaintext"},
-           {absl::StrCat(" --tls_cert=", d, "/n0.pem"), "--tls_key is missing"},
-           {absl::StrCat(" --tls_cert=", d, "/n0.pem --tls_key=", d,
-                         "/n1.key --tls_ca=", d, "/swarm-ca.pem"),
-            "does not match the certificate"},
-           {TlsFlags(d, "intruder", "swarm-ca.pem"),
-            "does not verify against --tls_ca"},
-           {TlsFlags(d, "n0", "nope.pem"), "nope.pem"},
-           {absl::StrCat(" --tls_cert=", d, "/n0.key --tls_key=", d,
-                         "/n0.key --tls_ca=", d, "/swarm-ca.pem"),
-            "no PEM certificate"},
-           {absl::StrCat(" --insecure --tls_ca=", d, "/swarm-ca.pem"),
-            "pick one"}}) {
+  for (const auto& [flags, want] : BadTlsFlags(dir_)) {
     auto r = RunStarling(absl::StrCat(Node("bad", 10), flags));
     EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.err;
     EXPECT_NE(r.err.find(want), std::string::npos) << flags << "\n" << r.err;
@@ -238,6 +243,37 @@ TEST_F(TlsTest, BadTlsFlagsAreRefusedByName) {
   EXPECT_NE(ok.err.find("--insecure: peer traffic is plaintext"),
             std::string::npos)
       << ok.err;
+}
+
+// `starling sim` checks its nodes' TLS files before it starts any: a bad
+// one exits 2 once, naming it, with no run directory and no node. With good
+// files the nodes train over TLS.
+TEST_F(TlsTest, SimChecksTlsFilesBeforeAnyNodeStarts) {
+  const std::string out = dir_ + "/sim";
+  const std::string sim =
+      absl::StrCat("sim --nodes=2 --steps=20 ", TinyTextFlags(300000),
+                   " --inner_steps=10 --eval_every=0");
+  // The sim adds --insecure only when no --tls_* flag is given.
+  for (const auto& [flags, want] : BadTlsFlags(dir_)) {
+    if (flags.empty() || flags.find("--insecure") != std::string::npos) {
+      continue;
+    }
+    auto r = RunStarling(absl::StrCat(sim, flags, " --out=", out));
+    EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.err;
+    EXPECT_NE(r.err.find(want), std::string::npos) << flags << "\n" << r.err;
+    EXPECT_EQ(r.err.find("failed (exit 2)"), std::string::npos) << r.err;
+    EXPECT_FALSE(FileExists(out)) << flags;
+  }
+  auto ok = RunStarling(absl::StrCat(sim, TlsFlags(dir_, "n0", "swarm-ca.pem"),
+                                     " --tls_require_client_cert --out=", out));
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_NE(ReadFile(out + "/n1/node.log")
+                .value_or("")
+                .find("peer traffic uses TLS (mutual)"),
+            std::string::npos);
+  auto summary = ReadJson(out + "/summary.json");
+  EXPECT_TRUE(Field(Field(summary, "final").struct_value(), "all_hashes_agree")
+                  .bool_value());
 }
 
 constexpr char kToken[] = "7f3a9c0e5b2d4f6a8c1e3b5d7f9a0c2e";

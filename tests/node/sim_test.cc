@@ -124,7 +124,8 @@ TEST(SimTest, BadNodeFlagFailsBeforeAnyNodeStarts) {
   const std::string out = TempDir() + "/badflag";
   for (const char* flag : {"--compression=topk:2", "--small_tensor_codec=int3",
                            "--error_feedback=maybe", "--outer_momentum=1.5",
-                           "--aggregate=bogus"}) {
+                           "--aggregate=bogus", "--join_token_file=/no/token",
+                           "--peer_rate_limit=-1", "--tls_cert=/no/cert.pem"}) {
     auto r = RunStarling(
         absl::StrCat("sim --nodes=2 --steps=10 ", flag, " --out=", out));
     EXPECT_EQ(r.exit_code, 2) << flag << "\n" << r.err;
