@@ -532,6 +532,10 @@ int RefusedInAttempt(const std::string& log, int round, const std::string& id) {
 // hung members are left out in that one attempt. (One after another, the
 // second would only be asked in the attempt after, each refusal costing a
 // call timeout.) Resumed, they catch up, and the run ends in agreement.
+// The two are not neighbours in the ring (n0 n1 n2 n3 n4): a member that
+// stops right after its part may not have acknowledged its predecessor's
+// last send yet, and a hung predecessor would then finish its part, and
+// hang, only in a later attempt.
 TEST(ElasticTest, TwoHungMembersAreLeftOutInOneAttempt) {
   Swarm s("two-hung", 100, 10);
   const std::vector<std::string> ids = {"n0", "n1", "n2", "n3", "n4"};
@@ -539,20 +543,20 @@ TEST(ElasticTest, TwoHungMembersAreLeftOutInOneAttempt) {
     s.Start(
         ids[k], k, 5, 5,
         absl::StrCat("--suspect_timeout=200 --round_timeout=5",
-                     k == 1 || k == 2 ? " --test_crash_at=freeze:done@3" : ""));
+                     k == 1 || k == 3 ? " --test_crash_at=freeze:done@3" : ""));
   }
   ASSERT_TRUE(s.WaitFrozen("n1", absl::Seconds(60))) << s.LogText("n1");
-  ASSERT_TRUE(s.WaitFrozen("n2", absl::Seconds(60))) << s.LogText("n2");
+  ASSERT_TRUE(s.WaitFrozen("n3", absl::Seconds(60))) << s.LogText("n3");
   const absl::Time deadline = absl::Now() + absl::Seconds(90);
-  while (!s.RoundHashes("n3").count(3) && absl::Now() < deadline) {
+  while (!s.RoundHashes("n2").count(3) && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(100));
   }
-  ASSERT_TRUE(s.RoundHashes("n3").count(3)) << s.LogText("n0");
+  ASSERT_TRUE(s.RoundHashes("n2").count(3)) << s.LogText("n0");
   const std::string log = s.LogText("n0");
   const int n1_refused = RefusedInAttempt(log, 3, "n1");
   EXPECT_GT(n1_refused, 0) << log;
-  EXPECT_EQ(RefusedInAttempt(log, 3, "n2"), n1_refused) << log;
-  for (const char* id : {"n1", "n2"}) s.Signal(id, SIGCONT);
+  EXPECT_EQ(RefusedInAttempt(log, 3, "n3"), n1_refused) << log;
+  for (const char* id : {"n1", "n3"}) s.Signal(id, SIGCONT);
   for (const std::string& id : ids) {
     EXPECT_EQ(s.Wait(id), 0) << id << ":\n" << s.LogText(id);
   }
