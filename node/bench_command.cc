@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -195,6 +196,9 @@ struct Method {
   std::unique_ptr<PolicyCodec> policy;  // null for Gloo and fp32
   std::string tensor;                   // the mailbox tensor name
   std::vector<double> seconds;          // max over ranks, timed iterations
+  // Process CPU time (all threads, user + system) during each timed
+  // iteration, the mean over ranks.
+  std::vector<double> cpu_seconds;
   int64_t bytes_sent = 0;  // by this rank in one all-reduce (Starling)
   int64_t wire_bytes = 0;  // ring payload bytes this rank sent (Starling)
 };
@@ -206,6 +210,13 @@ double Median(std::vector<double> v) {
 }
 
 std::string Seconds(double s) { return absl::StrFormat("%.3f", s); }
+
+// CPU time this process (every thread) has used so far.
+double ProcessCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
 
 // The JSON and markdown reports, written by rank 0.
 absl::Status WriteReports(const BenchConfig& c,
@@ -221,10 +232,14 @@ absl::Status WriteReports(const BenchConfig& c,
       " timed all-reduces per row (after one warm-up); each all-reduce's "
       "time is the slowest rank's. Ratio = Starling / Gloo (below 1: "
       "Starling is faster). Gloo's bytes per rank are its ring's "
-      "2(N-1)/N of the payload.\n\n",
+      "2(N-1)/N of the payload. CPU s per rank: the CPU time (user + "
+      "system, every thread) one worker process used during the "
+      "all-reduce, the mean over ranks (median over iterations); with "
+      "more processes than cores, the method that needs more CPU waits "
+      "for it.\n\n",
       "| size | method | median s | ratio to Gloo | sent per rank | "
-      "algbw GB/s |\n",
-      "|---:|---|---:|---:|---:|---:|\n");
+      "algbw GB/s | CPU s per rank |\n",
+      "|---:|---|---:|---:|---:|---:|---:|\n");
   for (size_t i = 0; i < c.sizes.size(); ++i) {
     const int64_t elems = c.sizes[i] / 4;
     const double payload = static_cast<double>(elems) * 4;
@@ -236,11 +251,14 @@ absl::Status WriteReports(const BenchConfig& c,
     JsonArray gloo_all;
     for (double x : methods[0].seconds) gloo_all.Push(x);
     JsonArray starling;
+    const double gloo_cpu = Median(methods[0].cpu_seconds);
     absl::StrAppend(&md, "| ", SizeLabel(c.sizes[i]), " | Gloo | ",
                     Seconds(gloo), " | 1.00 | ", FormatBytes(gloo_bytes), " | ",
-                    absl::StrFormat("%.2f", payload / gloo / 1e9), " |\n");
+                    absl::StrFormat("%.2f", payload / gloo / 1e9), " | ",
+                    Seconds(gloo_cpu), " |\n");
     for (size_t m = 1; m < methods.size(); ++m) {
       const double sec = Median(methods[m].seconds);
+      const double cpu = Median(methods[m].cpu_seconds);
       JsonArray all;
       for (double x : methods[m].seconds) all.Push(x);
       JsonObject o;
@@ -250,13 +268,15 @@ absl::Status WriteReports(const BenchConfig& c,
           .Add("ratio_to_gloo", sec / gloo)
           .Add("bytes_sent_per_rank", methods[m].bytes_sent)
           .Add("payload_bytes_sent_per_rank", methods[m].wire_bytes)
-          .Add("algbw_GBps", payload / sec / 1e9);
+          .Add("algbw_GBps", payload / sec / 1e9)
+          .Add("cpu_seconds_per_rank", cpu);
       starling.Push(o);
-      absl::StrAppend(
-          &md, "| ", SizeLabel(c.sizes[i]), " | Starling ", methods[m].codec,
-          " | ", Seconds(sec), " | ", absl::StrFormat("%.2f", sec / gloo),
-          " | ", FormatBytes(static_cast<double>(methods[m].bytes_sent)), " | ",
-          absl::StrFormat("%.2f", payload / sec / 1e9), " |\n");
+      absl::StrAppend(&md, "| ", SizeLabel(c.sizes[i]), " | Starling ",
+                      methods[m].codec, " | ", Seconds(sec), " | ",
+                      absl::StrFormat("%.2f", sec / gloo), " | ",
+                      FormatBytes(static_cast<double>(methods[m].bytes_sent)),
+                      " | ", absl::StrFormat("%.2f", payload / sec / 1e9),
+                      " | ", Seconds(cpu), " |\n");
     }
     JsonObject size;
     if (c.sizes[i] % (1 << 20) == 0) {
@@ -269,6 +289,7 @@ absl::Status WriteReports(const BenchConfig& c,
         .Add("gloo_seconds_all", gloo_all)
         .Add("gloo_bytes_sent_per_rank", gloo_bytes)
         .Add("gloo_algbw_GBps", payload / gloo / 1e9)
+        .Add("gloo_cpu_seconds_per_rank", gloo_cpu)
         .Add("starling", starling);
     sizes.Push(size);
   }
@@ -286,6 +307,9 @@ absl::Status WriteReports(const BenchConfig& c,
       .Add("iterations", static_cast<int64_t>(c.iterations))
       .Add("warmup_iterations", static_cast<int64_t>(1))
       .Add("timing", "median over iterations of the slowest rank's seconds")
+      .Add("cpu_timing",
+           "median over iterations of the mean over ranks of each worker "
+           "process's CPU seconds (user + system, all threads)")
       .Add("chunk_bytes", c.chunk_bytes)
       .Add("gloo_threads", static_cast<int64_t>(2))
       .Add("compression", codecs)
@@ -372,7 +396,7 @@ absl::Status RunWorker(const BenchConfig& c, int rank,
     at::Tensor tensor = at::from_blob(buf.data(), {elems}, at::kFloat);
     std::vector<at::Tensor> gloo_tensors = {tensor};
     for (int it = 0; it <= c.iterations; ++it) {  // iteration 0: warm-up
-      std::vector<double> seconds(count);
+      std::vector<double> seconds(count), cpu(count);
       std::vector<int64_t> checksums(count);
       // Rotate the order so that no method always runs first.
       for (int j = 0; j < count; ++j) {
@@ -381,6 +405,7 @@ absl::Status RunWorker(const BenchConfig& c, int rank,
         RingStats stats;
         barrier();
         const int64_t sent_before = transport->bytes_sent();
+        const double cpu_start = ProcessCpuSeconds();
         const absl::Time start = absl::Now();
         if (m.codec.empty()) {
           pg->allreduce(gloo_tensors)->wait();
@@ -395,6 +420,7 @@ absl::Status RunWorker(const BenchConfig& c, int rank,
               RingAllReduceSum(*transport, absl::MakeSpan(buf), ro));
         }
         seconds[(j + it) % count] = absl::ToDoubleSeconds(absl::Now() - start);
+        cpu[(j + it) % count] = ProcessCpuSeconds() - cpu_start;
         m.bytes_sent = transport->bytes_sent() - sent_before;
         m.wire_bytes = stats.wire_bytes;
         // The result against the exact sum.
@@ -417,9 +443,10 @@ absl::Status RunWorker(const BenchConfig& c, int rank,
         }
         checksums[(j + it) % count] = Checksum(buf);
       }
-      // Per method: the slowest rank's time, and whether all ranks hold the
-      // same bytes.
+      // Per method: the slowest rank's time, the ranks' CPU time, and
+      // whether all ranks hold the same bytes.
       at::Tensor t = at::tensor(seconds, at::kDouble);
+      at::Tensor cpu_sum = at::tensor(cpu, at::kDouble);
       at::Tensor lo = at::tensor(checksums, at::kLong);
       at::Tensor hi = lo.clone();
       std::vector<at::Tensor> v = {t};
@@ -432,6 +459,8 @@ absl::Status RunWorker(const BenchConfig& c, int rank,
       min.reduceOp = ::c10d::ReduceOp::MIN;
       v = {lo};
       pg->allreduce(v, min)->wait();
+      v = {cpu_sum};
+      pg->allreduce(v)->wait();  // SUM
       std::vector<std::string> line;
       for (int m = 0; m < count; ++m) {
         if (lo[m].item<int64_t>() != hi[m].item<int64_t>()) {
@@ -440,7 +469,10 @@ absl::Status RunWorker(const BenchConfig& c, int rank,
                            ": the ranks ended with different bytes"));
         }
         const double s = t[m].item<double>();
-        if (it > 0) methods[m].seconds.push_back(s);
+        if (it > 0) {
+          methods[m].seconds.push_back(s);
+          methods[m].cpu_seconds.push_back(cpu_sum[m].item<double>() / n);
+        }
         line.push_back(absl::StrCat(m == 0 ? "gloo" : methods[m].codec, " ",
                                     Seconds(s), "s"));
       }

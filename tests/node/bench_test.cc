@@ -37,6 +37,8 @@ TEST(BenchTest, AllreduceWritesJsonAndMarkdown) {
   // The ring's 2(N-1)/N of the payload: one segment of two, twice.
   EXPECT_EQ(Field(size, "gloo_bytes_sent_per_rank").number_value(), 1 << 20);
   EXPECT_GT(Field(size, "gloo_algbw_GBps").number_value(), 0);
+  // Every all-reduce costs its processes some CPU.
+  EXPECT_GT(Field(size, "gloo_cpu_seconds_per_rank").number_value(), 0);
   const auto& starling = Field(size, "starling").list_value();
   ASSERT_EQ(starling.values_size(), 2);  // the default: fp32,int8
   for (int i = 0; i < 2; ++i) {
@@ -45,6 +47,7 @@ TEST(BenchTest, AllreduceWritesJsonAndMarkdown) {
     EXPECT_GT(Field(s, "seconds").number_value(), 0);
     EXPECT_GT(Field(s, "ratio_to_gloo").number_value(), 0);
     EXPECT_GT(Field(s, "algbw_GBps").number_value(), 0);
+    EXPECT_GT(Field(s, "cpu_seconds_per_rank").number_value(), 0);
     // fp32 sends the payload plus framing; int8 about a quarter of it.
     const double sent = Field(s, "bytes_sent_per_rank").number_value();
     const double payload =
@@ -69,9 +72,10 @@ TEST(BenchTest, AllreduceWritesJsonAndMarkdown) {
 
   absl::StatusOr<std::string> md = ReadFile(dir + "/allreduce.md");
   ASSERT_TRUE(md.ok()) << md.status();
-  for (const char* row : {"| 1 MiB | Gloo |", "| 1 MiB | Starling fp32 |",
-                          "| 1 MiB | Starling int8 |", "| 4 KiB | Gloo |",
-                          "| 4 KiB | Starling fp32 |", "ratio to Gloo"}) {
+  for (const char* row :
+       {"| 1 MiB | Gloo |", "| 1 MiB | Starling fp32 |",
+        "| 1 MiB | Starling int8 |", "| 4 KiB | Gloo |",
+        "| 4 KiB | Starling fp32 |", "ratio to Gloo", "CPU s per rank"}) {
     EXPECT_NE(md->find(row), std::string::npos) << row << "\n" << *md;
   }
   EXPECT_EQ(r.out, *md);  // the table is printed too
