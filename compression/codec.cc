@@ -448,19 +448,22 @@ absl::Status CodecImpl::DecodeImpl(absl::string_view bytes,
       if (!ci::Fp32AllFinite(r, n)) {
         return absl::DataLossError("codec payload: NaN/Inf value");
       }
-      ci::Fp32ToFloat(r, n, dst, accumulate);
+      if (!ci::Fp32ToFloat(r, n, dst, accumulate))
+        return AccumulateOverflowError();
       return absl::OkStatus();
     case CodecId::kFp16:
       if (!ci::Fp16AllFinite(r, n)) {
         return absl::DataLossError("codec payload: NaN/Inf value");
       }
-      ci::Fp16ToFloat(r, n, dst, accumulate);
+      if (!ci::Fp16ToFloat(r, n, dst, accumulate))
+        return AccumulateOverflowError();
       return absl::OkStatus();
     case CodecId::kBf16:
       if (!ci::Bf16AllFinite(r, n)) {
         return absl::DataLossError("codec payload: NaN/Inf value");
       }
-      ci::Bf16ToFloat(r, n, dst, accumulate);
+      if (!ci::Bf16ToFloat(r, n, dst, accumulate))
+        return AccumulateOverflowError();
       return absl::OkStatus();
     case CodecId::kInt8:
     case CodecId::kInt4: {
@@ -469,14 +472,19 @@ absl::Status CodecImpl::DecodeImpl(absl::string_view bytes,
         return absl::DataLossError("codec payload: bad block scale");
       }
       if (config_.id == CodecId::kInt8) {
-        ci::DequantizeAbsmax(r, reinterpret_cast<const int8_t*>(r + 4 * nb), n,
-                             h.block, ci::kInt8Levels, dst, accumulate);
+        if (!ci::DequantizeAbsmax(
+                r, reinterpret_cast<const int8_t*>(r + 4 * nb), n, h.block,
+                ci::kInt8Levels, dst, accumulate)) {
+          return AccumulateOverflowError();
+        }
       } else {
         std::vector<int8_t> codes(n);
         ci::UnpackNibbles(reinterpret_cast<const uint8_t*>(r + 4 * nb), n,
                           codes.data());
-        ci::DequantizeAbsmax(r, codes.data(), n, h.block, ci::kInt4Levels, dst,
-                             accumulate);
+        if (!ci::DequantizeAbsmax(r, codes.data(), n, h.block, ci::kInt4Levels,
+                                  dst, accumulate)) {
+          return AccumulateOverflowError();
+        }
       }
       return absl::OkStatus();
     }
@@ -511,7 +519,12 @@ absl::Status CodecImpl::DecodeImpl(absl::string_view bytes,
         ci::Fp16ToFloat(v, k, vals.data(), false);
       }
       if (accumulate) {
-        for (size_t i = 0; i < k; ++i) dst[idx[i]] += vals[i];
+        bool finite = true;
+        for (size_t i = 0; i < k; ++i) {
+          dst[idx[i]] += vals[i];
+          finite &= std::isfinite(dst[idx[i]]);
+        }
+        if (!finite) return AccumulateOverflowError();
       } else {
         std::fill(out.begin(), out.end(), 0.0f);
         for (size_t i = 0; i < k; ++i) dst[idx[i]] = vals[i];
@@ -596,6 +609,11 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(absl::string_view spec,
                                                  const CodecOptions& options) {
   STARLING_ASSIGN_OR_RETURN(const Config config, ParseSpec(spec));
   return std::unique_ptr<Codec>(new CodecImpl(config, options));
+}
+
+absl::Status AccumulateOverflowError() {
+  return absl::InvalidArgumentError(
+      "codec payload: adding the decoded values overflows fp32 to Inf");
 }
 
 int64_t FirstNonFinite(absl::string_view fp32) {

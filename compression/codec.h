@@ -49,7 +49,10 @@ class Codec {
   // reads or writes out of bounds, whatever the input bytes.
   virtual absl::Status Decode(absl::string_view bytes,
                               absl::Span<float> out) const = 0;
-  // acc[i] += decoded[i]. Same errors as Decode; on error `acc` is unchanged.
+  // acc[i] += decoded[i]. Same errors as Decode, and those leave `acc`
+  // unchanged. InvalidArgument when a sum overflows to ±Inf (checked in the
+  // same pass as the adds, so `acc` is then partly updated): on success
+  // every sum written is finite.
   virtual absl::Status DecodeAccumulate(absl::string_view bytes,
                                         absl::Span<float> acc) const = 0;
 };
@@ -78,6 +81,9 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(
 // trailing partial value is ignored), or -1: the check of values that come
 // from peers, vectorized (about memory speed).
 int64_t FirstNonFinite(absl::string_view fp32);
+
+// What DecodeAccumulate returns when a sum overflows to ±Inf.
+absl::Status AccumulateOverflowError();
 inline int64_t FirstNonFinite(absl::Span<const float> v) {
   return FirstNonFinite(absl::string_view(
       reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)));

@@ -159,36 +159,53 @@ void FloatToBf16(const float* x, size_t n, char* out) {
   }
 }
 
+// `v`'s exponent bits. A loop keeps the largest over its results (one
+// vector max per element, in registers); NaN and ±Inf, and only they, have
+// all 8 set: max == kExpMask.
+inline uint32_t ExpBits(float v) { return FloatBits(v) & kExpMask; }
+
 STARLING_VECTOR_CLONES
-void Fp16ToFloat(const char* bytes, size_t n, float* out, bool accumulate) {
+bool Fp16ToFloat(const char* bytes, size_t n, float* out, bool accumulate) {
+  uint32_t exp = 0;
   if (accumulate) {
-    for (size_t i = 0; i < n; ++i)
+    for (size_t i = 0; i < n; ++i) {
       out[i] += HalfToFloat(LoadU16(bytes + 2 * i));
+      exp = std::max(exp, ExpBits(out[i]));
+    }
   } else {
     for (size_t i = 0; i < n; ++i) out[i] = HalfToFloat(LoadU16(bytes + 2 * i));
   }
+  return exp != kExpMask;
 }
 
 STARLING_VECTOR_CLONES
-void Bf16ToFloat(const char* bytes, size_t n, float* out, bool accumulate) {
+bool Bf16ToFloat(const char* bytes, size_t n, float* out, bool accumulate) {
+  uint32_t exp = 0;
   if (accumulate) {
     for (size_t i = 0; i < n; ++i) {
       out[i] += BitsFloat(static_cast<uint32_t>(LoadU16(bytes + 2 * i)) << 16);
+      exp = std::max(exp, ExpBits(out[i]));
     }
   } else {
     for (size_t i = 0; i < n; ++i) {
       out[i] = BitsFloat(static_cast<uint32_t>(LoadU16(bytes + 2 * i)) << 16);
     }
   }
+  return exp != kExpMask;
 }
 
 STARLING_VECTOR_CLONES
-void Fp32ToFloat(const char* bytes, size_t n, float* out, bool accumulate) {
+bool Fp32ToFloat(const char* bytes, size_t n, float* out, bool accumulate) {
+  uint32_t exp = 0;
   if (accumulate) {
-    for (size_t i = 0; i < n; ++i) out[i] += BitsFloat(LoadU32(bytes + 4 * i));
+    for (size_t i = 0; i < n; ++i) {
+      out[i] += BitsFloat(LoadU32(bytes + 4 * i));
+      exp = std::max(exp, ExpBits(out[i]));
+    }
   } else if (n > 0) {
     std::memcpy(out, bytes, 4 * n);
   }
+  return exp != kExpMask;
 }
 
 STARLING_VECTOR_CLONES
@@ -244,9 +261,10 @@ bool AbsmaxValid(const char* absmax_bytes, size_t num_blocks) {
 }
 
 STARLING_VECTOR_CLONES
-void DequantizeAbsmax(const char* absmax_bytes, const int8_t* codes, size_t n,
+bool DequantizeAbsmax(const char* absmax_bytes, const int8_t* codes, size_t n,
                       uint32_t block, int levels, float* out, bool accumulate) {
   const float flevels = static_cast<float>(levels);
+  uint32_t exp = 0;
   size_t b = 0;
   for (size_t start = 0; start < n; start += block, ++b) {
     const size_t m = std::min<size_t>(block, n - start);
@@ -277,11 +295,13 @@ void DequantizeAbsmax(const char* absmax_bytes, const int8_t* codes, size_t n,
                                 (pos_bits & is_pos) | (neg_bits & is_neg));
       if (accumulate) {
         ob[j] += v;
+        exp = std::max(exp, ExpBits(ob[j]));
       } else {
         ob[j] = v;
       }
     }
   }
+  return exp != kExpMask;
 }
 
 void PackNibbles(const int8_t* codes, size_t n, uint8_t* out) {

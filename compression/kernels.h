@@ -40,9 +40,11 @@ void FloatToBf16(const float* x, size_t n, char* out);
 
 // fp16 / bf16 / fp32 bytes -> float: out[i] = v (or out[i] += v when
 // `accumulate`). The inputs must hold no NaN/Inf (check with *AllFinite).
-void Fp16ToFloat(const char* bytes, size_t n, float* out, bool accumulate);
-void Bf16ToFloat(const char* bytes, size_t n, float* out, bool accumulate);
-void Fp32ToFloat(const char* bytes, size_t n, float* out, bool accumulate);
+// Returns false when a sum overflowed to ±Inf (accumulate only; every
+// element is still written), checked in the same pass.
+bool Fp16ToFloat(const char* bytes, size_t n, float* out, bool accumulate);
+bool Bf16ToFloat(const char* bytes, size_t n, float* out, bool accumulate);
+bool Fp32ToFloat(const char* bytes, size_t n, float* out, bool accumulate);
 
 // Blockwise absmax quantization with `levels` steps each side of zero:
 // absmax[b] = max |x| over block b, q = round_half_even(x * levels / absmax)
@@ -54,8 +56,9 @@ int64_t QuantizeAbsmax(const float* x, size_t n, uint32_t block, int levels,
 
 // Inverse of QuantizeAbsmax: x = q * absmax / levels, and exactly +-absmax
 // for q = +-levels. The absmax values must be finite and >= 0 (check with
-// AbsmaxValid).
-void DequantizeAbsmax(const char* absmax_bytes, const int8_t* codes, size_t n,
+// AbsmaxValid). Returns false when `accumulate` and a sum overflowed to
+// ±Inf (every element is still written).
+bool DequantizeAbsmax(const char* absmax_bytes, const int8_t* codes, size_t n,
                       uint32_t block, int levels, float* out, bool accumulate);
 bool AbsmaxValid(const char* absmax_bytes, size_t num_blocks);
 

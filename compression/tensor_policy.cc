@@ -1,6 +1,7 @@
 #include "compression/tensor_policy.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -150,10 +151,11 @@ absl::Status PolicyCodec::DecodeSliceAccumulate(int64_t offset,
       std::vector<EncodedPart> parts,
       SplitSlice(offset, static_cast<int64_t>(acc.size()), bytes));
   // One part (one codec covers the slice, the usual case): that codec adds
-  // straight into `acc`, and leaves it unchanged on error, without a
-  // decoded copy of the whole slice (a zeroed buffer as large as a ring
-  // segment). Several: decode all first, so that an error in a later part
-  // leaves `acc` unchanged too.
+  // straight into `acc`, and leaves it unchanged on a decoding error,
+  // without a decoded copy of the whole slice (a zeroed buffer as large as
+  // a ring segment). Several: decode all first, so that an error in a later
+  // part leaves `acc` unchanged too. Either way an overflowing sum is found
+  // in the pass that adds.
   if (parts.size() == 1) {
     return parts[0].codec->DecodeAccumulate(parts[0].bytes, acc);
   }
@@ -162,8 +164,12 @@ absl::Status PolicyCodec::DecodeSliceAccumulate(int64_t offset,
     STARLING_RETURN_IF_ERROR(p.codec->Decode(
         p.bytes, absl::MakeSpan(decoded).subspan(p.rel, p.len)));
   }
-  for (size_t i = 0; i < acc.size(); ++i) acc[i] += decoded[i];
-  return absl::OkStatus();
+  bool finite = true;
+  for (size_t i = 0; i < acc.size(); ++i) {
+    acc[i] += decoded[i];
+    finite &= std::isfinite(acc[i]);
+  }
+  return finite ? absl::OkStatus() : AccumulateOverflowError();
 }
 
 absl::StatusOr<std::string> PolicyCodec::Encode(

@@ -413,6 +413,41 @@ TEST(CodecTest, DecodeAccumulateAddsExactlyAndKeepsAccOnError) {
   }
 }
 
+// A payload of finite values whose sum with the accumulator overflows is
+// refused: no Inf gets into the sum unnoticed (the ring relies on this
+// instead of scanning each decoded segment again).
+TEST(CodecTest, DecodeAccumulateRefusesASumThatOverflows) {
+  // (fp16 values, top-k's by default, are at most 65504: added to a finite
+  // fp32 they cannot overflow.)
+  for (const char* spec : {"fp32", "bf16", "int8", "int4:9", "topk:0.1+int8",
+                           "topk:0.1+int8+zstd", "int8+zstd", "bf16+zstd"}) {
+    auto codec = Make(spec);
+    std::vector<float> x(3001, 1.0f);
+    x[0] = 3e38f;
+    x[1234] = -3e38f;
+    x[3000] = 3e38f;
+    absl::StatusOr<std::string> bytes = codec->Encode(x);
+    ASSERT_TRUE(bytes.ok()) << spec << ": " << bytes.status();
+    // Sums that stay finite still add.
+    std::vector<float> acc(x.size(), 1.0f);
+    EXPECT_TRUE(codec->DecodeAccumulate(*bytes, absl::MakeSpan(acc)).ok())
+        << spec;
+    // One element of the accumulator overflows when added to.
+    for (size_t at : {size_t{0}, size_t{1234}, size_t{3000}}) {
+      std::vector<float> acc2(x.size(), 0.0f);
+      acc2[at] = x[at];
+      absl::Status s = codec->DecodeAccumulate(*bytes, absl::MakeSpan(acc2));
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument)
+          << spec << " at " << at << ": " << s;
+      EXPECT_NE(s.message().find("overflows"), std::string::npos) << s;
+    }
+    // Decode alone writes finite values only.
+    std::vector<float> out(x.size());
+    ASSERT_TRUE(codec->Decode(*bytes, absl::MakeSpan(out)).ok()) << spec;
+    for (float v : out) ASSERT_TRUE(std::isfinite(v)) << spec;
+  }
+}
+
 TEST(CodecTest, TopKKeepsLargestAndZeroesTheRest) {
   auto codec = Make("topk:0.01");
   std::vector<float> x = RandomValues(10000, Dist::kNormal, 9);

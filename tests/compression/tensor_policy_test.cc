@@ -65,6 +65,30 @@ TEST(PolicyCodecTest, SlicesAcrossRangesRoundTripLikeTheWhole) {
   }
 }
 
+// A slice over several codecs' ranges (decoded first, then added) refuses
+// a sum that overflows, as one codec's DecodeAccumulate does.
+TEST(PolicyCodecTest, SliceAccumulateRefusesASumThatOverflows) {
+  PolicyOptions o;
+  o.main = "int8";
+  o.small_elements = 100;
+  auto p = PolicyCodec::Create({300, 50, 700}, o);
+  ASSERT_TRUE(p.ok());
+  const std::vector<float> v((*p)->size(), 3e38f);
+  for (int64_t off : {0, 250}) {
+    absl::Span<const float> slice(v.data() + off, 200);
+    auto enc = (*p)->EncodeSlice(off, slice);
+    ASSERT_TRUE(enc.ok()) << enc.status();
+    std::vector<float> acc(200, 1.0f);
+    EXPECT_TRUE(
+        (*p)->DecodeSliceAccumulate(off, *enc, absl::MakeSpan(acc)).ok());
+    acc[77] = 3e38f;
+    absl::Status s =
+        (*p)->DecodeSliceAccumulate(off, *enc, absl::MakeSpan(acc));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << off << ": " << s;
+    EXPECT_NE(s.message().find("overflows"), std::string::npos) << s;
+  }
+}
+
 TEST(PolicyCodecTest, CorruptSlicesAreErrors) {
   PolicyOptions o;
   o.main = "int8";

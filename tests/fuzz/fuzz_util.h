@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -160,18 +161,37 @@ inline bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
          (a.empty() || std::memcmp(a.data(), b.data(), 4 * a.size()) == 0);
 }
 
-// A successful decode: every decoded value is finite and the accumulating
-// decode added exactly those values to `base`.
+// Every element of an accumulator that fuzz targets start from: small
+// values, and every 16th one 3e38, so that a large decoded value overflows.
+inline float AccumulatorBase(size_t i) {
+  return i % 16 == 15 ? 3e38f : -0.25f * static_cast<float>(i % 11);
+}
+
+// A successful decode `out` and what the accumulating decode of the same
+// payload did to `base` (status `sa`, result `acc`): every decoded value is
+// finite, and either the accumulation added exactly those values and every
+// sum is finite, or it failed because some sum overflows.
 inline void CheckAccumulated(const std::vector<float>& out,
                              const std::vector<float>& base,
-                             const std::vector<float>& acc) {
+                             const std::vector<float>& acc,
+                             const absl::Status& sa) {
+  bool overflows = false;
   for (size_t i = 0; i < out.size(); ++i) {
     FUZZ_CHECK(std::isfinite(out[i]), "decoded value %zu is %f", i, out[i]);
     const float want = base[i] + out[i];
+    overflows |= !std::isfinite(want);
+    if (!sa.ok()) continue;
     // == rather than the bits: an element top-k does not touch keeps a -0.
     FUZZ_CHECK(acc[i] == want, "accumulated %zu: %a, expected %a + %a", i,
                acc[i], base[i], out[i]);
   }
+  FUZZ_CHECK(sa.ok() == !overflows,
+             "accumulating decode: %s, though the sums %s overflow",
+             sa.ToString().c_str(), overflows ? "do" : "do not");
+  FUZZ_CHECK(
+      sa.ok() || sa.message().find("overflows") != absl::string_view::npos,
+      "accumulating decode failed for another reason than overflow: %s",
+      sa.ToString().c_str());
 }
 
 // The HMAC of an x-starling-auth v1 stamp ("v1.MS.NONCE.MAC"), as
