@@ -448,22 +448,25 @@ absl::Status CodecImpl::DecodeImpl(absl::string_view bytes,
       if (!ci::Fp32AllFinite(r, n)) {
         return absl::DataLossError("codec payload: NaN/Inf value");
       }
-      if (!ci::Fp32ToFloat(r, n, dst, accumulate))
+      if (!ci::Fp32ToFloat(r, n, dst, accumulate)) {
         return AccumulateOverflowError();
+      }
       return absl::OkStatus();
     case CodecId::kFp16:
       if (!ci::Fp16AllFinite(r, n)) {
         return absl::DataLossError("codec payload: NaN/Inf value");
       }
-      if (!ci::Fp16ToFloat(r, n, dst, accumulate))
+      if (!ci::Fp16ToFloat(r, n, dst, accumulate)) {
         return AccumulateOverflowError();
+      }
       return absl::OkStatus();
     case CodecId::kBf16:
       if (!ci::Bf16AllFinite(r, n)) {
         return absl::DataLossError("codec payload: NaN/Inf value");
       }
-      if (!ci::Bf16ToFloat(r, n, dst, accumulate))
+      if (!ci::Bf16ToFloat(r, n, dst, accumulate)) {
         return AccumulateOverflowError();
+      }
       return absl::OkStatus();
     case CodecId::kInt8:
     case CodecId::kInt4: {

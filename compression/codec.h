@@ -81,13 +81,13 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(
 // trailing partial value is ignored), or -1: the check of values that come
 // from peers, vectorized (about memory speed).
 int64_t FirstNonFinite(absl::string_view fp32);
-
-// What DecodeAccumulate returns when a sum overflows to ±Inf.
-absl::Status AccumulateOverflowError();
 inline int64_t FirstNonFinite(absl::Span<const float> v) {
   return FirstNonFinite(absl::string_view(
       reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)));
 }
+
+// What DecodeAccumulate returns when a sum overflows to ±Inf.
+absl::Status AccumulateOverflowError();
 
 // One paragraph for `starling --help` listing the specs.
 std::string CompressionSpecHelp();
