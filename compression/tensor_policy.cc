@@ -1,10 +1,10 @@
 #include "compression/tensor_policy.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "compression/kernels.h"
 #include "core/status.h"
 
 namespace starling {
@@ -164,11 +164,11 @@ absl::Status PolicyCodec::DecodeSliceAccumulate(int64_t offset,
     STARLING_RETURN_IF_ERROR(p.codec->Decode(
         p.bytes, absl::MakeSpan(decoded).subspan(p.rel, p.len)));
   }
-  bool finite = true;
-  for (size_t i = 0; i < acc.size(); ++i) {
-    acc[i] += decoded[i];
-    finite &= std::isfinite(acc[i]);
-  }
+  // The fp32 codec's kernel: the vector adds, and the overflow check in
+  // the same pass.
+  const bool finite = compression_internal::Fp32ToFloat(
+      reinterpret_cast<const char*>(decoded.data()), decoded.size(), acc.data(),
+      /*accumulate=*/true);
   return finite ? absl::OkStatus() : AccumulateOverflowError();
 }
 
