@@ -619,6 +619,12 @@ absl::Status AccumulateOverflowError() {
       "codec payload: adding the decoded values overflows fp32 to Inf");
 }
 
+bool ApplyFp32(absl::string_view fp32, absl::Span<float> out, bool accumulate) {
+  return compression_internal::Fp32ToFloat(
+      fp32.data(), std::min(fp32.size() / 4, out.size()), out.data(),
+      accumulate);
+}
+
 int64_t FirstNonFinite(absl::string_view fp32) {
   return compression_internal::Fp32FirstNonFinite(fp32.data(), fp32.size() / 4);
 }

@@ -89,6 +89,15 @@ inline int64_t FirstNonFinite(absl::Span<const float> v) {
 // What DecodeAccumulate returns when a sum overflows to ±Inf.
 absl::Status AccumulateOverflowError();
 
+// out[i] = x[i], or out[i] += x[i] with `accumulate` (the same single fp32
+// add as a plain loop), for the little-endian fp32 values x in `fp32`
+// (4 * out.size() bytes), in one vectorized pass that checks what it
+// writes: false when a written value is NaN or ±Inf (a non-finite x[i], or
+// a sum that overflowed), and `out` is then partly written. The receive
+// path for raw fp32 from peers; on false, FirstNonFinite(fp32) tells which
+// x[i] was non-finite, or -1 when a sum overflowed.
+bool ApplyFp32(absl::string_view fp32, absl::Span<float> out, bool accumulate);
+
 // One paragraph for `starling --help` listing the specs.
 std::string CompressionSpecHelp();
 

@@ -202,8 +202,11 @@ bool Fp32ToFloat(const char* bytes, size_t n, float* out, bool accumulate) {
       out[i] += BitsFloat(LoadU32(bytes + 4 * i));
       exp = std::max(exp, ExpBits(out[i]));
     }
-  } else if (n > 0) {
-    std::memcpy(out, bytes, 4 * n);
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      out[i] = BitsFloat(LoadU32(bytes + 4 * i));
+      exp = std::max(exp, ExpBits(out[i]));
+    }
   }
   return exp != kExpMask;
 }

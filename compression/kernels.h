@@ -39,9 +39,10 @@ void FloatToFp16(const float* x, size_t n, char* out);
 void FloatToBf16(const float* x, size_t n, char* out);
 
 // fp16 / bf16 / fp32 bytes -> float: out[i] = v (or out[i] += v when
-// `accumulate`). The inputs must hold no NaN/Inf (check with *AllFinite).
-// Returns false when a sum overflowed to ±Inf (accumulate only; every
-// element is still written), checked in the same pass.
+// `accumulate`). fp16/bf16 inputs must hold no NaN/Inf (check with
+// *AllFinite). Returns false when a sum overflowed to ±Inf, or for fp32 when
+// a value written is NaN/Inf (a non-finite input too), checked in the same
+// pass; every element is still written.
 bool Fp16ToFloat(const char* bytes, size_t n, float* out, bool accumulate);
 bool Bf16ToFloat(const char* bytes, size_t n, float* out, bool accumulate);
 bool Fp32ToFloat(const char* bytes, size_t n, float* out, bool accumulate);

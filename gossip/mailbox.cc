@@ -18,26 +18,31 @@ int64_t SegmentOffset(int64_t total, int parts, int segment) {
   return segment * base + std::min<int64_t>(segment, extra);
 }
 
-namespace {
-
-// dst[i] += src[i] over little-endian fp32 `src`, in blocks of 16 that the
-// compiler turns into vector adds. The same single fp32 add per element as
-// a plain loop, so the result is bit for bit the same.
-void AddFloats(float* dst, const char* src, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    float block[16];
-    std::memcpy(block, src + 4 * i, sizeof(block));
-    for (int j = 0; j < 16; ++j) dst[i + j] += block[j];
+absl::Status ApplyFromPeer(absl::string_view fp32, absl::Span<float> out,
+                           bool accumulate, int64_t first) {
+  if (ApplyFp32(fp32, out, accumulate)) return absl::OkStatus();
+  // Refused (rare): say whose values were not finite.
+  const int64_t bad = FirstNonFinite(fp32);
+  if (bad >= 0) {
+    float v;
+    std::memcpy(&v, fp32.data() + 4 * bad, 4);
+    return absl::InvalidArgumentError(
+        absl::StrCat("a non-finite value (", v, ") at element ", first + bad));
   }
-  for (; i < n; ++i) {
-    float x;
-    std::memcpy(&x, src + 4 * i, 4);
-    dst[i] += x;
+  // Finite values received: a NaN sum means this node's own value was
+  // NaN or Inf (finite + finite is never NaN); an Inf one, an overflow.
+  const size_t n = std::min(fp32.size() / 4, out.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (std::isnan(out[i])) {
+      return absl::InternalError(absl::StrCat(
+          "this node's own value at element ", first + static_cast<int64_t>(i),
+          " is not finite (the sum with the received value is NaN)"));
+    }
   }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "adding elements ", first, "..", first + static_cast<int64_t>(n) - 1,
+      " overflows fp32 to Inf"));
 }
-
-}  // namespace
 
 absl::Status Sink::Apply(int64_t offset, absl::string_view fp32) {
   const int64_t n = static_cast<int64_t>(fp32.size() / 4);
@@ -46,24 +51,12 @@ absl::Status Sink::Apply(int64_t offset, absl::string_view fp32) {
         fp32.size(), " bytes at element ", offset,
         " are not whole fp32 values inside the segment's ", elements()));
   }
-  const int64_t bad = FirstNonFinite(fp32);
-  if (bad >= 0) {
-    float v;
-    std::memcpy(&v, fp32.data() + 4 * bad, 4);
-    return absl::InvalidArgumentError(
-        absl::StrCat("a non-finite value (", v, ") at element ", offset + bad));
-  }
   absl::MutexLock lock(&mu_);
   if (!open_) {
     return absl::FailedPreconditionError(
         "the collective no longer waits for this message");
   }
-  if (accumulate_) {
-    AddFloats(values_.data() + offset, fp32.data(), n);
-  } else {
-    std::memcpy(values_.data() + offset, fp32.data(), fp32.size());
-  }
-  return absl::OkStatus();
+  return ApplyFromPeer(fp32, values_.subspan(offset, n), accumulate_, offset);
 }
 
 void Sink::Close() {

@@ -48,6 +48,16 @@ struct Message {
   bool applied = false;
 };
 
+// out[i] = x[i], or out[i] += x[i] with `accumulate`, for the little-endian
+// fp32 values x in `fp32` that a peer sent (4 * out.size() bytes), checked in
+// the same pass; element i is element first + i of the message's segment.
+// InvalidArgument, the sender's fault: a NaN/Inf x[i] (naming the element)
+// or a sum that overflows to Inf. Internal: a sum is NaN although the x[i]
+// are finite, so this node's own value was not (blames nobody). After an
+// error `out` is partly written.
+absl::Status ApplyFromPeer(absl::string_view fp32, absl::Span<float> out,
+                           bool accumulate, int64_t first = 0);
+
 // Where the chunks of one expected raw fp32 message go as they arrive: the
 // collective's values of that segment. Thread-safe: the transport applies
 // while the collective may close it; once Close returns nothing more is
@@ -57,9 +67,10 @@ class Sink {
   Sink(absl::Span<float> values, bool accumulate)
       : values_(values), accumulate_(accumulate) {}
   // Adds (reduce-scatter) or copies (all-gather) `fp32`, whole
-  // little-endian values, at element `offset` of the segment.
-  // InvalidArgument for non-finite values or a range outside the segment
-  // (naming the element), FailedPrecondition once closed.
+  // little-endian values, at element `offset` of the segment, through
+  // ApplyFromPeer (whose errors it returns, the range then partly written).
+  // InvalidArgument for a range outside the segment, FailedPrecondition
+  // once closed.
   absl::Status Apply(int64_t offset, absl::string_view fp32);
   void Close();
   int64_t elements() const { return static_cast<int64_t>(values_.size()); }

@@ -1,6 +1,7 @@
 #include "gossip/ring_allreduce.h"
 
-#include <cstring>
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -159,6 +160,17 @@ absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
             phase == RingPhase::kReduceScatter
                 ? o.codec->DecodeSliceAccumulate(dst_offset, in->payload, dst)
                 : o.codec->DecodeSlice(dst_offset, in->payload, dst);
+        if (d == AccumulateOverflowError() &&
+            std::any_of(dst.begin(), dst.end(),
+                        [](float v) { return std::isnan(v); })) {
+          // The codecs decode finite values only, so a NaN sum means this
+          // node's own value was not finite: nobody else to blame.
+          return fail(
+              absl::InternalError(
+                  "this node's own values are not finite (a sum with "
+                  "the decoded values is NaN)"),
+              absl::StrCat("segment ", recv_seg, " from rank ", prev, ": "));
+        }
         if (!d.ok()) {
           return BlameRank(
               fail(d, absl::StrCat("bad compressed segment from rank ", prev,
@@ -167,11 +179,12 @@ absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
         }
         forward = std::move(in->payload);
       } else if (!in->applied) {
-        const float* src = reinterpret_cast<const float*>(in->payload.data());
-        if (phase == RingPhase::kReduceScatter) {
-          for (size_t i = 0; i < dst.size(); ++i) dst[i] += src[i];
-        } else {
-          std::memcpy(dst.data(), src, dst.size() * 4);
+        absl::Status a =
+            ApplyFromPeer(in->payload, dst, phase == RingPhase::kReduceScatter);
+        if (!a.ok()) {
+          const absl::Status why = fail(
+              a, absl::StrCat("segment ", recv_seg, " from rank ", prev, ": "));
+          return absl::IsInvalidArgument(a) ? BlameRank(why, prev) : why;
         }
       }
     }

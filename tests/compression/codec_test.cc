@@ -361,6 +361,41 @@ TEST(FirstNonFiniteTest, FindsTheFirstNaNOrInfAtAnyPositionAndSize) {
   EXPECT_EQ(FirstNonFinite(partial.substr(4)), -1);
 }
 
+// ApplyFp32 adds (or copies) exactly as a plain loop does, and reports a
+// NaN/Inf it wrote, whether it came in or a sum overflowed, at any position.
+TEST(ApplyFp32Test, AddsOrCopiesExactlyAndReportsWhatIsNotFinite) {
+  for (size_t n : {0, 1, 15, 16, 17, 1023, 3001}) {
+    std::vector<float> x = RandomValues(n, Dist::kNormal, 3);
+    std::vector<float> base = RandomValues(n, Dist::kNormal, 4);
+    const std::string bytes(reinterpret_cast<const char*>(x.data()), 4 * n);
+    std::vector<float> sum = base, copy(n, 7.0f);
+    ASSERT_TRUE(ApplyFp32(bytes, absl::MakeSpan(sum), true)) << n;
+    ASSERT_TRUE(ApplyFp32(bytes, absl::MakeSpan(copy), false)) << n;
+    for (size_t i = 0; i < n; ++i) {
+      const float want = base[i] + x[i];
+      ASSERT_EQ(std::memcmp(&sum[i], &want, 4), 0) << n << " " << i;
+    }
+    EXPECT_EQ(std::memcmp(copy.data(), x.data(), 4 * n), 0) << n;
+    for (size_t pos : {size_t{0}, n / 2, n - 1}) {
+      if (pos >= n) continue;
+      std::string bad = bytes;
+      const float inf = -std::numeric_limits<float>::infinity();
+      std::memcpy(&bad[4 * pos], &inf, 4);
+      std::vector<float> acc = base;
+      EXPECT_FALSE(ApplyFp32(bad, absl::MakeSpan(acc), true)) << n << pos;
+      EXPECT_FALSE(ApplyFp32(bad, absl::MakeSpan(acc), false)) << n << pos;
+      EXPECT_EQ(FirstNonFinite(bad), static_cast<int64_t>(pos));
+      // Finite values whose sum overflows.
+      acc = base;
+      acc[pos] = std::numeric_limits<float>::max();
+      std::string big = bytes;
+      std::memcpy(&big[4 * pos], &acc[pos], 4);
+      EXPECT_FALSE(ApplyFp32(big, absl::MakeSpan(acc), true)) << n << pos;
+      EXPECT_EQ(FirstNonFinite(big), -1);
+    }
+  }
+}
+
 TEST(CodecTest, DecodeRejectsWrongCodecAndSize) {
   const std::vector<float> x = RandomValues(100, Dist::kNormal, 1);
   auto int8 = Make("int8");

@@ -105,7 +105,7 @@ std::string Floats(std::vector<float> v) {
 
 // A segment the collective expects goes straight into its values through
 // the sink one transport claims: added (reduce-scatter) or copied
-// (all-gather), checked value by value, and refused in every other way.
+// (all-gather), and refused in every other way.
 TEST(MailboxTest, AnExpectedSegmentIsAppliedStraightIntoTheValues) {
   MailboxOptions o = Options();
   o.tensors["packed"] = 10;
@@ -137,12 +137,7 @@ TEST(MailboxTest, AnExpectedSegmentIsAppliedStraightIntoTheValues) {
   EXPECT_EQ(box.ClaimSink(header, 16), nullptr);
 
   ASSERT_TRUE(sink->Apply(0, Floats({2, 3})).ok());
-  absl::Status nan =
-      sink->Apply(2, Floats({std::numeric_limits<float>::quiet_NaN()}));
-  EXPECT_TRUE(absl::IsInvalidArgument(nan)) << nan;
-  EXPECT_NE(nan.message().find("non-finite value (nan) at element 2"),
-            std::string::npos)
-      << nan;
+  // (Non-finite values: ASinkRefusesNonFiniteValuesAndSumsThatOverflow.)
   EXPECT_TRUE(absl::IsInvalidArgument(sink->Apply(3, Floats({1, 1}))));
   EXPECT_TRUE(absl::IsInvalidArgument(sink->Apply(0, "abc")));
   // An offset so large that offset + n would overflow.
@@ -179,6 +174,56 @@ TEST(MailboxTest, AnExpectedSegmentIsAppliedStraightIntoTheValues) {
   Message unexpected = header;
   unexpected.from = 2;
   EXPECT_TRUE(absl::IsFailedPrecondition(box.DeliverApplied(unexpected)));
+}
+
+// A sink checks what it writes in the same pass: NaN/Inf in a chunk, and a
+// sum that overflows to Inf, are refused, naming the elements; a NaN sum
+// of finite received values is this node's own fault.
+TEST(MailboxTest, ASinkRefusesNonFiniteValuesAndSumsThatOverflow) {
+  Mailbox box(Options());
+  std::vector<float> values(4, 3e38f);
+  std::shared_ptr<Sink> add =
+      box.Expect(0, 0, "pseudo_grad", RingPhase::kReduceScatter, 0, 0,
+                 absl::MakeSpan(values), /*accumulate=*/true);
+  ASSERT_TRUE(add->Apply(0, Floats({-3e38f, 1})).ok());
+  EXPECT_EQ(values[0], 0.0f);
+  absl::Status over = add->Apply(1, Floats({1, 3e38f}));
+  EXPECT_TRUE(absl::IsInvalidArgument(over)) << over;
+  EXPECT_NE(over.message().find("adding elements 1..2 overflows fp32 to Inf"),
+            std::string::npos)
+      << over;
+  absl::Status inf =
+      add->Apply(3, Floats({-std::numeric_limits<float>::infinity()}));
+  EXPECT_TRUE(absl::IsInvalidArgument(inf)) << inf;
+  EXPECT_NE(inf.message().find("non-finite value (-inf) at element 3"),
+            std::string::npos)
+      << inf;
+  add->Close();
+  // This node's own value is NaN: not the sender's fault.
+  std::vector<float> own = {1, std::numeric_limits<float>::quiet_NaN(), 1};
+  std::shared_ptr<Sink> mine =
+      box.Expect(0, 0, "pseudo_grad", RingPhase::kReduceScatter, 1, 0,
+                 absl::MakeSpan(own), /*accumulate=*/true);
+  absl::Status nan_own = mine->Apply(0, Floats({1, 2, 3}));
+  EXPECT_TRUE(absl::IsInternal(nan_own)) << nan_own;
+  EXPECT_NE(nan_own.message().find("own value at element 1 is not finite"),
+            std::string::npos)
+      << nan_own;
+  mine->Close();
+
+  std::vector<float> gathered(20, 0.0f);
+  std::shared_ptr<Sink> copy =
+      box.Expect(0, 0, "pseudo_grad", RingPhase::kAllGather, 1, 1,
+                 absl::MakeSpan(gathered), /*accumulate=*/false);
+  std::vector<float> in(20, 2.5f);
+  ASSERT_TRUE(copy->Apply(0, Floats(in)).ok());
+  EXPECT_EQ(gathered, in);
+  in[17] = std::numeric_limits<float>::quiet_NaN();
+  absl::Status nan = copy->Apply(0, Floats(in));
+  EXPECT_TRUE(absl::IsInvalidArgument(nan)) << nan;
+  EXPECT_NE(nan.message().find("non-finite value (nan) at element 17"),
+            std::string::npos)
+      << nan;
 }
 
 TEST(MailboxTest, StaleRoundsAndDuplicatesAreRefused) {

@@ -15,7 +15,8 @@ namespace {
 std::vector<std::vector<float>> RunRanks(
     int world, const std::vector<std::vector<float>>& inputs,
     const std::vector<double>& weights, InProcessNetwork& net,
-    std::vector<absl::Status>* statuses, int64_t round = 0) {
+    std::vector<absl::Status>* statuses, int64_t round = 0,
+    absl::Duration step_timeout = absl::Seconds(20)) {
   std::vector<std::vector<float>> out = inputs;
   statuses->assign(world, absl::OkStatus());
   std::vector<std::thread> threads;
@@ -23,7 +24,7 @@ std::vector<std::vector<float>> RunRanks(
     threads.emplace_back([&, r] {
       RingOptions o;
       o.round = round;
-      o.step_timeout = absl::Seconds(20);
+      o.step_timeout = step_timeout;
       (*statuses)[r] =
           RingWeightedAverage(net.transport(r), out[r], weights[r], o);
     });
@@ -101,7 +102,8 @@ TEST(RingDeterminismTest, SameInputsSameBytes) {
 // input vector, as threads; every rank's result, status and byte counts.
 std::vector<std::vector<float>> RunInt8Ranks(
     const std::vector<std::vector<float>>& inputs, double weight,
-    std::vector<absl::Status>* st, std::vector<RingStats>* stats) {
+    std::vector<absl::Status>* st, std::vector<RingStats>* stats,
+    absl::Duration step_timeout = absl::Seconds(20)) {
   const int world = static_cast<int>(inputs.size());
   const int64_t size = static_cast<int64_t>(inputs[0].size());
   PolicyOptions po;
@@ -122,7 +124,7 @@ std::vector<std::vector<float>> RunInt8Ranks(
       RingOptions o;
       o.codec = codec->get();
       o.stats = &(*stats)[r];
-      o.step_timeout = absl::Seconds(20);
+      o.step_timeout = step_timeout;
       (*st)[r] = RingWeightedAverage(net.transport(r), out[r], weight, o);
     });
   }
@@ -176,6 +178,56 @@ TEST(RingCompressionTest, ASumThatDecodesToInfIsRefusedAndBlamesTheSender) {
     EXPECT_EQ(BlamedRank(st[r]), (r + world - 1) % world) << st[r];
     EXPECT_EQ(out[r], big) << r;
   }
+}
+
+// The same with raw fp32: the member that adds a partial sum that overflows
+// refuses it and blames the sender (not the next member, which would find
+// the Inf in what it forwards).
+TEST(RingFailureTest, ARawSumThatOverflowsIsRefusedAndBlamesTheSender) {
+  const int world = 3, size = 3000;
+  const std::vector<std::vector<float>> inputs(world,
+                                               std::vector<float>(size, 3e38f));
+  MailboxOptions mo;
+  mo.tensors = {{"pseudo_grad", size + 1}};
+  InProcessNetwork net(world, mo);
+  std::vector<absl::Status> st;
+  auto out = RunRanks(world, inputs, std::vector<double>(world, 1.0), net, &st);
+  for (int r = 0; r < world; ++r) {
+    EXPECT_TRUE(absl::IsInvalidArgument(st[r])) << r << ": " << st[r];
+    EXPECT_NE(st[r].message().find("overflows fp32 to Inf"), std::string::npos)
+        << st[r];
+    EXPECT_EQ(BlamedRank(st[r]), (r + world - 1) % world) << st[r];
+    EXPECT_EQ(out[r], inputs[r]) << r;
+  }
+}
+
+// A member whose own values hold a NaN fails without blaming the member
+// that sent it finite values, raw or compressed. (The others then wait for
+// it until their step timeout.)
+TEST(RingFailureTest, AMemberWithANaNOfItsOwnBlamesNobody) {
+  const int world = 3, size = 3000;
+  std::vector<std::vector<float>> inputs(world, std::vector<float>(size, 1));
+  // Rank 1 adds what rank 0 sends into segment 0 at its first step.
+  inputs[1][5] = std::numeric_limits<float>::quiet_NaN();
+  MailboxOptions mo;
+  mo.tensors = {{"pseudo_grad", size + 1}};
+  InProcessNetwork net(world, mo);
+  std::vector<absl::Status> st;
+  RunRanks(world, inputs, std::vector<double>(world, 1.0), net, &st,
+           /*round=*/0, absl::Milliseconds(500));
+  EXPECT_TRUE(absl::IsInternal(st[1])) << st[1];
+  EXPECT_NE(st[1].message().find("own value at element 5 is not finite"),
+            std::string::npos)
+      << st[1];
+  EXPECT_EQ(BlamedRank(st[1]), -1) << st[1];
+
+  std::vector<RingStats> stats;
+  RunInt8Ranks(inputs, 1.0, &st, &stats, absl::Milliseconds(500));
+  EXPECT_TRUE(absl::IsInternal(st[1])) << st[1];
+  EXPECT_NE(st[1].message().find("own values are not finite"),
+            std::string::npos)
+      << st[1];
+  EXPECT_EQ(BlamedRank(st[1]), -1) << st[1];
 }
 
 TEST(RingFailureTest, MissingPeerTimesOutAndLeavesValuesUnchanged) {
