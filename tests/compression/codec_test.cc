@@ -375,7 +375,7 @@ TEST(ApplyFp32Test, AddsOrCopiesExactlyAndReportsWhatIsNotFinite) {
       const float want = base[i] + x[i];
       ASSERT_EQ(std::memcmp(&sum[i], &want, 4), 0) << n << " " << i;
     }
-    EXPECT_EQ(std::memcmp(copy.data(), x.data(), 4 * n), 0) << n;
+    EXPECT_EQ(copy, x) << n;
     for (size_t pos : {size_t{0}, n / 2, n - 1}) {
       if (pos >= n) continue;
       std::string bad = bytes;
