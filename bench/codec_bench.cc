@@ -76,36 +76,39 @@ BENCHMARK(BM_Int8DecodeAccumulate)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+constexpr size_t kChunkBytes = size_t{1} << 20;
+
+// kChunkBytes of the input at offset 1 of the returned buffer.
+std::string OddChunkBuffer() {
+  std::string buf(kChunkBytes + 1, '\0');
+  std::memcpy(&buf[1], Input(kFloats).data(), kChunkBytes);
+  return buf;
+}
+
 // The NaN/Inf scan of a received fp32 chunk that is buffered rather than
 // streamed into the ring's values (1 MiB, as the transport's chunks, at an
 // odd address, as in gRPC's slices).
 void BM_FirstNonFinite1MiB(benchmark::State& state) {
-  const std::vector<float>& in = Input(kFloats);
-  constexpr size_t kBytes = size_t{1} << 20;
-  std::string buf(kBytes + 1, '\0');
-  std::memcpy(&buf[1], in.data(), kBytes);
-  const absl::string_view chunk(buf.data() + 1, kBytes);
+  const std::string buf = OddChunkBuffer();
+  const absl::string_view chunk(buf.data() + 1, kChunkBytes);
   for (auto _ : state) {
     if (FirstNonFinite(chunk) != -1) std::abort();
   }
-  state.SetBytesProcessed(state.iterations() * kBytes);
+  state.SetBytesProcessed(state.iterations() * kChunkBytes);
 }
 BENCHMARK(BM_FirstNonFinite1MiB)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // A raw fp32 chunk that streams into the ring's values: added and checked
 // for NaN/Inf and overflow in one pass (1 MiB at an odd address, as above).
 void BM_ApplyFp32Add1MiB(benchmark::State& state) {
-  const std::vector<float>& in = Input(kFloats);
-  constexpr size_t kBytes = size_t{1} << 20;
-  std::string buf(kBytes + 1, '\0');
-  std::memcpy(&buf[1], in.data(), kBytes);
-  const absl::string_view chunk(buf.data() + 1, kBytes);
-  std::vector<float> acc(kBytes / 4, 0.0f);
+  const std::string buf = OddChunkBuffer();
+  const absl::string_view chunk(buf.data() + 1, kChunkBytes);
+  std::vector<float> acc(kChunkBytes / 4, 0.0f);
   for (auto _ : state) {
     if (!ApplyFp32(chunk, absl::MakeSpan(acc), true)) std::abort();
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(state.iterations() * kBytes);
+  state.SetBytesProcessed(state.iterations() * kChunkBytes);
 }
 BENCHMARK(BM_ApplyFp32Add1MiB)->Unit(benchmark::kMicrosecond)->UseRealTime();
 

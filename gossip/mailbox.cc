@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "compression/codec.h"
+#include "core/status.h"
 
 namespace starling {
 
@@ -16,6 +17,17 @@ int64_t SegmentLength(int64_t total, int parts, int segment) {
 int64_t SegmentOffset(int64_t total, int parts, int segment) {
   int64_t base = total / parts, extra = total % parts;
   return segment * base + std::min<int64_t>(segment, extra);
+}
+
+absl::Status OwnValueNotFinite(absl::Span<const float> sum, int64_t first) {
+  for (size_t i = 0; i < sum.size(); ++i) {
+    if (std::isnan(sum[i])) {
+      return absl::InternalError(absl::StrCat(
+          "this node's own value at element ", first + static_cast<int64_t>(i),
+          " is not finite (the sum with the received value is NaN)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ApplyFromPeer(absl::string_view fp32, absl::Span<float> out,
@@ -29,16 +41,10 @@ absl::Status ApplyFromPeer(absl::string_view fp32, absl::Span<float> out,
     return absl::InvalidArgumentError(
         absl::StrCat("a non-finite value (", v, ") at element ", first + bad));
   }
-  // Finite values received: a NaN sum means this node's own value was
-  // NaN or Inf (finite + finite is never NaN); an Inf one, an overflow.
+  // Finite values received: a NaN sum is this node's own fault; an Inf
+  // one, an overflow.
   const size_t n = std::min(fp32.size() / 4, out.size());
-  for (size_t i = 0; i < n; ++i) {
-    if (std::isnan(out[i])) {
-      return absl::InternalError(absl::StrCat(
-          "this node's own value at element ", first + static_cast<int64_t>(i),
-          " is not finite (the sum with the received value is NaN)"));
-    }
-  }
+  STARLING_RETURN_IF_ERROR(OwnValueNotFinite(out.subspan(0, n), first));
   return absl::InvalidArgumentError(absl::StrCat(
       "adding elements ", first, "..", first + static_cast<int64_t>(n) - 1,
       " overflows fp32 to Inf"));

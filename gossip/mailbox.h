@@ -58,6 +58,12 @@ struct Message {
 absl::Status ApplyFromPeer(absl::string_view fp32, absl::Span<float> out,
                            bool accumulate, int64_t first = 0);
 
+// After finite received values were added into `sum` and a check failed:
+// Internal naming the first NaN (element first + i), which means this
+// node's own value was NaN or Inf (finite + finite is never NaN), so nobody
+// else is to blame; OK when there is none (an overflow).
+absl::Status OwnValueNotFinite(absl::Span<const float> sum, int64_t first = 0);
+
 // Where the chunks of one expected raw fp32 message go as they arrive: the
 // collective's values of that segment. Thread-safe: the transport applies
 // while the collective may close it; once Close returns nothing more is

@@ -1,7 +1,5 @@
 #include "gossip/ring_allreduce.h"
 
-#include <algorithm>
-#include <cmath>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -160,18 +158,16 @@ absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
             phase == RingPhase::kReduceScatter
                 ? o.codec->DecodeSliceAccumulate(dst_offset, in->payload, dst)
                 : o.codec->DecodeSlice(dst_offset, in->payload, dst);
-        if (d == AccumulateOverflowError() &&
-            std::any_of(dst.begin(), dst.end(),
-                        [](float v) { return std::isnan(v); })) {
-          // The codecs decode finite values only, so a NaN sum means this
-          // node's own value was not finite: nobody else to blame.
-          return fail(
-              absl::InternalError(
-                  "this node's own values are not finite (a sum with "
-                  "the decoded values is NaN)"),
-              absl::StrCat("segment ", recv_seg, " from rank ", prev, ": "));
-        }
         if (!d.ok()) {
+          // The codecs decode finite values only: an overflow error with a
+          // NaN in the sum is this node's own value, nobody else's fault.
+          if (d == AccumulateOverflowError()) {
+            absl::Status own = OwnValueNotFinite(dst);
+            if (!own.ok()) {
+              return fail(own, absl::StrCat("segment ", recv_seg, " from rank ",
+                                            prev, ": "));
+            }
+          }
           return BlameRank(
               fail(d, absl::StrCat("bad compressed segment from rank ", prev,
                                    ": ")),
