@@ -23,8 +23,9 @@ absl::Status OwnValueNotFinite(absl::Span<const float> sum, int64_t first) {
   for (size_t i = 0; i < sum.size(); ++i) {
     if (std::isnan(sum[i])) {
       return absl::InternalError(absl::StrCat(
-          "this node's own value at element ", first + static_cast<int64_t>(i),
-          " is not finite (the sum with the received value is NaN)"));
+          "the receiving node's own value at element ",
+          first + static_cast<int64_t>(i),
+          " is not finite (its sum with the received value is NaN)"));
     }
   }
   return absl::OkStatus();
@@ -265,9 +266,14 @@ absl::StatusOr<Message> Mailbox::Take(int from, int64_t round,
   if (it == inbox_.end()) {
     absl::Status why = rejected_[from];
     rejected_.erase(from);
-    return absl::Status(why.code(),
-                        absl::StrCat("rejected a bad message from rank ", from,
-                                     ": ", why.message()));
+    // Only InvalidArgument is the sender's fault (see Sink::Apply): a
+    // cancelled stream (Aborted) or this node's own NaN (Internal) is not
+    // worded as a bad message.
+    return absl::Status(
+        why.code(), absl::StrCat(absl::IsInvalidArgument(why)
+                                     ? "rejected a bad message from rank "
+                                     : "could not take the message from rank ",
+                                 from, ": ", why.message()));
   }
   Message m = std::move(it->second);
   inbox_.erase(it);

@@ -61,7 +61,9 @@ absl::Status ApplyFromPeer(absl::string_view fp32, absl::Span<float> out,
 // After finite received values were added into `sum` and a check failed:
 // Internal naming the first NaN (element first + i), which means this
 // node's own value was NaN or Inf (finite + finite is never NaN), so nobody
-// else is to blame; OK when there is none (an overflow).
+// else is to blame; OK when there is none (an overflow). The message says
+// "the receiving node's own value", since the gRPC server also returns it
+// to the sender.
 absl::Status OwnValueNotFinite(absl::Span<const float> sum, int64_t first = 0);
 
 // Where the chunks of one expected raw fp32 message go as they arrive: the
@@ -137,7 +139,9 @@ class Mailbox {
 
   // Waits until the message for (round, tensor, phase, step) from `from`
   // arrives, or `deadline` passes (DeadlineExceeded naming the peer), or a
-  // message from `from` is rejected (that error).
+  // message from `from` is rejected (that error, with that code: "rejected a
+  // bad message from rank N: ..." for InvalidArgument, the sender's fault;
+  // "could not take the message from rank N: ..." otherwise).
   absl::StatusOr<Message> Take(int from, int64_t round,
                                const std::string& tensor, RingPhase phase,
                                int step, absl::Time deadline);

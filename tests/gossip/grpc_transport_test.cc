@@ -160,6 +160,47 @@ TEST(GrpcTransportTest, AnExpectedSegmentStreamsStraightIntoTheValues) {
 
 // Four ranks over sockets, with chunks that split values, reduce segments
 // as they stream in and end with exactly the bytes of the in-process ring,
+
+// The receiver's own NaN meets finite values from the sender: both ends
+// fail with Internal, worded so that neither reads it as the sender's
+// fault (the sender sees the receiver's words after "peer ADDRESS: ").
+TEST(GrpcTransportTest, TheReceiversOwnNaNIsNotWordedAsTheSendersFault) {
+  Swarm s = Start(2, 1030);
+  ConnectAll(s);
+  const int64_t seg = SegmentLength(kElems, 2, 0);
+  std::vector<float> values(seg, 1.0f), sent(seg, 2.0f);
+  values[7] = std::numeric_limits<float>::quiet_NaN();
+  std::shared_ptr<Sink> sink = s.nodes[1]->mailbox().Expect(
+      0, 0, "pseudo_grad", RingPhase::kReduceScatter, 0, 0,
+      absl::MakeSpan(values), /*accumulate=*/true);
+  Message m;
+  m.from = 0;
+  m.tensor = "pseudo_grad";
+  m.phase = RingPhase::kReduceScatter;
+  m.segment = 0;
+  m.total_elements = kElems;
+  m.payload = Bytes(sent);
+  absl::Status send = s.nodes[0]->Send(1, m, absl::Now() + absl::Seconds(20));
+  EXPECT_TRUE(absl::IsInternal(send)) << send;
+  EXPECT_NE(send.message().find(": the receiving node's own value at element "
+                                "7 is not finite"),
+            std::string::npos)
+      << send;
+  auto got =
+      s.nodes[1]->mailbox().Take(0, 0, "pseudo_grad", RingPhase::kReduceScatter,
+                                 0, absl::Now() + absl::Seconds(20));
+  sink->Close();
+  EXPECT_TRUE(absl::IsInternal(got.status())) << got.status();
+  EXPECT_EQ(
+      got.status().message().find("could not take the message from rank 0: "),
+      0u)
+      << got.status();
+  EXPECT_NE(got.status().message().find(
+                "the receiving node's own value at element 7 is not finite"),
+            std::string::npos)
+      << got.status();
+  EXPECT_EQ(got.status().message().find("bad message"), std::string::npos);
+}
 // which delivers whole messages.
 TEST(GrpcTransportTest, StreamedRingMatchesTheInProcessRingBitForBit) {
   constexpr int kWorld = 4;

@@ -257,6 +257,37 @@ TEST(MailboxTest, TakeFailsFastOnARejectedSenderAndTimesOut) {
   EXPECT_TRUE(absl::IsDeadlineExceeded(late.status())) << late.status();
 }
 
+// A recorded refusal keeps its code, and only the sender's fault
+// (InvalidArgument) is worded as a bad message from it: a cancelled stream
+// (Aborted) or this node's own NaN (Internal) is not.
+TEST(MailboxTest, ARefusalIsWordedAsTheSendersFaultOnlyWhenItIs) {
+  Mailbox box(Options());
+  auto take = [&](int from) {
+    return box
+        .Take(from, 0, "pseudo_grad", RingPhase::kReduceScatter, 0,
+              absl::Now() + absl::Seconds(30))
+        .status();
+  };
+  box.RecordRejection(0, absl::InvalidArgumentError("a non-finite value"));
+  absl::Status bad = take(0);
+  EXPECT_TRUE(absl::IsInvalidArgument(bad)) << bad;
+  EXPECT_EQ(bad.message(),
+            "rejected a bad message from rank 0: a non-finite value");
+
+  box.RecordRejection(2, absl::InternalError("the receiving node's own "
+                                             "value at element 3 is not "
+                                             "finite"));
+  absl::Status own = take(2);
+  EXPECT_TRUE(absl::IsInternal(own)) << own;
+  EXPECT_EQ(own.message(),
+            "could not take the message from rank 2: the receiving node's "
+            "own value at element 3 is not finite");
+
+  box.RecordRejection(0, absl::AbortedError("stream ended after 4 of 16"));
+  absl::Status cut = take(0);
+  EXPECT_TRUE(absl::IsAborted(cut)) << cut;
+  EXPECT_EQ(cut.message().find("bad message"), std::string::npos) << cut;
+}
 // Cancel fails every Take with its reason and runs each live hook once; a
 // hook registered after it runs at once, and a dropped one never runs.
 TEST(MailboxTest, CancelRunsTheLiveHooksOnce) {
