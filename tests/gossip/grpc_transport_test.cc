@@ -4,6 +4,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -316,6 +317,8 @@ TEST(GrpcTransportTest, JoinTokenAdmitsOnlyPeersThatProveIt) {
       grpc::CreateChannel(s.members[0], grpc::InsecureChannelCredentials());
   auto stub = peer::v1::Peer::NewStub(channel);
   grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  ctx.set_wait_for_ready(true);  // through a failed first connection attempt
   peer::v1::SendAck ack;
   auto writer = stub->SendChunks(&ctx, &ack);
   peer::v1::TensorChunk chunk;

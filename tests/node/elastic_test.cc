@@ -685,6 +685,13 @@ TEST(ElasticTest, ForgedOrStaleDeathNoticeDoesNotEvict) {
     e->set_incarnation(incarnation);
     e->set_state(peer::v1::MEMBER_DEAD);
     grpc::ClientContext ctx;
+    // A fresh channel's first connection attempt can fail (seen once in a
+    // fresh Debian chroot: "failed to connect to all addresses ... No such
+    // file or directory" while n0 was serving its peers); wait for it
+    // instead of failing the call at once.
+    ctx.set_wait_for_ready(true);
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(20));
     peer::v1::GossipResponse resp;
     grpc::Status st = stub->Gossip(&ctx, req, &resp);
     EXPECT_TRUE(st.ok() || st.error_code() == grpc::INVALID_ARGUMENT)

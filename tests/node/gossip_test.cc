@@ -265,6 +265,7 @@ TEST(GossipTest, MalformedAndStalledPushesAreRefused) {
                   bool finish_writes = true) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    ctx.set_wait_for_ready(true);  // through a failed first connection attempt
     peer::v1::PushAck ack;
     auto writer = stub->Push(&ctx, &ack);
     for (const auto& c : chunks) {

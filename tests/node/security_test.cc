@@ -303,6 +303,7 @@ grpc::Status ControlWithProof(const std::string& address,
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  ctx.set_wait_for_ready(true);  // through a failed first connection attempt
   if (!header.empty()) ctx.AddMetadata(kAuthHeader, header);
   peer::v1::ControlMessage m;
   m.set_run_id("probe");
