@@ -553,7 +553,10 @@ absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(const std::string& bytes,
   return tokens;
 }
 
-absl::StatusOr<std::unique_ptr<Dataset>> LoadDataset(const DataOptions& opts) {
+namespace {
+
+absl::StatusOr<std::unique_ptr<Dataset>> LoadNamedDataset(
+    const DataOptions& opts) {
   if (opts.context < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--context=", opts.context, ": must be >= 1"));
@@ -619,6 +622,18 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadDataset(const DataOptions& opts) {
       "--data=", spec,
       ": unknown data set; expected kjv, text:PATH, tokens:PATH, fmnist or "
       "fmnist:DIR"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Dataset>> LoadDataset(const DataOptions& opts) {
+  absl::StatusOr<std::unique_ptr<Dataset>> ds = LoadNamedDataset(opts);
+  // Name the flag, unless the message already names one (--context,
+  // --val_fraction, --data, --shard, --vocab ...).
+  if (ds.ok() || absl::StartsWith(ds.status().message(), "--")) return ds;
+  return absl::Status(
+      ds.status().code(),
+      absl::StrCat("--data=", opts.spec, ": ", ds.status().message()));
 }
 
 }  // namespace starling

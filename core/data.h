@@ -133,7 +133,8 @@ class Dataset {
 
 // Loads and validates the data set. NotFound / InvalidArgument naming the file
 // and what was expected when it is missing or malformed; FailedPrecondition
-// when `bible` is needed and not installed.
+// when `bible` is needed and not installed. Every error message starts with
+// the flag at fault ("--data=SPEC: ...", or --context, --val_fraction, ...).
 absl::StatusOr<std::unique_ptr<Dataset>> LoadDataset(const DataOptions& opts);
 
 // The default cache directory: $STARLING_CACHE_DIR, else

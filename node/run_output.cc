@@ -4,6 +4,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <signal.h>
 #include <torch/utils.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
@@ -261,9 +262,14 @@ absl::Status PrepareRunDir(TrainConfig* config, absl::string_view command) {
 
 absl::StatusOr<std::unique_ptr<Trainer>> StartRun(TrainConfig* config,
                                                   absl::string_view command) {
+  const bool existed = !config->out().empty() && FileExists(config->out());
   STARLING_RETURN_IF_ERROR(PrepareRunDir(config, command));
   if (config->threads() > 0) torch::set_num_threads(config->threads());
-  return Trainer::Create(*config);
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*config);
+  // A run that could not start (bad --data, --model ...) leaves no empty
+  // run directory behind; rmdir(2) removes it only while it is empty.
+  if (!trainer.ok() && !existed) (void)::rmdir(config->out().c_str());
+  return trainer;
 }
 
 std::string FormatDuration(double seconds) {

@@ -104,7 +104,8 @@ int ExitCodeFor(const absl::Status& s);
 absl::Status PrepareRunDir(TrainConfig* config, absl::string_view command);
 
 // PrepareRunDir, then --threads, then Trainer::Create: the start of every
-// run. Errors as those give; ExitCodeFor maps them.
+// run. Errors as those give; ExitCodeFor maps them. When Trainer::Create
+// fails, a run directory that this call created is removed again.
 absl::StatusOr<std::unique_ptr<Trainer>> StartRun(TrainConfig* config,
                                                   absl::string_view command);
 

@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/file_util.h"
 #include "gtest/gtest.h"
@@ -297,15 +298,35 @@ TEST(DataSpecTest, MissingAndUnknownInputsNameThemselves) {
   o.spec = "text:/nonexistent/file.txt";
   auto r = LoadDataset(o);
   EXPECT_TRUE(absl::IsNotFound(r.status()));
-  EXPECT_NE(r.status().message().find("/nonexistent/file.txt"),
+  // The flag first, then the file (once each).
+  EXPECT_TRUE(absl::StartsWith(r.status().message(),
+                               "--data=text:/nonexistent/file.txt: "))
+      << r.status();
+  EXPECT_NE(r.status().message().find("/nonexistent/file.txt", 10),
             std::string::npos);
+  for (const char* spec :
+       {"tokens:/nonexistent/t.bin", "fmnist:/nonexistent"}) {
+    o.spec = spec;
+    r = LoadDataset(o);
+    EXPECT_TRUE(absl::IsNotFound(r.status())) << r.status();
+    EXPECT_TRUE(absl::StartsWith(r.status().message(),
+                                 absl::StrCat("--data=", spec, ": ")))
+        << r.status();
+  }
   o.spec = "imagenet";
   r = LoadDataset(o);
   EXPECT_TRUE(absl::IsInvalidArgument(r.status()));
-  EXPECT_NE(r.status().message().find("imagenet"), std::string::npos);
+  EXPECT_EQ(r.status().message().find("--data=imagenet: unknown data set"), 0u)
+      << r.status();
   o.spec = "text:" + WriteText("tiny");
   r = LoadDataset(o);
   EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_TRUE(absl::StartsWith(r.status().message(), "--data=text:"))
+      << r.status();
+  DataOptions no_context = o;
+  no_context.context = 0;
+  r = LoadDataset(no_context);
+  EXPECT_EQ(r.status().message().find("--context=0"), 0u) << r.status();
   o.spec = "text:" + WriteText(testing::SampleText(10000));
   o.shard = *ParseShard("0/2", "noniid");
   EXPECT_TRUE(absl::IsInvalidArgument(LoadDataset(o).status()));

@@ -63,8 +63,11 @@ TEST(CliTest, BadInputExitsTwoNamingTheInput) {
       {"train --steps=abc", "--steps=abc"},
       {"train --steps=-3", "--steps=-3"},
       {"train --model=resnet", "--model=resnet"},
-      {"train --data=text:/no/such/file.txt", "/no/such/file.txt"},
+      {"train --data=text:/no/such/file.txt",
+       "--data=text:/no/such/file.txt: file not found: /no/such/file.txt"},
+      {"train --data=tokens:" + odd, "--data=tokens:" + odd + ": "},
       {"train --data=tokens:" + odd, "odd size"},
+      {"train --data=fmnist:" + dir, "--data=fmnist:" + dir + ": "},
       {"train --data=fmnist:" + dir, "train-images-idx3-ubyte.gz"},
       {"train --data=fmnist --model=gpt", "--model=gpt"},
       {"train --data=fmnist --model=torchscript:" STARLING_FIXTURE_DIR
@@ -98,6 +101,19 @@ TEST(CliTest, BadInputExitsTwoNamingTheInput) {
     EXPECT_EQ(r.err.find("terminate called"), std::string::npos) << r.err;
     EXPECT_EQ(r.err.find("Exception raised from"), std::string::npos) << r.err;
   }
+}
+
+// A run that cannot start leaves no empty run directory behind, but keeps
+// a directory the user had made.
+TEST(CliTest, ARunThatCannotStartLeavesNoRunDirectory) {
+  const std::string out = TempDir() + "/never";
+  auto r = RunStarling("train --data=text:/no/such/file.txt --out=" + out);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_FALSE(FileExists(out)) << out;
+  const std::string mine = TempDir();
+  r = RunStarling("train --data=text:/no/such/file.txt --out=" + mine);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(FileExists(mine)) << mine;
 }
 
 TEST(CliTest, TrainWritesTheRunDirectory) {
