@@ -116,6 +116,19 @@ std::string Bytes(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
 }
 
+// Rank 0's reduce-scatter message (round 0, step 0) of segment 0 of
+// "pseudo_grad", holding `values`.
+Message SegmentZeroFromRankZero(const std::vector<float>& values) {
+  Message m;
+  m.from = 0;
+  m.tensor = "pseudo_grad";
+  m.phase = RingPhase::kReduceScatter;
+  m.segment = 0;
+  m.total_elements = kElems;
+  m.payload = Bytes(values);
+  return m;
+}
+
 // A segment the receiver's collective already expects is added into its
 // values chunk by chunk as it streams in, also where a value straddles two
 // chunks (1030-byte chunks); one nobody expects is buffered whole.
@@ -131,13 +144,7 @@ TEST(GrpcTransportTest, AnExpectedSegmentStreamsStraightIntoTheValues) {
   std::shared_ptr<Sink> sink = s.nodes[1]->mailbox().Expect(
       0, 0, "pseudo_grad", RingPhase::kReduceScatter, 0, 0,
       absl::MakeSpan(values), /*accumulate=*/true);
-  Message m;
-  m.from = 0;
-  m.tensor = "pseudo_grad";
-  m.phase = RingPhase::kReduceScatter;
-  m.segment = 0;
-  m.total_elements = kElems;
-  m.payload = Bytes(sent);
+  Message m = SegmentZeroFromRankZero(sent);
   ASSERT_TRUE(s.nodes[0]->Send(1, m, absl::Now() + absl::Seconds(20)).ok());
   auto got =
       s.nodes[1]->mailbox().Take(0, 0, "pseudo_grad", RingPhase::kReduceScatter,
@@ -174,13 +181,7 @@ TEST(GrpcTransportTest, TheReceiversOwnNaNIsNotWordedAsTheSendersFault) {
   std::shared_ptr<Sink> sink = s.nodes[1]->mailbox().Expect(
       0, 0, "pseudo_grad", RingPhase::kReduceScatter, 0, 0,
       absl::MakeSpan(values), /*accumulate=*/true);
-  Message m;
-  m.from = 0;
-  m.tensor = "pseudo_grad";
-  m.phase = RingPhase::kReduceScatter;
-  m.segment = 0;
-  m.total_elements = kElems;
-  m.payload = Bytes(sent);
+  Message m = SegmentZeroFromRankZero(sent);
   absl::Status send = s.nodes[0]->Send(1, m, absl::Now() + absl::Seconds(20));
   EXPECT_TRUE(absl::IsInternal(send)) << send;
   EXPECT_NE(send.message().find(": the receiving node's own value at element "
