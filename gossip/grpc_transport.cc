@@ -171,7 +171,9 @@ constexpr int kStreamWindowBytes = 16 << 20;
 void SetReconnectBackoff(grpc::ChannelArguments& args) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(
+      GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(kMaxReconnectBackoff)));
 }
 
 peer::v1::ModelFingerprint MakeFingerprint(const std::string& architecture,

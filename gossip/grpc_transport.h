@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "gossip/link_shaper.h"
 #include "gossip/peer_credentials.h"
 #include "gossip/peer_limits.h"
@@ -159,8 +160,12 @@ class GrpcTransport : public Transport {
 std::string HandshakeMismatch(const peer::v1::HandshakeRequest& theirs,
                               const PeerIdentity& mine);
 
-// Peers come and go: reconnect after 100 ms, backing off to 1 s at most
-// (gRPC's default starts at 1 s and grows to 2 min).
+// Peers come and go: reconnect after 100 ms, backing off to
+// kMaxReconnectBackoff at most (gRPC's default starts at 1 s and grows to
+// 2 min). Until its backoff ends, a channel whose last connection attempt
+// failed fails calls at once (without wait_for_ready), even when the peer
+// is up again by then.
+inline constexpr absl::Duration kMaxReconnectBackoff = absl::Seconds(1);
 void SetReconnectBackoff(grpc::ChannelArguments& args);
 
 // Fingerprint fields for a flat fp32 model.

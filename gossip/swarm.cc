@@ -1149,22 +1149,37 @@ absl::StatusOr<ControlAck> Swarm::SendControl(const std::string& to_id,
         absl::StrCat(to_id, " is across a network partition"));
   }
   ControlAck ack;
-  grpc::Status s;
-  // A channel that failed to connect earlier (the peer was not up yet)
-  // fails fast until its reconnect backoff ends: try once more shortly.
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    if (attempt > 0) absl::SleepFor(absl::Milliseconds(150));
+  grpc::Status s, first;
+  // A channel whose last connection attempt failed (the peer was not up
+  // yet, or restarted) fails at once until its reconnect backoff ends, up
+  // to kMaxReconnectBackoff later, even when the peer is up by then. So the
+  // retry waits for the channel to connect, a little longer than that: a
+  // member that just came up (and sent its READY) is not left out of the
+  // round, and one that is gone costs a second and a half.
+  for (int attempt = 0; attempt < 2; ++attempt) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(Deadline(absl::Seconds(3)));
+    if (attempt == 0) {
+      ctx.set_deadline(Deadline(absl::Seconds(3)));
+    } else {
+      ctx.set_wait_for_ready(true);
+      ctx.set_deadline(Deadline(kMaxReconnectBackoff * 1.5));
+    }
     options_.credentials.Sign(&ctx, "Control");
     control_bytes_ += static_cast<int64_t>(m.ByteSizeLong());
     s = StubFor(e->address())->stub->Control(&ctx, m, &ack);
     transport_->rpc_errors().Record(s.error_code());
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    if (attempt == 0) first = s;
   }
   if (!s.ok()) {
+    // A retry that never connected ends at its deadline: the first
+    // attempt's error says why (connection refused, say).
+    const grpc::Status& why =
+        s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !first.ok()
+            ? first
+            : s;
     return absl::UnavailableError(
-        absl::StrCat(to_id, " at ", e->address(), ": ", s.error_message()));
+        absl::StrCat(to_id, " at ", e->address(), ": ", why.error_message()));
   }
   return ack;
 }

@@ -18,9 +18,11 @@ namespace starling {
 namespace {
 
 std::unique_ptr<Swarm> StartSwarm(const std::string& id,
-                                  const std::vector<std::string>& seeds) {
+                                  const std::vector<std::string>& seeds,
+                                  const std::string& listen = "127.0.0.1:0") {
   SwarmOptions o;
   o.node_id = id;
+  o.listen = listen;
   o.seeds = seeds;
   o.identity.run_id = "barrier";
   o.identity.algo = "gossip";
@@ -34,8 +36,9 @@ std::unique_ptr<Swarm> StartSwarm(const std::string& id,
 
 // StartSwarm, then JoinSwarm through `seeds` (null when either fails).
 std::unique_ptr<Swarm> StartJoined(const std::string& id,
-                                   const std::vector<std::string>& seeds) {
-  std::unique_ptr<Swarm> s = StartSwarm(id, seeds);
+                                   const std::vector<std::string>& seeds,
+                                   const std::string& listen = "127.0.0.1:0") {
+  std::unique_ptr<Swarm> s = StartSwarm(id, seeds, listen);
   if (s == nullptr) return nullptr;
   absl::Status joined = s->JoinSwarm(absl::Now() + absl::Seconds(10));
   EXPECT_TRUE(joined.ok()) << id << ": " << joined;
@@ -45,8 +48,9 @@ std::unique_ptr<Swarm> StartJoined(const std::string& id,
 // StartJoined, then SetProgress(round, no lineage, not joining).
 std::unique_ptr<Swarm> StartReady(const std::string& id,
                                   const std::vector<std::string>& seeds,
-                                  int64_t round) {
-  std::unique_ptr<Swarm> s = StartJoined(id, seeds);
+                                  int64_t round,
+                                  const std::string& listen = "127.0.0.1:0") {
+  std::unique_ptr<Swarm> s = StartJoined(id, seeds, listen);
   if (s != nullptr) s->SetProgress(round, "", /*joining=*/false);
   return s;
 }
@@ -238,6 +242,50 @@ TEST(SwarmTest, FetchStatsAddUpAcrossAFailedCallAndTheNextOne) {
   EXPECT_EQ(stats.retries, 1);
   EXPECT_GT(stats.bytes, 0);
   EXPECT_GT(stats.seconds, 0);
+}
+
+// A member that restarts at the same address while the coordinator's
+// channel to it is in reconnect backoff (its last attempts were refused
+// while it was down) still takes part in the next round: the plan waits
+// for the channel to connect instead of failing at once, which left the
+// member out and aborted the attempt (NetemTest hit that when a node
+// started listening a moment after its peers first dialled it).
+TEST(SwarmTest, AMemberBackAtItsAddressIsInTheNextRoundsFirstAttempt) {
+  std::unique_ptr<Swarm> a = StartReady("n0", {}, 0);
+  ASSERT_NE(a, nullptr);
+  std::unique_ptr<Swarm> b = StartReady("n1", {a->address()}, 0);
+  ASSERT_NE(b, nullptr);
+  const std::string b_address = b->address();
+  const absl::Time seen_by = absl::Now() + absl::Seconds(20);
+  while (Seen(*a, "n1") != "alive" && absl::Now() < seen_by) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(Seen(*a, "n1"), "alive");
+  b->Shutdown();  // no goodbye: n0 keeps gossiping to it, refused
+  b.reset();
+  // Long enough for n0's backoff to reach its cap of about a second, so
+  // that its channel stays refused for up to that long after n1 is back.
+  absl::SleepFor(kMaxReconnectBackoff * 4);
+  ASSERT_EQ(Seen(*a, "n1"), "alive");  // suspect_after is 30 s
+
+  b = StartReady("n1", {a->address()}, 0, b_address);
+  ASSERT_NE(b, nullptr);
+  const auto no_op = [](Transport&, int64_t, const std::vector<std::string>&) {
+    return absl::OkStatus();
+  };
+  const auto never = [] { return false; };
+  std::future<absl::StatusOr<Swarm::RoundResult>> b_round = std::async(
+      std::launch::async, [&] { return b->SyncRound(0, "", no_op, never); });
+  absl::StatusOr<Swarm::RoundResult> a_result =
+      a->SyncRound(0, "", no_op, never);
+  absl::StatusOr<Swarm::RoundResult> b_result = b_round.get();
+  ASSERT_TRUE(a_result.ok()) << a_result.status();
+  ASSERT_TRUE(b_result.ok()) << b_result.status();
+  for (const Swarm::RoundResult* r : {&*a_result, &*b_result}) {
+    EXPECT_EQ(r->outcome, Swarm::Outcome::kCommitted);
+    EXPECT_EQ(r->attempt, 1) << "the first plan did not reach n1";
+    EXPECT_EQ(r->members, (std::vector<std::string>{"n0", "n1"}));
+  }
 }
 
 }  // namespace
