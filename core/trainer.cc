@@ -39,7 +39,23 @@ double Seconds(std::chrono::steady_clock::time_point since) {
       .count();
 }
 
+// The data options of `config`, shard and drift aside.
+DataOptions DataOptionsOf(const TrainConfig& config) {
+  DataOptions data;
+  data.spec = config.data();
+  data.context = config.context();
+  data.val_fraction = config.val_fraction();
+  data.vocab = config.vocab();
+  data.cache_dir = config.cache_dir();
+  data.split_seed = config.seed();
+  return data;
+}
+
 }  // namespace
+
+absl::Status CheckData(const TrainConfig& config) {
+  return LoadDataset(DataOptionsOf(config)).status();
+}
 
 TrainConfig DefaultTrainConfig() {
   TrainConfig c;
@@ -152,13 +168,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
 }
 
 absl::Status Trainer::Init() {
-  DataOptions data;
-  data.spec = config_.data();
-  data.context = config_.context();
-  data.val_fraction = config_.val_fraction();
-  data.vocab = config_.vocab();
-  data.cache_dir = config_.cache_dir();
-  data.split_seed = config_.seed();
+  DataOptions data = DataOptionsOf(config_);
   STARLING_ASSIGN_OR_RETURN(drift_, ParseDrift(config_.drift()));
   data.two_regions = drift_.two_regions;
   STARLING_ASSIGN_OR_RETURN(data.shard,

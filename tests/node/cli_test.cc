@@ -114,6 +114,14 @@ TEST(CliTest, ARunThatCannotStartLeavesNoRunDirectory) {
   r = RunStarling("train --data=text:/no/such/file.txt --out=" + mine);
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_TRUE(FileExists(mine)) << mine;
+  // sim checks the data once, before it makes its directory and nodes.
+  r = RunStarling("sim --data=text:/no/such/file.txt --out=" + out);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--data=text:/no/such/file.txt: file not found"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("node n0"), std::string::npos) << r.err;
+  EXPECT_FALSE(FileExists(out)) << out;
 }
 
 TEST(CliTest, TrainWritesTheRunDirectory) {
