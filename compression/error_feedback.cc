@@ -56,6 +56,15 @@ absl::StatusOr<std::string> ErrorFeedback::Compress(
   return bytes;
 }
 
+absl::Status ErrorFeedback::ScaleResidual(float factor) {
+  if (!(factor >= 0.0f && factor <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "error-feedback residual scale ", factor, " is not in [0, 1]"));
+  }
+  for (float& r : residual_) r *= factor;
+  return absl::OkStatus();
+}
+
 std::string ErrorFeedback::SaveState() const {
   const uint64_t count = residual_.size();
   std::string out(kStateOverhead + 4 * count, '\0');

@@ -121,6 +121,8 @@ class Trainer {
   // Moves the LR schedule to `step` (a joiner adopts the swarm's position;
   // a node that abandons a round goes back to its start).
   void set_step(int step) { state_.set_step(step); }
+  // The schedule's inner learning rate at 0-based step `step`.
+  double lr_at(int step) const { return LearningRateAt(schedule_, step); }
   // Trainable parameters in flat-view order.
   std::vector<torch::Tensor> Parameters() { return model_->Parameters(); }
   torch::Device device() const { return device_; }

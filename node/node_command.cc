@@ -1520,9 +1520,22 @@ int RunDiloco(NodeRun& run) {
     ctx->round_start = round_start;
     ctx->sent_before = sent_before;
     // Error feedback sends C(Δ + e) and keeps the rest (restored if the
-    // round does not commit).
+    // round does not commit). The residual first shrinks with the inner
+    // learning rate's decay over this round's steps, so what was held back
+    // stays in proportion to the steps now taken: unscaled, late rounds of
+    // a decayed schedule send mostly stale progress from early ones, and
+    // the model gets worse (README, compression section).
     if (run.feedback) {
       ctx->ef_before = run.feedback->SaveState();
+      const double lr_start = trainer.lr_at(prev_step);
+      const double lr_end = trainer.lr_at(prev_step + steps);
+      if (lr_start > 0 && lr_end < lr_start) {
+        if (absl::Status s = run.feedback->ScaleResidual(
+                static_cast<float>(lr_end / lr_start));
+            !s.ok()) {
+          return Fail(s, 1);
+        }
+      }
       std::vector<float> sent(delta.size());
       absl::StatusOr<std::string> enc = run.feedback->Compress(
           *run.param_policy, delta, absl::MakeSpan(sent));

@@ -109,6 +109,38 @@ TEST(ErrorFeedbackTest, ErrorsLeaveResidualUnchanged) {
             before);
 }
 
+TEST(ErrorFeedbackTest, ScaleResidualShrinksWhatIsHeldBack) {
+  absl::StatusOr<std::unique_ptr<Codec>> codec = MakeCodec("topk:0.1");
+  ASSERT_TRUE(codec.ok());
+  ErrorFeedback ef(500);
+  std::vector<float> sent(500);
+  ASSERT_TRUE(ef.Compress(**codec, RandomValues(500, Dist::kNormal, 7),
+                          absl::MakeSpan(sent))
+                  .ok());
+  const std::vector<float> before(ef.residual().begin(), ef.residual().end());
+  ASSERT_GT(MaxAbs(before), 0.0f);
+  // Out of [0, 1] (or NaN): refused, nothing changed.
+  for (float bad : {-0.25f, 1.5f, std::nanf("")}) {
+    EXPECT_EQ(ef.ScaleResidual(bad).code(), absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+  EXPECT_EQ(std::vector<float>(ef.residual().begin(), ef.residual().end()),
+            before);
+  ASSERT_TRUE(ef.ScaleResidual(0.25f).ok());
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_EQ(ef.residual()[i], 0.25f * before[i]) << i;
+  }
+  // The next round sends C(delta + 0.25 e) and keeps the rest.
+  const std::vector<float> delta = RandomValues(500, Dist::kNormal, 8);
+  ASSERT_TRUE(ef.Compress(**codec, delta, absl::MakeSpan(sent)).ok());
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_NEAR(sent[i] + ef.residual()[i], delta[i] + 0.25f * before[i], 1e-6f)
+        << i;
+  }
+  ASSERT_TRUE(ef.ScaleResidual(0.0f).ok());
+  EXPECT_EQ(MaxAbs(ef.residual()), 0.0f);
+}
+
 TEST(ErrorFeedbackTest, SaveLoadRoundTrip) {
   absl::StatusOr<std::unique_ptr<Codec>> codec = MakeCodec("topk:0.1");
   ASSERT_TRUE(codec.ok());
