@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 
@@ -187,11 +188,16 @@ TEST(SimTest, KilledSimTakesItsNodesWithIt) {
 }
 
 // Interrupt a sim, resume it: the result is bit-identical to a run that was
-// never interrupted, and the byte accounting spans both sessions.
-TEST(SimTest, InterruptedThenResumedEqualsAStraightRun) {
+// never interrupted, and the byte accounting spans both sessions. Also with
+// top-k and error feedback, whose residual (scaled each round by the
+// learning rate's decay) is in the checkpoints.
+class ResumeTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ResumeTest, InterruptedThenResumedEqualsAStraightRun) {
   const std::string dir = TempDir();
-  const std::string flags = absl::StrCat(
-      "sim --nodes=3 --steps=600 --inner_steps=10 --seed=4 ", TinyFlags());
+  const std::string flags =
+      absl::StrCat("sim --nodes=3 --steps=600 --inner_steps=10 --seed=4 ",
+                   TinyFlags(), " ", GetParam());
   auto straight = RunStarling(absl::StrCat(flags, " --out=", dir, "/straight"));
   ASSERT_EQ(straight.exit_code, 0) << straight.err;
 
@@ -215,9 +221,16 @@ TEST(SimTest, InterruptedThenResumedEqualsAStraightRun) {
             Field(fb, "val_loss").number_value());
   EXPECT_TRUE(Field(fb, "all_hashes_agree").bool_value());
   EXPECT_EQ(Field(b, "rounds").list_value().values_size(), 60);
-  EXPECT_NEAR(Field(fb, "comm_reduction").number_value(),
-              Field(fa, "comm_reduction").number_value(), 0.2);
+  // The resumed run also counts its second start's membership traffic,
+  // which weighs more against a compressed payload.
+  const double reduction = Field(fa, "comm_reduction").number_value();
+  EXPECT_NEAR(Field(fb, "comm_reduction").number_value(), reduction,
+              std::max(0.2, 0.01 * reduction));
 }
+
+INSTANTIATE_TEST_SUITE_P(SimTest, ResumeTest,
+                         ::testing::Values("--compression=fp32",
+                                           "--compression=topk:0.05+int8"));
 
 // --slow and --drift reach the right nodes: n2 runs slowed, n0 drifts at
 // step 15 and the others stay on the first data region; the merged summary
