@@ -228,9 +228,12 @@ TEST_P(ResumeTest, InterruptedThenResumedEqualsAStraightRun) {
               std::max(0.2, 0.01 * reduction));
 }
 
-INSTANTIATE_TEST_SUITE_P(SimTest, ResumeTest,
-                         ::testing::Values("--compression=fp32",
-                                           "--compression=topk:0.05+int8"));
+INSTANTIATE_TEST_SUITE_P(
+    SimTest, ResumeTest,
+    ::testing::Values("--compression=fp32", "--compression=topk:0.05+int8"),
+    [](const auto& info) {
+      return std::string(info.index == 0 ? "fp32" : "topk_error_feedback");
+    });
 
 // --slow and --drift reach the right nodes: n2 runs slowed, n0 drifts at
 // step 15 and the others stay on the first data region; the merged summary
