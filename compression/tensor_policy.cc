@@ -21,6 +21,10 @@ void PutU32(std::string* out, uint32_t v) {
 absl::StatusOr<std::unique_ptr<PolicyCodec>> PolicyCodec::Create(
     const std::vector<int64_t>& tensor_sizes, const PolicyOptions& o) {
   auto p = std::unique_ptr<PolicyCodec>(new PolicyCodec());
+  if (o.small_elements < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--small_tensor_elems=", o.small_elements, ": must be >= 0"));
+  }
   absl::StatusOr<std::unique_ptr<Codec>> main = MakeCodec(o.main);
   if (!main.ok()) {
     return absl::InvalidArgumentError(

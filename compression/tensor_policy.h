@@ -21,7 +21,7 @@ namespace starling {
 struct PolicyOptions {
   std::string main = "fp32";      // --compression
   std::string small = "bf16";     // codec for tensors below the threshold
-  int64_t small_elements = 4096;  // "small" means fewer elements than this
+  int64_t small_elements = 4096;  // "small": fewer elements than this (>= 0)
   int64_t trailing_fp32 = 0;      // extra elements at the end kept in fp32
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -101,7 +102,8 @@ absl::Status LinkShaper::Acquire(int64_t bytes, absl::Time deadline,
 }
 
 absl::StatusOr<LinkValueSpec> ParseLinkValueSpec(absl::string_view flag,
-                                                 absl::string_view value) {
+                                                 absl::string_view value,
+                                                 double max_value) {
   LinkValueSpec spec;
   if (absl::StripAsciiWhitespace(value).empty()) return spec;
   auto error = [&](absl::string_view token, absl::string_view why) {
@@ -125,6 +127,10 @@ absl::StatusOr<LinkValueSpec> ParseLinkValueSpec(absl::string_view flag,
     }
     if (v < 0) {
       return error(token, absl::StrCat("value ", number, " is negative"));
+    }
+    if (v > max_value) {
+      return error(token, absl::StrCat("value ", number, " is over the limit ",
+                                       FormatNumber(max_value)));
     }
     if (eq == absl::string_view::npos) {
       if (spec.default_value.has_value()) {
@@ -153,14 +159,17 @@ absl::StatusOr<LinkEmulatorOptions> ParseLinkFlags(
     const char* name;
     const std::string& value;
     double LinkParams::*field;
+    double max;
   };
   const Flag flags[] = {
-      {"link_bandwidth_mbps", bandwidth_mbps, &LinkParams::bandwidth_mbps},
-      {"link_latency_ms", latency_ms, &LinkParams::latency_ms}};
+      {"link_bandwidth_mbps", bandwidth_mbps, &LinkParams::bandwidth_mbps,
+       std::numeric_limits<double>::max()},
+      {"link_latency_ms", latency_ms, &LinkParams::latency_ms,
+       kMaxLinkLatencyMs}};
   std::vector<LinkValueSpec> specs;
   for (const Flag& f : flags) {
     STARLING_ASSIGN_OR_RETURN(LinkValueSpec spec,
-                              ParseLinkValueSpec(f.name, f.value));
+                              ParseLinkValueSpec(f.name, f.value, f.max));
     if (spec.default_value) o.defaults.*f.field = *spec.default_value;
     specs.push_back(std::move(spec));
   }

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -83,9 +84,14 @@ class LinkShaper {
   absl::Time last_ ABSL_GUARDED_BY(mu_);
 };
 
+// The largest --link_latency_ms accepted: a minute per message is already
+// far beyond any real link, and a typo such as 1e9 would otherwise stall
+// every exchange until the round's deadlines give up.
+inline constexpr double kMaxLinkLatencyMs = 60000;
+
 // One emulator flag's value: DEFAULT[,KEY=VALUE...]. The default is the
 // entry without '=' (at most one; absent: unset), KEY is as given (checked
-// by the caller) and every VALUE a finite number >= 0.
+// by the caller) and every VALUE a finite number in [0, max_value].
 struct LinkValueSpec {
   struct Entry {
     std::string key;
@@ -98,9 +104,11 @@ struct LinkValueSpec {
 
 // Parses `value` of --`flag`. "" is an empty spec. InvalidArgument naming
 // the flag, its value and the bad token for an empty token, a bad number, a
-// negative or non-finite value, an empty key, and a second default.
-absl::StatusOr<LinkValueSpec> ParseLinkValueSpec(absl::string_view flag,
-                                                 absl::string_view value);
+// negative, non-finite or over `max_value` value, an empty key, and a
+// second default.
+absl::StatusOr<LinkValueSpec> ParseLinkValueSpec(
+    absl::string_view flag, absl::string_view value,
+    double max_value = std::numeric_limits<double>::max());
 
 struct LinkEmulatorOptions {
   LinkParams defaults;                      // every link not listed below

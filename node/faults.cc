@@ -365,15 +365,17 @@ absl::StatusOr<SimLinks> ParseSimLinks(const std::string& bandwidth_mbps,
     const std::string& value;
     double LinkParams::*field;
     bool smaller_wins;  // when both ends of a link have a node value
+    double max;
   };
   const Flag flags[] = {
-      {"link_bandwidth_mbps", bandwidth_mbps, &LinkParams::bandwidth_mbps,
-       true},
-      {"link_latency_ms", latency_ms, &LinkParams::latency_ms, false}};
+      {"link_bandwidth_mbps", bandwidth_mbps, &LinkParams::bandwidth_mbps, true,
+       std::numeric_limits<double>::max()},
+      {"link_latency_ms", latency_ms, &LinkParams::latency_ms, false,
+       kMaxLinkLatencyMs}};
   bool any = false;
   for (const Flag& f : flags) {
     STARLING_ASSIGN_OR_RETURN(LinkValueSpec spec,
-                              ParseLinkValueSpec(f.name, f.value));
+                              ParseLinkValueSpec(f.name, f.value, f.max));
     any = any || spec.default_value || !spec.entries.empty();
     const double fallback = spec.default_value.value_or(0);
     out.defaults.*f.field = fallback;

@@ -121,9 +121,9 @@ ABSL_FLAG(std::string, link_bandwidth_mbps, "",
           "one, the smaller wins), ID-ID=MBPS to both directions between "
           "the two and overrides the others, e.g. 100,n3=10,n0-n1=1000");
 ABSL_FLAG(std::string, link_latency_ms, "",
-          "emulated link latency in milliseconds, added once per message "
-          "(tensor message or gossip push) before it is sent; 0 or empty = "
-          "none. Same forms as --link_bandwidth_mbps: node "
+          "emulated link latency in milliseconds (at most 60000), added once "
+          "per message (tensor message or gossip push) before it is sent; 0 "
+          "or empty = none. Same forms as --link_bandwidth_mbps: node "
           "DEFAULT[,HOST:PORT=MS...], sim DEFAULT[,ID=MS...][,ID-ID=MS...] "
           "(when both ends of a link have an ID value, the larger wins), "
           "e.g. 50,n3=200");

@@ -140,6 +140,14 @@ TEST(PolicyCodecTest, BadSpecsNameTheFlag) {
   EXPECT_NE(p.status().message().find("--compression=nope: invalid codec"),
             std::string::npos)
       << p.status().message();
+  PolicyOptions negative;
+  negative.main = "int8";
+  negative.small_elements = -5;
+  p = PolicyCodec::Create({10}, negative);
+  EXPECT_TRUE(absl::IsInvalidArgument(p.status()));
+  EXPECT_NE(p.status().message().find("--small_tensor_elems=-5: must be >= 0"),
+            std::string::npos)
+      << p.status().message();
 }
 
 }  // namespace

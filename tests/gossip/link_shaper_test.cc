@@ -236,6 +236,8 @@ TEST(LinkSpecTest, RejectsBadSpecsNamingTheFlagAndToken) {
            {"", "10,n1=5", "--link_latency_ms=10,n1=5: in 'n1=5'"},
            {"", "127.0.0.1:99999=5", "is not HOST:PORT"},
            {"", "127.0.0.1:7001=x", "bad number 'x'"},
+           {"", "1e9", "in '1e9': value 1e9 is over the limit 60000"},
+           {"", "10,127.0.0.1:7001=60001", "value 60001 is over the limit"},
            {"127.0.0.1:7001=5,127.0.0.1:7001=6", "", "listed twice"},
        }) {
     auto r = ParseLinkFlags(c.bandwidth, c.latency);

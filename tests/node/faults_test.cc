@@ -337,6 +337,7 @@ TEST(SimLinksTest, RejectsBadSpecsNamingTheFlagAndEntry) {
            {"n0=5,n0=6", "", "node n0 is named twice"},
            {"n0-n1=5,n1-n0=6", "", "pair n0-n1 is named twice"},
            {"", "n1=-3", "--link_latency_ms=n1=-3: in 'n1=-3'"},
+           {"", "50,n0-n1=1e9", "in 'n0-n1=1e9': value 1e9 is over the limit"},
            {"", "1,2", "a second default"},
            {"1,,n1=2", "", "empty entry"},
        }) {
