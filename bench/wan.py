@@ -129,24 +129,37 @@ def paper(args):
 
 
 def plot(out, rows):
-    """val loss against bytes and against wall time, as PNGs (gnuplot)."""
+    """val loss against bytes and against wall time, as PNGs (gnuplot).
+
+    One series per run, named in the key: runs that land close together
+    (DiLoCo H=50 with and without int8) stay visible as open markers of
+    their own shape and colour, where labels next to the points would
+    print over each other."""
     data = os.path.join(out, "paper.dat")
     with open(data, "w") as f:
         for i, (name, r) in enumerate(rows.items()):
             f.write(f'{i} "{name}" {r["val_loss"]} {max(r["total_bytes"], 1)} '
                     f'{r["wall_seconds"]}\n')
+
+    def series(column):
+        return ", ".join(
+            f'"{data}" every ::{i}::{i} using {column}:3 with points '
+            f'pt {4 + 2 * (i % 5)} ps 1.8 lw 2 lc {i + 1} '
+            f'title "{name.replace(chr(34), chr(39))}"'
+            for i, name in enumerate(rows))
+
     script = f"""
-set terminal pngcairo size 800,480
+set terminal pngcairo size 840,480
 set grid
 set ylabel "validation loss"
-set key off
+set key outside right top Left reverse samplen 1 font ",9"
 set logscale x
 set output "{out}/paper_loss_vs_bytes.png"
 set xlabel "bytes sent, all nodes (log)"
-plot "{data}" using 4:3 with points pt 7 ps 1.5, "" using 4:3:2 with labels offset 0,1 font ",8"
+plot {series(4)}
 set output "{out}/paper_loss_vs_wall.png"
 set xlabel "wall seconds (log)"
-plot "{data}" using 5:3 with points pt 7 ps 1.5, "" using 5:3:2 with labels offset 0,1 font ",8"
+plot {series(5)}
 """
     try:
         subprocess.run(["gnuplot"], input=script.encode(), check=True)
