@@ -142,11 +142,13 @@ def plot(out, rows):
                     f'{r["wall_seconds"]}\n')
 
     def series(column):
-        return ", ".join(
-            f'"{data}" every ::{i}::{i} using {column}:3 with points '
-            f'pt {4 + 2 * (i % 5)} ps 1.8 lw 2 lc {i + 1} '
-            f'title "{name.replace(chr(34), chr(39))}"'
-            for i, name in enumerate(rows))
+        parts = []
+        for i, name in enumerate(rows):
+            title = name.replace('"', "'")
+            parts.append(f'"{data}" every ::{i}::{i} using {column}:3 with '
+                         f'points pt {4 + 2 * (i % 5)} ps 1.8 lw 2 '
+                         f'lc {i + 1} title "{title}"')
+        return ", ".join(parts)
 
     script = f"""
 set terminal pngcairo size 840,480

@@ -122,7 +122,7 @@ class ErrorFeedback {
   int64_t size() const { return static_cast<int64_t>(residual_.size()); }
   absl::Span<const float> residual() const { return residual_; }
 
-  // e <- factor * e: drops (1 - factor) of what is held back. The trainer
+  // e <- factor * e: drops (1 - factor) of what is held back. A DiLoCo node
   // scales by the inner learning rate's decay over a round (see the
   // README's compression section). InvalidArgument unless factor is in
   // [0, 1]; the residual is then unchanged.
