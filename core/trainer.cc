@@ -53,10 +53,6 @@ DataOptions DataOptionsOf(const TrainConfig& config) {
 
 }  // namespace
 
-absl::Status CheckData(const TrainConfig& config) {
-  return LoadDataset(DataOptionsOf(config)).status();
-}
-
 TrainConfig DefaultTrainConfig() {
   TrainConfig c;
   c.set_model("");  // auto: gpt for text, cnn for fmnist
@@ -144,24 +140,42 @@ Trainer::Trainer(const TrainConfig& config, torch::Device device)
 
 Trainer::~Trainer() = default;
 
+namespace {
+
+// The torch::Device that --device names: FailedPrecondition when it asks for
+// CUDA and this build or machine has none.
+absl::StatusOr<torch::Device> DeviceOf(const TrainConfig& config) {
+  if (config.device() == "cpu") return torch::Device(torch::kCPU);
+  if (!torch::cuda::is_available()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--device=", config.device(),
+        ": CUDA is not available (this LibTorch build has no CUDA support "
+        "or no GPU is visible); build against a CUDA LibTorch with "
+        "-DCMAKE_PREFIX_PATH=/path/to/libtorch, or use --device=cpu"));
+  }
+  try {
+    return torch::Device(config.device());
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device=", config.device(), ": ", TorchErrorMessage(e)));
+  }
+}
+
+}  // namespace
+
+absl::Status CheckTrainConfig(const TrainConfig& config) {
+  STARLING_RETURN_IF_ERROR(DeviceOf(config).status());
+  // The model is built and probed on the CPU: the launcher that checks
+  // should not hold a GPU context of its own for the whole run.
+  TrainConfig probe = config;
+  probe.set_device("cpu");
+  probe.set_shard("0/1");
+  return Trainer::Create(probe).status();
+}
+
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const TrainConfig& config) {
-  torch::Device device(torch::kCPU);
-  if (config.device() != "cpu") {
-    if (!torch::cuda::is_available()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--device=", config.device(),
-          ": CUDA is not available (this LibTorch build has no CUDA support "
-          "or no GPU is visible); build against a CUDA LibTorch with "
-          "-DCMAKE_PREFIX_PATH=/path/to/libtorch, or use --device=cpu"));
-    }
-    try {
-      device = torch::Device(config.device());
-    } catch (const std::exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--device=", config.device(), ": ", TorchErrorMessage(e)));
-    }
-  }
+  STARLING_ASSIGN_OR_RETURN(torch::Device device, DeviceOf(config));
   auto trainer = std::unique_ptr<Trainer>(new Trainer(config, device));
   STARLING_RETURN_IF_ERROR(trainer->Init());
   return trainer;

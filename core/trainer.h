@@ -42,11 +42,13 @@ TrainConfig DefaultTrainConfig();
 // range (including --slowdown < 1 or not finite, and a bad --drift).
 absl::Status ResolveTrainConfig(TrainConfig* config);
 
-// Loads the data set `config` names (unsharded, one region) and drops it:
-// the error Trainer::Create would give for --data, --context,
-// --val_fraction or --vocab, without building a model. For a launcher that
-// checks once before it starts its nodes; it also fills the KJV cache.
-absl::Status CheckData(const TrainConfig& config);
+// Builds a trainer for `config` on the CPU, unsharded, and drops it: the
+// error Trainer::Create would give for the data (--data, --context,
+// --val_fraction, --vocab), the model (--model and its shape flags, probed on
+// the data) or --device, which is checked without allocating on the GPU.
+// For a launcher that checks once before it starts its nodes; it also fills
+// the KJV cache.
+absl::Status CheckTrainConfig(const TrainConfig& config);
 
 struct StepResult {
   double loss = 0.0;

@@ -860,9 +860,10 @@ int RunSimCommand() {
   // The flags every node gets: a bad one fails here, once, before the run
   // directory exists, not in every child after its data load.
   if (absl::Status s = CheckNodeFlags(); !s.ok()) return Fail(s, 2);
-  // And the data, which every node loads: a missing file fails here, before
-  // the run directory and the node processes exist.
-  if (absl::Status s = CheckData(config); !s.ok()) return Fail(s, 2);
+  // And the data and model, which every node loads: a missing file or an
+  // unknown model fails here, before the run directory and the node
+  // processes exist.
+  if (absl::Status s = CheckTrainConfig(config); !s.ok()) return Fail(s, 2);
   // The nodes talk over 127.0.0.1: plaintext (the sim adds --insecure)
   // unless a --tls_* flag asks for TLS. Their TLS files and join token are
   // checked here too.

@@ -125,12 +125,15 @@ TEST(SimTest, AFailingNodeStopsTheSimAndIsNamed) {
 
 // A bad node flag stops the sim before it makes its run directory or starts
 // a node, naming the flag once (not once per child, after each data load).
+// The model is built there too: an unknown one, or a shape it refuses.
 TEST(SimTest, BadNodeFlagFailsBeforeAnyNodeStarts) {
   const std::string out = TempDir() + "/badflag";
-  for (const char* flag : {"--compression=topk:2", "--small_tensor_codec=int3",
-                           "--error_feedback=maybe", "--outer_momentum=1.5",
-                           "--aggregate=bogus", "--join_token_file=/no/token",
-                           "--peer_rate_limit=-1", "--tls_cert=/no/cert.pem"}) {
+  for (const char* flag :
+       {"--model=nonsense", "--model=torchscript:/no/m.pt", "--heads=3",
+        "--compression=topk:2", "--small_tensor_codec=int3",
+        "--error_feedback=maybe", "--outer_momentum=1.5", "--aggregate=bogus",
+        "--join_token_file=/no/token", "--peer_rate_limit=-1",
+        "--tls_cert=/no/cert.pem"}) {
     auto r = RunStarling(
         absl::StrCat("sim --nodes=2 --steps=10 ", flag, " --out=", out));
     EXPECT_EQ(r.exit_code, 2) << flag << "\n" << r.err;
