@@ -16,5 +16,24 @@ for arg in "$@"; do
       ;;
   esac
 done
+# The tests' files (sim runs, logs, checkpoints: a few hundred MB a run) go
+# into one directory for this run, removed when every test passed and kept,
+# and named, when one failed: its messages point into it. A TEST_TMPDIR set
+# by the caller is left alone.
+own_tmp=
+if [ -z "${TEST_TMPDIR:-}" ]; then
+  TEST_TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/starling-tests.XXXXXX")
+  export TEST_TMPDIR
+  own_tmp=1
+fi
+rc=0
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "${JOBS:-$(nproc)}" \
-  ${select[@]+"${select[@]}"} "$@"
+  ${select[@]+"${select[@]}"} "$@" || rc=$?
+if [ -n "$own_tmp" ]; then
+  if [ "$rc" -eq 0 ]; then
+    rm -rf "$TEST_TMPDIR"
+  else
+    echo "test.sh: the tests' files are kept in $TEST_TMPDIR" >&2
+  fi
+fi
+exit "$rc"

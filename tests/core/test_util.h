@@ -14,7 +14,8 @@
 
 namespace starling::testing {
 
-// A fresh directory under $TEST_TMPDIR or /tmp, removed by the OS later.
+// A fresh directory under $TEST_TMPDIR (scripts/test.sh sets one per run and
+// removes it when every test passed) or /tmp.
 inline std::string TempDir() {
   const char* base = getenv("TEST_TMPDIR");
   std::string tmpl =
