@@ -566,6 +566,15 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadNamedDataset(
         "--val_fraction=", opts.val_fraction, ": must be in (0, 1)"));
   }
   const std::string& spec = opts.spec;
+  if (opts.vocab < 0 ||
+      (opts.vocab != 0 && !absl::StartsWith(spec, "tokens:"))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--vocab=", opts.vocab,
+        opts.vocab < 0
+            ? ": must be >= 0 (0 = largest token + 1)"
+            : absl::StrCat(": applies to --data=tokens:PATH only; --data=",
+                           spec, " has its own vocabulary")));
+  }
   auto bytes_to_tokens = [](const std::string& s) {
     std::vector<uint16_t> t(s.size());
     for (size_t i = 0; i < s.size(); ++i) t[i] = static_cast<uint8_t>(s[i]);

@@ -291,6 +291,23 @@ TEST(TokenFileTest, VocabIsCheckedAndInferred) {
   auto bad = LoadDataset(o);
   EXPECT_TRUE(absl::IsInvalidArgument(bad.status()));
   EXPECT_NE(bad.status().message().find("999"), std::string::npos);
+  o.vocab = -1;
+  bad = LoadDataset(o);
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status()));
+  EXPECT_EQ(bad.status().message().find("--vocab=-1: must be >= 0"), 0u)
+      << bad.status();
+  // Byte text has its own vocabulary (256): --vocab there is a mistake, not
+  // something to ignore.
+  o.spec = "text:" + path;
+  o.vocab = 1000;
+  bad = LoadDataset(o);
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status()));
+  EXPECT_EQ(bad.status().message().find(
+                "--vocab=1000: applies to --data=tokens:PATH only"),
+            0u)
+      << bad.status();
+  o.vocab = 0;
+  EXPECT_TRUE(LoadDataset(o).ok());
 }
 
 TEST(DataSpecTest, MissingAndUnknownInputsNameThemselves) {
