@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <set>
@@ -1232,9 +1233,21 @@ int RunSimCommand() {
         last = std::string(l);
       }
     }
-    WriteStderrLine(absl::StrCat("starling sim: node ", ids[failed],
-                                 " failed (exit ", failed_code, "): ", last,
-                                 "\n  its log: ", log));
+    // 128 + N: killed by signal N, so its log cannot say why. SIGKILL that
+    // nobody here sent is most often the kernel's out-of-memory killer.
+    std::string how = absl::StrCat("failed (exit ", failed_code, ")");
+    if (failed_code > 128) {
+      const int sig = failed_code - 128;
+      how = absl::StrCat("was killed by signal ", sig, " (", strsignal(sig),
+                         sig == SIGKILL
+                             ? "; kill -9 or the kernel's out-of-memory "
+                               "killer: see dmesg, or lower --batch or the "
+                               "model size"
+                             : "",
+                         "); its last log line");
+    }
+    WriteStderrLine(absl::StrCat("starling sim: node ", ids[failed], " ", how,
+                                 ": ", last, "\n  its log: ", log));
     // A node that refused its flags, config or input (exit 2) makes it the
     // sim's too; anything else is a failure at run time.
     return failed_code == 2 ? 2 : 1;

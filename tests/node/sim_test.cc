@@ -190,6 +190,28 @@ TEST(SimTest, KilledSimTakesItsNodesWithIt) {
   EXPECT_FALSE(left) << "a node outlived the killed sim";
 }
 
+// A node killed from outside (kill -9, the kernel's out-of-memory killer)
+// cannot log why: the sim stops and says which signal it was and what
+// sends SIGKILL, not just "exit 137".
+TEST(SimTest, ANodeKilledBySignalIsNamedWithTheSignal) {
+  const std::string out = TempDir() + "/oom";
+  pid_t pid = StartLongSim(out);
+  ASSERT_GT(pid, 0);
+  const std::string kill_n1 =
+      absl::StrCat("pkill -KILL -f -- '[-]-out=", out, "/n1 '");
+  ASSERT_EQ(std::system(kill_n1.c_str()), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  const std::string err = ReadFile(out + ".err").value_or("");
+  EXPECT_NE(err.find("node n1 was killed by signal 9 ("), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("out-of-memory killer"), std::string::npos) << err;
+  EXPECT_NE(err.find("its log: " + out + "/n1/node.log"), std::string::npos)
+      << err;
+  EXPECT_FALSE(NodesRunning(out)) << "a node outlived the stopped sim";
+}
+
 // Interrupt a sim, resume it: the result is bit-identical to a run that was
 // never interrupted, and the byte accounting spans both sessions. Also with
 // top-k and error feedback, whose residual (scaled each round by the
