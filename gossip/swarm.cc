@@ -414,6 +414,12 @@ struct Swarm::Coordinator {
   std::set<std::string> banned ABSL_GUARDED_BY(mu);
   bool abort ABSL_GUARDED_BY(mu) = false;
   std::string abort_reason ABSL_GUARDED_BY(mu);
+  // Attempts of this round aborted so far, and when the next may be
+  // planned: the second retry waits 100 ms, doubling up to 5 s, so that an
+  // attempt that fails at once every time (a link too slow for the round's
+  // deadline, say) does not spin the swarm.
+  int aborted ABSL_GUARDED_BY(mu) = 0;
+  absl::Time next_plan_at ABSL_GUARDED_BY(mu) = absl::InfinitePast();
   // Messages to send once the lock is released: (to id, message).
   std::vector<std::pair<std::string, ControlMessage>> outbox
       ABSL_GUARDED_BY(mu);
@@ -1264,6 +1270,8 @@ ControlAck Swarm::OnControl(const ControlMessage& m) {
             c.replan_now = false;
             c.hold_after_abort = false;
             c.attempt = 0;
+            c.aborted = 0;
+            c.next_plan_at = absl::InfinitePast();
             c.first_ready = absl::Now();
           }
           c.attempt = std::max(c.attempt, m.last_attempt());
@@ -1399,6 +1407,13 @@ void Swarm::CoordinatorLoop() {
           c.abort = false;
           c.replan_now = !c.hold_after_abort;
           c.hold_after_abort = false;
+          if (++c.aborted >= 2) {
+            c.next_plan_at =
+                absl::Now() +
+                std::min(absl::Milliseconds(100) *
+                             (int64_t{1} << std::min(c.aborted - 2, 6)),
+                         absl::Seconds(5));
+          }
         } else if (c.done.size() == c.plan.size()) {
           CrashPoint("commit");
           for (const std::string& id : c.plan) {
@@ -1467,7 +1482,8 @@ void Swarm::CoordinatorLoop() {
           }
         }
         const bool due = absl::Now() - c.first_ready >= options_.round_deadline;
-        if (!c.ready.empty() && (waiting == 0 || due || c.replan_now)) {
+        if (!c.ready.empty() && (waiting == 0 || due || c.replan_now) &&
+            absl::Now() >= c.next_plan_at) {
           ++c.attempt;
           c.plan.clear();
           c.plan_addresses.clear();
@@ -1611,6 +1627,20 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
       switch (m.kind()) {
         case ControlMessage::PLAN: {
           if (m.attempt() <= last_attempt) break;
+          // Told to leave at once: no new attempt (its plan is left to fail
+          // as any member's departure fails it). Checked here too, since
+          // plans that keep coming would otherwise never let the loop reach
+          // the check below.
+          if (stop && stop()) {
+            STARLING_LOG(INFO)
+                << "round " << round << ": not taking part in "
+                << "attempt " << m.attempt() << ": this node is stopping";
+            RoundResult res;
+            res.outcome = Outcome::kStopped;
+            absl::MutexLock lock(&inbox_->mu);
+            inbox_->round = -1;
+            return res;
+          }
           last_attempt = m.attempt();
           done_attempt = -1;
           std::vector<std::string> members(m.members().begin(),

@@ -5,10 +5,12 @@
 // member serves to joiners (ServeState, FetchState).
 #include "gossip/swarm.h"
 
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/flat_params.h"
@@ -285,6 +287,58 @@ TEST(SwarmTest, AMemberBackAtItsAddressIsInTheNextRoundsFirstAttempt) {
     EXPECT_EQ(r->outcome, Swarm::Outcome::kCommitted);
     EXPECT_EQ(r->attempt, 1) << "the first plan did not reach n1";
     EXPECT_EQ(r->members, (std::vector<std::string>{"n0", "n1"}));
+  }
+}
+
+// Attempts of one round that fail at once, every time (a link too slow for
+// the round's deadline, say), are retried: the first retry at once, then
+// after 100 ms, doubling. Before, the coordinator replanned at once every
+// time: thousands of attempts (and log lines) a minute. And a member told
+// to stop leaves the round although plans keep coming.
+TEST(SwarmTest, AttemptsThatKeepFailingAreRetriedWithBackoff) {
+  std::unique_ptr<Swarm> a = StartReady("n0", {}, 0);
+  ASSERT_NE(a, nullptr);
+  std::unique_ptr<Swarm> b = StartReady("n1", {a->address()}, 0);
+  ASSERT_NE(b, nullptr);
+  const absl::Time seen_by = absl::Now() + absl::Seconds(20);
+  while ((Seen(*a, "n1") != "alive" || Seen(*b, "n0") != "alive") &&
+         absl::Now() < seen_by) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(Seen(*a, "n1"), "alive");
+  constexpr int kAttempts = 6;
+  std::atomic<bool> stop{false};
+  // Each node's reduce runs on its own SyncRound thread only.
+  auto failing = [&stop](std::vector<absl::Time>* at) {
+    return [&stop, at](Transport&, int64_t, const std::vector<std::string>&) {
+      at->push_back(absl::Now());
+      if (at->size() >= kAttempts) stop = true;
+      return absl::UnavailableError("test: this attempt fails");
+    };
+  };
+  const auto stopping = [&stop] { return stop.load(); };
+  std::vector<absl::Time> a_at, b_at;
+  std::future<absl::StatusOr<Swarm::RoundResult>> b_round =
+      std::async(std::launch::async,
+                 [&] { return b->SyncRound(0, "", failing(&b_at), stopping); });
+  absl::StatusOr<Swarm::RoundResult> a_result =
+      a->SyncRound(0, "", failing(&a_at), stopping);
+  absl::StatusOr<Swarm::RoundResult> b_result = b_round.get();
+  ASSERT_TRUE(a_result.ok()) << a_result.status();
+  ASSERT_TRUE(b_result.ok()) << b_result.status();
+  EXPECT_EQ(a_result->outcome, Swarm::Outcome::kStopped);
+  EXPECT_EQ(b_result->outcome, Swarm::Outcome::kStopped);
+  // The first node to reach kAttempts stopped both; the other was told to
+  // stop before it ran that last attempt, or just after. A gap is from one
+  // attempt's start to the next's, so it includes the wait.
+  const std::vector<absl::Time>& at = a_at.size() >= b_at.size() ? a_at : b_at;
+  const std::vector<absl::Time>& other =
+      a_at.size() >= b_at.size() ? b_at : a_at;
+  ASSERT_EQ(at.size(), kAttempts);
+  EXPECT_GE(other.size(), kAttempts - 1);
+  for (int k = 2; k < kAttempts; ++k) {
+    const absl::Duration wait = absl::Milliseconds(100) * (1 << (k - 2));
+    EXPECT_GE(at[k] - at[k - 1], wait) << "before attempt " << k + 1;
   }
 }
 
