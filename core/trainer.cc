@@ -321,7 +321,8 @@ absl::StatusOr<StepResult> Trainer::Step(const GradientHook& hook) {
   return r;
 }
 
-absl::StatusOr<EvalResult> Trainer::Evaluate(int batch_size) {
+absl::StatusOr<EvalResult> Trainer::Evaluate(
+    int batch_size, const std::function<bool()>& cancelled) {
   EvalResult r;
   double loss_sum = 0;
   int64_t correct = 0, targets = 0;
@@ -331,6 +332,11 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(int batch_size) {
     torch::NoGradGuard no_grad;
     model_->SetTraining(false);
     for (int64_t begin = 0; begin < n; begin += batch_size) {
+      if (cancelled && cancelled()) {
+        model_->SetTraining(true);
+        return absl::CancelledError(absl::StrCat(
+            "evaluation called off after ", begin, " of ", n, " examples"));
+      }
       Batch b = dataset_->ValBatch(
           begin, std::min<int64_t>(batch_size, n - begin), reg);
       torch::Tensor logits = model_->Forward(b.x.to(device_));

@@ -93,8 +93,12 @@ class Trainer {
   absl::StatusOr<StepResult> Step(const GradientHook& hook = nullptr);
 
   // Mean loss (and accuracy) over the whole validation set of the current
-  // data region (region()).
-  absl::StatusOr<EvalResult> Evaluate(int batch_size = 64);
+  // data region (region()). `cancelled`, when given, is asked before each
+  // batch: Cancelled as soon as it returns true (a large model's evaluation
+  // can take minutes on a CPU; a node that is told to leave at once should
+  // not wait for it).
+  absl::StatusOr<EvalResult> Evaluate(
+      int batch_size = 64, const std::function<bool()>& cancelled = nullptr);
 
   // The data region of the next step and of Evaluate(): 0, or 1 once the
   // --drift step is reached.

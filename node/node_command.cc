@@ -766,7 +766,17 @@ struct NodeRun {
     const int every = config.eval_every();
     bool due = every > 0 && step / every > prev_step / every;
     if (!(due || force) || evaluated_step == step) return absl::OkStatus();
-    STARLING_ASSIGN_OR_RETURN(eval, trainer->Evaluate());
+    // A second signal leaves at once: the evaluation stops between batches
+    // and this step goes without a val_loss.
+    absl::StatusOr<EvalResult> r =
+        trainer->Evaluate(64, [] { return StopSignalCount() >= 2; });
+    if (absl::IsCancelled(r.status())) {
+      LogEvent(LogLevel::kWarning, "eval",
+               absl::StrCat("eval  step ", step, ": ", r.status().message(),
+                            " (a second signal: leaving at once)"));
+      return absl::OkStatus();
+    }
+    STARLING_ASSIGN_OR_RETURN(eval, std::move(r));
     evaluated_step = step;
     JsonObject f;
     f.Add("step", static_cast<int64_t>(step)).Add("val_loss", eval.loss);

@@ -138,6 +138,28 @@ TEST(TrainerTest, GptLearnsText) {
   EXPECT_EQ(t->state().tokens(), 40 * 8 * 32);
 }
 
+// An evaluation asked to stop stops between batches and says how far it
+// got; the next one runs in full, to the same loss.
+TEST(TrainerTest, EvaluationCanBeCalledOff) {
+  auto t = MustCreate(TinyText());
+  ASSERT_NE(t, nullptr);
+  const absl::StatusOr<EvalResult> full = t->Evaluate(4);
+  ASSERT_TRUE(full.ok()) << full.status();
+  ASSERT_GT(full->examples, 8);
+  int asked = 0;
+  const absl::StatusOr<EvalResult> off =
+      t->Evaluate(4, [&] { return ++asked > 2; });
+  EXPECT_TRUE(absl::IsCancelled(off.status())) << off.status();
+  EXPECT_EQ(asked, 3);
+  EXPECT_NE(off.status().message().find(
+                absl::StrCat("after 8 of ", full->examples, " examples")),
+            std::string::npos)
+      << off.status();
+  const absl::StatusOr<EvalResult> again = t->Evaluate(4, [] { return false; });
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->loss, full->loss);
+}
+
 TEST(TrainerTest, SameSeedSameRun) {
   auto a = MustCreate(TinyText()), b = MustCreate(TinyText());
   EXPECT_EQ(RunSteps(*a, 5), RunSteps(*b, 5));
