@@ -246,7 +246,11 @@ class Progress {
 };
 
 std::atomic<int> g_sim_signal{0};
-void OnSimSignal(int sig) { g_sim_signal.store(sig); }
+std::atomic<int> g_sim_signal_count{0};
+void OnSimSignal(int sig) {
+  g_sim_signal.store(sig);
+  g_sim_signal_count.fetch_add(1);
+}
 
 // What MergeOutputs needs besides the config.
 struct MergeInput {
@@ -1053,8 +1057,12 @@ int RunSimCommand() {
   int running = n;
   int failed = -1, failed_code = 0;
   // When to SIGKILL whatever is still running: nodes finish their round
-  // after SIGTERM; a node blocked on a dead peer never would.
+  // after SIGTERM; a node blocked on a dead peer never would. Before that,
+  // at a second Ctrl-C or after 45 s, a second SIGTERM tells the nodes to
+  // leave at once (abandoning a round, or an evaluation, still in progress)
+  // and checkpoint what they committed, rather than be killed unsaved.
   absl::Time kill_at = absl::InfiniteFuture();
+  absl::Time leave_now_at = absl::InfiniteFuture();
   auto stop_all = [&](int sig) {
     for (pid_t p : pids) {
       if (p > 0) ::kill(p, sig);
@@ -1176,9 +1184,18 @@ int RunSimCommand() {
       carry_out(plan->events[next_event++], elapsed);
     }
     if (g_sim_signal.load() != 0 && kill_at == absl::InfiniteFuture()) {
-      WriteStderrLine("\nstarling sim: stopping all nodes");
+      WriteStderrLine(
+          "\nstarling sim: stopping all nodes after their current round "
+          "(Ctrl-C again: at once)");
       stop_all(SIGTERM);
-      kill_at = absl::Now() + absl::Seconds(60);
+      leave_now_at = absl::Now() + absl::Seconds(45);
+      kill_at = absl::Now() + absl::Seconds(75);
+    }
+    if (leave_now_at != absl::InfiniteFuture() &&
+        (g_sim_signal_count.load() >= 2 || absl::Now() > leave_now_at)) {
+      WriteStderrLine("starling sim: telling the nodes to leave at once");
+      stop_all(SIGTERM);
+      leave_now_at = absl::InfiniteFuture();
     }
     if (failed >= 0 && kill_at == absl::InfiniteFuture()) {
       kill_at = absl::Now() + absl::Seconds(10);  // their round cannot finish

@@ -173,6 +173,37 @@ TEST(SimTest, CtrlCStopsEveryNode) {
   EXPECT_FALSE(NodesRunning(out)) << "a node outlived the sim";
 }
 
+// The first Ctrl-C lets the nodes finish their round; a round that cannot
+// finish (a link far too slow for its deadline: every attempt fails) must
+// not hold them until the sim's SIGKILL. A second Ctrl-C tells them to
+// leave at once, and each leaves with a checkpoint.
+TEST(SimTest, ASecondCtrlCLeavesAtOnce) {
+  const std::string out = TempDir() + "/stuck";
+  pid_t pid = testing::SpawnStarling(
+      absl::StrCat("sim --nodes=2 --steps=100000 ", TinyFlags(),
+                   " --link_bandwidth_mbps=0.001 --out=", out),
+      out + ".err");
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(testing::WaitForText(out + "/n0/node.log", "past the deadline",
+                                   absl::Seconds(60)));
+  ASSERT_EQ(::kill(pid, SIGINT), 0);
+  EXPECT_TRUE(testing::WaitForText(out + ".err", "stopping all nodes",
+                                   absl::Seconds(10)));
+  ASSERT_EQ(testing::InterruptAndWait(pid), 1);
+  const std::string err = ReadFile(out + ".err").value_or("");
+  EXPECT_NE(err.find("telling the nodes to leave at once"), std::string::npos)
+      << err;
+  for (const char* id : {"n0", "n1"}) {
+    const std::string dir = absl::StrCat(out, "/", id);
+    EXPECT_NE(ReadFile(dir + "/node.log")
+                  .value_or("")
+                  .find(absl::StrCat(id, " left the swarm on signal")),
+              std::string::npos)
+        << id;
+    EXPECT_TRUE(FileExists(dir + "/checkpoint.ckpt")) << id;
+  }
+}
+
 // A sim killed outright (kill -9, a crash) cannot stop its nodes: they go
 // with it, rather than run on, holding ports and writing into the run.
 TEST(SimTest, KilledSimTakesItsNodesWithIt) {
