@@ -1606,6 +1606,14 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
       STARLING_LOG(INFO) << "READY to " << sent_to << ": " << ack.status();
     }
   };
+  // Leaves the round: `stop` said so.
+  auto stopped = [this] {
+    RoundResult res;
+    res.outcome = Outcome::kStopped;
+    absl::MutexLock lock(&inbox_->mu);
+    inbox_->round = -1;
+    return res;
+  };
   send_ready();
   while (true) {
     ControlMessage m;
@@ -1635,11 +1643,7 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
             STARLING_LOG(INFO)
                 << "round " << round << ": not taking part in "
                 << "attempt " << m.attempt() << ": this node is stopping";
-            RoundResult res;
-            res.outcome = Outcome::kStopped;
-            absl::MutexLock lock(&inbox_->mu);
-            inbox_->round = -1;
-            return res;
+            return stopped();
           }
           last_attempt = m.attempt();
           done_attempt = -1;
@@ -1758,11 +1762,7 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
             << "round " << round << ": stopping with attempt " << done_attempt
             << " done but not yet committed by " << done_coordinator;
       }
-      RoundResult res;
-      res.outcome = Outcome::kStopped;
-      absl::MutexLock lock(&inbox_->mu);
-      inbox_->round = -1;
-      return res;
+      return stopped();
     }
     // The coordinator went past this round and its COMMIT or ABORT for this
     // node's attempt never came (lost while this node was stopped, say):

@@ -68,6 +68,16 @@ std::string Seen(const Swarm& s, const std::string& id) {
   return "";
 }
 
+// Whether `s` sees `id` as `want` within 20 s.
+bool SeenWithin(const Swarm& s, const std::string& id,
+                const std::string& want) {
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (Seen(s, id) != want && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return Seen(s, id) == want;
+}
+
 bool Ready(std::future<absl::Status>& f) {
   return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
 }
@@ -258,11 +268,7 @@ TEST(SwarmTest, AMemberBackAtItsAddressIsInTheNextRoundsFirstAttempt) {
   std::unique_ptr<Swarm> b = StartReady("n1", {a->address()}, 0);
   ASSERT_NE(b, nullptr);
   const std::string b_address = b->address();
-  const absl::Time seen_by = absl::Now() + absl::Seconds(20);
-  while (Seen(*a, "n1") != "alive" && absl::Now() < seen_by) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  ASSERT_EQ(Seen(*a, "n1"), "alive");
+  ASSERT_TRUE(SeenWithin(*a, "n1", "alive"));
   b->Shutdown();  // no goodbye: n0 keeps gossiping to it, refused
   b.reset();
   // Long enough for n0's backoff to reach its cap of about a second, so
@@ -300,12 +306,8 @@ TEST(SwarmTest, AttemptsThatKeepFailingAreRetriedWithBackoff) {
   ASSERT_NE(a, nullptr);
   std::unique_ptr<Swarm> b = StartReady("n1", {a->address()}, 0);
   ASSERT_NE(b, nullptr);
-  const absl::Time seen_by = absl::Now() + absl::Seconds(20);
-  while ((Seen(*a, "n1") != "alive" || Seen(*b, "n0") != "alive") &&
-         absl::Now() < seen_by) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  ASSERT_EQ(Seen(*a, "n1"), "alive");
+  ASSERT_TRUE(SeenWithin(*a, "n1", "alive"));
+  ASSERT_TRUE(SeenWithin(*b, "n0", "alive"));
   constexpr int kAttempts = 6;
   std::atomic<bool> stop{false};
   // Each node's reduce runs on its own SyncRound thread only.
