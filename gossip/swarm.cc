@@ -940,7 +940,12 @@ absl::Status Swarm::OnJoin(const JoinRequest& req, JoinResponse* resp) {
     return absl::FailedPreconditionError(
         absl::StrCat("node id '", req.self().id(), "' is this node's own"));
   }
-  STARLING_RETURN_IF_ERROR(membership_->Merge({req.self()}, absl::Now()));
+  std::vector<MembershipChange> changes;
+  STARLING_RETURN_IF_ERROR(
+      membership_->Merge({req.self()}, absl::Now(), &changes));
+  if (options_.on_member_change) {
+    for (const MembershipChange& c : changes) options_.on_member_change(c);
+  }
   joined_ = true;
   for (const MemberEntry& e : membership_->Snapshot()) {
     *resp->add_members() = e;
