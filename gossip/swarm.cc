@@ -1137,6 +1137,16 @@ std::map<std::string, int64_t> Swarm::refusals() const {
           {"stream_cancelled", deadlines_->cancelled()}};
 }
 
+std::vector<MemberEntry> Swarm::Behind(int64_t round) const {
+  std::vector<MemberEntry> behind;
+  for (MemberEntry& e : membership_->Live()) {
+    if (e.id() != options_.node_id && e.round() < round) {
+      behind.push_back(std::move(e));
+    }
+  }
+  return behind;
+}
+
 void Swarm::Leave() {
   membership_->Leave();
   GossipToEveryone();

@@ -51,10 +51,13 @@
 //     resumable from another donor with the same digest) and continues from
 //     the next round. Each member encodes and compresses its state after a
 //     commit on a thread of its own (ServeState), and refuses at once a
-//     request for a round its served state has not reached. Lineages order by
-//     round (more progress wins), then by smallest hash, so after a partition
-//     heals every node converges on one θ_global: the half that completed more
-//     rounds; on a tie, the smaller hash.
+//     request for a round its served state has not reached. A member done
+//     with its run stays, serving, while a live member is behind (Behind):
+//     once all had left, that one could only run the rounds it missed
+//     alone. Lineages order by round (more progress wins), then by smallest
+//     hash, so after a partition heals every node converges on one
+//     θ_global: the half that completed more rounds; on a tie, the smaller
+//     hash.
 //  6. Adaptive sync. A member whose drift detector or divergence trigger
 //     fires during round r gossips early_sync = r + 1 in its entry
 //     (RequestEarlySync); every member polls EarlySyncRequested(r) between
@@ -259,6 +262,12 @@ class Swarm {
   std::vector<std::string> AlivePeers() const;
   // Pushes refused by this node's handler (invalid payloads, full inbox).
   int64_t pushes_refused() const { return pushes_refused_.load(); }
+
+  // The other members, alive or suspected, joining or not, whose round in
+  // this node's table is behind `round`, by id. At the end of a run a node
+  // stays (serving its state) while some are: one that missed the last
+  // rounds can catch up only from a member that has not left.
+  std::vector<peer::v1::MemberEntry> Behind(int64_t round) const;
 
   // Says goodbye: marks this node LEFT and tells every live member.
   void Leave();

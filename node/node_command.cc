@@ -1625,6 +1625,45 @@ int RunDiloco(NodeRun& run) {
   }
   log_changes();
   ops.SetReady(false);
+  if (!left) {
+    // Done. A member that missed the last rounds (stopped, starved) catches
+    // up from a member's served state; once every member on this lineage
+    // has left it could only run those rounds alone, to another final
+    // model. So stay, serving, while a live member is behind: until it has
+    // caught up, is declared dead (2 × --suspect_timeout), or for as long
+    // as a round may wait for it plus a transfer. A signal ends the wait.
+    const absl::Time start = absl::Now();
+    const absl::Time until = start + so.round_deadline + so.rpc_timeout;
+    std::string waited_for;
+    while (StopSignal() == 0) {
+      log_changes();  // the others leaving, as they catch up
+      std::vector<std::string> behind;
+      for (const peer::v1::MemberEntry& e : swarm.Behind(run.round)) {
+        behind.push_back(absl::StrCat(e.id(), " (round ", e.round(), ")"));
+      }
+      const std::string names = absl::StrJoin(behind, ", ");
+      if (behind.empty() || absl::Now() >= until) {
+        if (!behind.empty()) {
+          LogEvent(LogLevel::kWarning, "straggler",
+                   absl::StrCat(node_id, " leaves with ", names,
+                                " still behind round ", run.round));
+        }
+        break;
+      }
+      // Gossip of the others' last commit takes an interval or two; said
+      // only when the wait is longer than that.
+      if (names != waited_for && absl::Now() - start >= absl::Seconds(1)) {
+        LogEvent(
+            LogLevel::kInfo, "straggler",
+            absl::StrCat(node_id, " is done and stays, serving round ",
+                         run.round, ", until ", names,
+                         behind.size() == 1 ? " catches up" : " catch up"));
+        waited_for = names;
+      }
+      ops.watchdog->Waiting(absl::Seconds(5));
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
   // Goodbye first, so that nobody waits for this node, then the checkpoint.
   swarm.Leave();
   if (left) {

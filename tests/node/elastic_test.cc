@@ -624,6 +624,37 @@ TEST(ElasticTest, TheSuccessorStoppedAsTheCoordinatorDiesDoesNotFork) {
   ExpectRoundsAgree(s, survivors);
 }
 
+// A member stopped just before the last round: the others run it without
+// it and are done. Had they left at once, the member, awake, would find
+// nobody to catch up from and run the last round alone, to another final
+// model (seen once in a loaded full test run). They stay, serving their
+// state, until it has caught up. The suspect timeout is long enough that
+// the member is still only suspected (not dead) when it wakes.
+TEST(ElasticTest, AMemberBehindAtTheEndCatchesUpBeforeTheOthersLeave) {
+  Swarm s("behind-at-end", 100, 10);
+  const std::vector<std::string> ids = {"n0", "n1", "n2"};
+  for (int k = 0; k < 3; ++k) {
+    s.Start(ids[k], k, 3, 3,
+            absl::StrCat("--suspect_timeout=3",
+                         k == 2 ? " --test_crash_at=freeze:ready@9" : ""));
+  }
+  ASSERT_TRUE(s.WaitFrozen("n2", absl::Seconds(60))) << s.LogText("n2");
+  // n0 and n1 commit the last round (9) without n2.
+  ASSERT_TRUE(WaitForText(s.Events("n0"), "\"round\":9", absl::Seconds(30)))
+      << s.LogText("n0");
+  s.Signal("n2", SIGCONT);
+  for (const std::string& id : ids) {
+    EXPECT_EQ(s.Wait(id), 0) << id << ":\n" << s.LogText(id);
+  }
+  for (const std::string& id : ids) {
+    EXPECT_EQ(s.FinalHash(id), s.FinalHash("n0")) << id;
+  }
+  ExpectRoundsAgree(s, ids);
+  // n2 did not run round 9; it took the others' state after it.
+  EXPECT_EQ(s.RoundHashes("n2").count(9), 0u) << s.LogText("n2");
+  EXPECT_FALSE(s.Events_("n2", "state_transfer").empty()) << s.LogText("n2");
+}
+
 // Two halves that cannot reach each other both continue; after the
 // partition heals one lineage survives and everybody converges to it.
 TEST(ElasticTest, PartitionHealsToOneLineage) {
