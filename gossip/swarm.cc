@@ -617,11 +617,7 @@ absl::Status Swarm::JoinSwarm(absl::Time deadline) {
         std::vector<MembershipChange> changes;
         (void)membership_->Merge(ToVector(resp.members()), absl::Now(),
                                  &changes);
-        if (options_.on_member_change) {
-          for (const MembershipChange& c : changes) {
-            options_.on_member_change(c);
-          }
-        }
+        ReportChanges(changes);
         STARLING_LOG(INFO) << options_.node_id << " joined through " << seed
                            << " (" << resp.members_size() << " members known)";
         joined_ = true;
@@ -943,9 +939,7 @@ absl::Status Swarm::OnJoin(const JoinRequest& req, JoinResponse* resp) {
   std::vector<MembershipChange> changes;
   STARLING_RETURN_IF_ERROR(
       membership_->Merge({req.self()}, absl::Now(), &changes));
-  if (options_.on_member_change) {
-    for (const MembershipChange& c : changes) options_.on_member_change(c);
-  }
+  ReportChanges(changes);
   joined_ = true;
   for (const MemberEntry& e : membership_->Snapshot()) {
     *resp->add_members() = e;
@@ -965,9 +959,7 @@ absl::Status Swarm::OnGossip(const GossipRequest& req, GossipResponse* resp) {
   std::vector<MembershipChange> changes;
   absl::Status s =
       membership_->Merge(ToVector(req.members()), absl::Now(), &changes);
-  if (options_.on_member_change) {
-    for (const MembershipChange& c : changes) options_.on_member_change(c);
-  }
+  ReportChanges(changes);
   if (!changes.empty()) {
     absl::MutexLock lock(&coord_->mu);
     coord_->cv.Signal();
@@ -1084,9 +1076,7 @@ void Swarm::GossipLoop() {
     const absl::Time calls_start = absl::Now();
     GossipTo(targets, call_timeout, &changes);
     last_calls = absl::Now() - calls_start;
-    if (options_.on_member_change) {
-      for (const MembershipChange& c : changes) options_.on_member_change(c);
-    }
+    ReportChanges(changes);
     if (!changes.empty()) {
       absl::MutexLock lock(&coord_->mu);
       coord_->cv.Signal();
@@ -1135,6 +1125,11 @@ std::map<std::string, int64_t> Swarm::refusals() const {
   return {{"rate_limit", limit != nullptr ? limit->refused() : 0},
           {"stream_limit", deadlines_->refused()},
           {"stream_cancelled", deadlines_->cancelled()}};
+}
+
+void Swarm::ReportChanges(const std::vector<MembershipChange>& changes) {
+  if (!options_.on_member_change) return;
+  for (const MembershipChange& c : changes) options_.on_member_change(c);
 }
 
 std::vector<MemberEntry> Swarm::Behind(int64_t round) const {

@@ -304,6 +304,8 @@ class Swarm {
   void GossipLoop();
   void CoordinatorLoop();
   void StateLoop();  // encodes what ServeState hands over
+  // Hands membership changes to options_.on_member_change, when set.
+  void ReportChanges(const std::vector<MembershipChange>& changes);
   void ReadPartitionFile();
   void CancelAttemptIfDue();
   // Push handler: reserves an inbox place for a new stream (false when the

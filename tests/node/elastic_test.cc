@@ -206,6 +206,18 @@ void ExpectRoundsAgree(const Swarm& s, const std::vector<std::string>& ids) {
   }
 }
 
+// Every node of `ids` ends its run (exit 0) on the final model of ids[0],
+// and their rounds agree.
+void ExpectAllEndOnOneModel(Swarm& s, const std::vector<std::string>& ids) {
+  for (const std::string& id : ids) {
+    EXPECT_EQ(s.Wait(id), 0) << id << ":\n" << s.LogText(id);
+  }
+  for (const std::string& id : ids) {
+    EXPECT_EQ(s.FinalHash(id), s.FinalHash(ids[0])) << id;
+  }
+  ExpectRoundsAgree(s, ids);
+}
+
 struct CrashCase {
   const char* point;
   const char* victim;  // the node that kills itself
@@ -564,13 +576,7 @@ TEST(ElasticTest, TwoHungMembersAreLeftOutInOneAttempt) {
   EXPECT_GT(n1_refused, 0) << log;
   EXPECT_EQ(RefusedInAttempt(log, 3, "n3"), n1_refused) << log;
   for (const char* id : {"n1", "n3"}) s.Signal(id, SIGCONT);
-  for (const std::string& id : ids) {
-    EXPECT_EQ(s.Wait(id), 0) << id << ":\n" << s.LogText(id);
-  }
-  for (const std::string& id : ids) {
-    EXPECT_EQ(s.FinalHash(id), s.FinalHash("n0")) << id;
-  }
-  ExpectRoundsAgree(s, ids);
+  ExpectAllEndOnOneModel(s, ids);
 }
 
 // A member stopped (SIGSTOP, a starved VM) for longer than the suspect
@@ -588,13 +594,7 @@ TEST(ElasticTest, AMemberStoppedPastTheSuspectTimeoutDoesNotFork) {
   ASSERT_TRUE(s.WaitFrozen("n1", absl::Seconds(60))) << s.LogText("n1");
   absl::SleepFor(absl::Seconds(2));  // suspected, and left behind
   s.Signal("n1", SIGCONT);
-  for (const std::string& id : ids) {
-    EXPECT_EQ(s.Wait(id), 0) << id << ":\n" << s.LogText(id);
-  }
-  for (const std::string& id : ids) {
-    EXPECT_EQ(s.FinalHash(id), s.FinalHash("n0")) << id;
-  }
-  ExpectRoundsAgree(s, ids);
+  ExpectAllEndOnOneModel(s, ids);
   // n1 caught up with the rounds it missed and took part again after.
   EXPECT_FALSE(s.Events_("n1", "state_transfer").empty()) << s.LogText("n1");
   EXPECT_EQ(s.RoundHashes("n1").rbegin()->first, 29);
@@ -615,13 +615,7 @@ TEST(ElasticTest, TheSuccessorStoppedAsTheCoordinatorDiesDoesNotFork) {
   absl::SleepFor(absl::Milliseconds(1500));
   s.Signal("n1", SIGCONT);
   const std::vector<std::string> survivors = {"n1", "n2", "n3"};
-  for (const std::string& id : survivors) {
-    EXPECT_EQ(s.Wait(id), 0) << id << ":\n" << s.LogText(id);
-  }
-  for (const std::string& id : survivors) {
-    EXPECT_EQ(s.FinalHash(id), s.FinalHash("n1")) << id;
-  }
-  ExpectRoundsAgree(s, survivors);
+  ExpectAllEndOnOneModel(s, survivors);
 }
 
 // A member stopped just before the last round: the others run it without
@@ -643,13 +637,7 @@ TEST(ElasticTest, AMemberBehindAtTheEndCatchesUpBeforeTheOthersLeave) {
   ASSERT_TRUE(WaitForText(s.Events("n0"), "\"round\":9", absl::Seconds(30)))
       << s.LogText("n0");
   s.Signal("n2", SIGCONT);
-  for (const std::string& id : ids) {
-    EXPECT_EQ(s.Wait(id), 0) << id << ":\n" << s.LogText(id);
-  }
-  for (const std::string& id : ids) {
-    EXPECT_EQ(s.FinalHash(id), s.FinalHash("n0")) << id;
-  }
-  ExpectRoundsAgree(s, ids);
+  ExpectAllEndOnOneModel(s, ids);
   // n2 did not run round 9; it took the others' state after it.
   EXPECT_EQ(s.RoundHashes("n2").count(9), 0u) << s.LogText("n2");
   EXPECT_FALSE(s.Events_("n2", "state_transfer").empty()) << s.LogText("n2");
