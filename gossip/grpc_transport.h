@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,8 @@ struct GrpcTransportOptions {
   // have open at once (--peer_max_streams); 0: no cap.
   int peer_max_streams = 0;
   absl::Duration chunk_stream_deadline = absl::Minutes(5);
+  // The flag behind chunk_stream_deadline, for errors: "--round_deadline".
+  std::string chunk_stream_deadline_flag = "--round_timeout";
 };
 
 // Failed client RPCs by gRPC status code name ("UNAVAILABLE", ...), for the
@@ -127,6 +130,11 @@ class GrpcTransport : public Transport {
   // The deadlines of the server's streams.
   const StreamDeadlines& stream_deadlines() const { return *deadlines_; }
 
+  // Not OK once a send found its emulated link too slow for this run's
+  // limits (see SendOnce): FailedPrecondition naming the link, the message
+  // and the limit. Retrying cannot help then; the caller should stop.
+  absl::Status LinkError() const;
+
   // Stops the server (waits for in-flight calls up to a short deadline).
   void Shutdown();
 
@@ -138,6 +146,12 @@ class GrpcTransport : public Transport {
   void SetPeers(const std::vector<std::string>& members, int rank);
   absl::Status SendOnce(int to, const Message& header,
                         absl::string_view payload, absl::Time deadline);
+  // The chunk size for a message of `payload_bytes` to `address` over the
+  // emulated `link`, or FailedPrecondition (kept for LinkError) when the
+  // link cannot carry it within the receiver's stream limits.
+  absl::StatusOr<int64_t> ShapedChunkBytes(const LinkShaper& link,
+                                           const std::string& address,
+                                           int64_t payload_bytes);
 
   const GrpcTransportOptions options_;
   const PeerIdentity identity_;
@@ -153,6 +167,9 @@ class GrpcTransport : public Transport {
   std::shared_ptr<Mailbox> mailbox_;
   std::atomic<int64_t> sent_{0};
   RpcErrorCounter rpc_errors_;
+  mutable absl::Mutex link_mu_;
+  absl::Status link_error_ ABSL_GUARDED_BY(link_mu_);
+  std::set<std::string> slow_links_logged_ ABSL_GUARDED_BY(link_mu_);
 };
 
 // Why `theirs` may not join a run with `mine`: empty when compatible,

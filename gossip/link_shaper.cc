@@ -69,6 +69,13 @@ absl::Status LinkShaper::StartMessage(absl::Time deadline, const Sleep& sleep) {
   return absl::OkStatus();
 }
 
+absl::Duration LinkShaper::MessageTime(int64_t bytes) const {
+  absl::Duration t = latency_;
+  if (rate_ > 0 && bytes > 0)
+    t += absl::Seconds(static_cast<double>(bytes) / rate_);
+  return t;
+}
+
 absl::Status LinkShaper::Acquire(int64_t bytes, absl::Time deadline,
                                  const Sleep& sleep) {
   if (rate_ <= 0 || bytes <= 0) return absl::OkStatus();

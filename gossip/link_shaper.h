@@ -71,6 +71,11 @@ class LinkShaper {
   absl::Status Acquire(int64_t bytes, absl::Time deadline,
                        const Sleep& sleep = nullptr);
 
+  // The time a message of `bytes` takes on this link once its burst is
+  // spent, as it is after a run's first messages: its latency plus the
+  // bytes at the link's rate. Zero when unshaped.
+  absl::Duration MessageTime(int64_t bytes) const;
+
   double bytes_per_second() const { return rate_; }
   absl::Duration latency() const { return latency_; }
   int64_t burst_bytes() const { return burst_; }

@@ -470,6 +470,7 @@ absl::StatusOr<std::unique_ptr<Swarm>> Swarm::Start(
                                                     options.peer_max_streams);
   to.stream_deadlines = s->deadlines_;
   to.chunk_stream_deadline = options.round_deadline + absl::Minutes(1);
+  to.chunk_stream_deadline_flag = "--round_deadline";
   Swarm* self = s.get();
   to.blocked = [self](const std::string& address) {
     return self->Blocked(address);
@@ -1718,6 +1719,13 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
               r.set_culprit(members[bad]);
             }
             (void)SendControl(m.from(), r);
+            // An emulated link that cannot carry this run's messages fails
+            // every attempt alike: stop instead of retrying forever.
+            if (absl::Status link = transport_->LinkError(); !link.ok()) {
+              absl::MutexLock lock(&inbox_->mu);
+              inbox_->round = -1;
+              return link;
+            }
           }
           break;
         }

@@ -239,7 +239,9 @@ class Swarm {
   // `stop()` turns true while this node waits for a plan or, its part done,
   // for the coordinator's COMMIT (it abandons the round; see
   // SwarmOptions::interrupted for leaving an attempt's reduce). Errors only
-  // for local failures.
+  // for local failures, among them FailedPrecondition when this node's
+  // emulated link cannot carry the round's messages within the run's
+  // limits (GrpcTransport::LinkError): every attempt would fail alike.
   absl::StatusOr<RoundResult> SyncRound(int64_t round,
                                         const std::string& lineage,
                                         const Reduce& reduce,

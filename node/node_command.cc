@@ -108,7 +108,9 @@ ABSL_FLAG(int, round_timeout, 300,
           "seconds one ring step of a round may wait for a peer (diloco: "
           "also the longest one attempt of a round may run)");
 ABSL_FLAG(int, chunk_bytes, 1 << 20,
-          "tensor stream chunk size in bytes (1 MiB; at most 4 MiB)");
+          "tensor stream chunk size in bytes (1 MiB; at most 4 MiB); over "
+          "an emulated slow link, chunks are cut smaller so each arrives "
+          "within a quarter of --stream_idle_timeout");
 ABSL_FLAG(std::string, link_bandwidth_mbps, "",
           "emulated link bandwidth in megabits (1e6 bits) per second, 0 or "
           "empty = unlimited; each link is a token bucket over the bytes "

@@ -402,13 +402,17 @@ TEST(GrpcTransportTest, UnreachablePeerFailsWithItsAddress) {
 
 // Two connected nodes whose links the emulator shapes to `mbps` and
 // `latency_ms` (--link_bandwidth_mbps / --link_latency_ms values), with one
-// tensor "big" of `elements` floats, sent in 256 KiB chunks.
+// tensor "big" of `elements` floats, sent in 256 KiB chunks (smaller where
+// the link is too slow to pass one within `idle`, the receivers'
+// --stream_idle_timeout).
 Swarm ShapedPair(const std::string& mbps, const std::string& latency_ms,
-                 int64_t elements, std::shared_ptr<LinkEmulator>* links) {
+                 int64_t elements, std::shared_ptr<LinkEmulator>* links,
+                 absl::Duration idle = absl::Seconds(60)) {
   absl::StatusOr<LinkEmulatorOptions> lo = ParseLinkFlags(mbps, latency_ms);
   EXPECT_TRUE(lo.ok()) << lo.status();
   GrpcTransportOptions o;
   o.chunk_bytes = 256 << 10;
+  o.stream_idle_timeout = idle;
   o.links = std::make_shared<LinkEmulator>(lo.value_or(LinkEmulatorOptions()));
   *links = o.links;
   Swarm pair = Start(2, o);
@@ -470,18 +474,19 @@ TEST(GrpcTransportTest, EmulatedLinkShapesBytesAndAddsLatencyPerMessage) {
 }
 
 // A send waiting on a slow emulated link ends as soon as its attempt is
-// called off, instead of waiting out the link (here about 40 s for the
-// first chunk) while the node tries to leave.
+// called off, instead of waiting out the link (here about 26 s for the
+// message) while the node tries to leave.
 TEST(GrpcTransportTest, AShapedSendEndsWhenItsAttemptIsCalledOff) {
   std::shared_ptr<LinkEmulator> links;
-  Swarm pair = ShapedPair("0.04", "", 1 << 20, &links);
-  // 4 MiB at 5 kB/s; the first 256 KiB chunk alone waits about 40 s.
+  Swarm pair = ShapedPair("0.04", "", 1 << 16, &links);
+  // 128 KiB at 5 kB/s, in 75 kB chunks (15 s each at that rate); the first
+  // waits about 2 s for what the bucket's 64 KiB lacks.
   Message m;
   m.from = 0;
   m.tensor = "big";
   m.phase = RingPhase::kReduceScatter;
-  m.total_elements = 1 << 20;
-  m.payload.assign(4 << 20, '\0');
+  m.total_elements = 1 << 16;
+  m.payload.assign(128 << 10, '\0');  // segment 0 of 2
   std::future<absl::Status> sent = std::async(std::launch::async, [&] {
     return pair.nodes[0]->Send(1, m, absl::Now() + absl::Minutes(10));
   });
@@ -492,6 +497,67 @@ TEST(GrpcTransportTest, AShapedSendEndsWhenItsAttemptIsCalledOff) {
   absl::Status s = sent.get();
   EXPECT_TRUE(absl::IsCancelled(s)) << s;
   EXPECT_NE(s.message().find(pair.members[1]), std::string::npos) << s;
+}
+
+// A receiver cancels a stream that carries no chunk for its idle time (the
+// slow-loris guard). On a link too slow to pass one 256 KiB chunk within
+// it, the sender cuts smaller chunks, and the message arrives.
+TEST(GrpcTransportTest, ASlowLinkSendsChunksSmallEnoughForTheIdleLimit) {
+  constexpr int64_t kFloats = 128 << 10;  // a 512 KiB message
+  std::shared_ptr<LinkEmulator> links;
+  // 100 kB/s: a 256 KiB chunk takes 2.6 s, past the receivers' 2 s.
+  Swarm pair = ShapedPair("0.8", "", 2 * kFloats, &links, absl::Seconds(2));
+  Message m;
+  m.from = 0;
+  m.tensor = "big";
+  m.phase = RingPhase::kReduceScatter;
+  m.total_elements = 2 * kFloats;
+  m.payload.assign(kFloats * 4, '\x3f');  // segment 0 of 2
+  absl::Status s = pair.nodes[0]->Send(1, m, absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(s.ok()) << s;
+  auto got = pair.nodes[1]->mailbox().Take(0, 0, "big", m.phase, 0,
+                                           absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->payload, m.payload);
+  EXPECT_EQ(pair.nodes[1]->stream_deadlines().cancelled(), 0);
+  EXPECT_TRUE(pair.nodes[0]->LinkError().ok());
+}
+
+// A link that cannot carry a message within the run's limits fails the send
+// at once, naming the link, the message and the limit, and stays failed
+// (LinkError): no retry can help, so the node stops instead of retrying
+// every round attempt forever.
+TEST(GrpcTransportTest, ALinkTooSlowForTheRunFailsAtOnceNamingTheLimit) {
+  struct Case {
+    std::string mbps;
+    int64_t floats;
+    std::string limit;
+  };
+  for (const Case& c : std::vector<Case>{
+           // 5 kB/s: 512 KiB take 105 s, past the 60 s a sender waits.
+           {"0.04", 128 << 10, "--round_timeout"},
+           // 500 B/s: even a 4 KiB chunk takes 8 s, past the 2 s idle limit.
+           {"0.004", 4 << 10, "--stream_idle_timeout"}}) {
+    std::shared_ptr<LinkEmulator> links;
+    Swarm pair = ShapedPair(c.mbps, "", 2 * c.floats, &links, absl::Seconds(2));
+    Message m;
+    m.from = 0;
+    m.tensor = "big";
+    m.phase = RingPhase::kReduceScatter;
+    m.total_elements = 2 * c.floats;
+    m.payload.assign(c.floats * 4, '\0');  // segment 0 of 2
+    const absl::Time start = absl::Now();
+    absl::Status s = pair.nodes[0]->Send(1, m, absl::Now() + absl::Minutes(10));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << c.mbps;
+    EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+    for (const std::string& part :
+         {pair.members[1], std::string("too slow"), c.limit, c.mbps + " Mbit/s",
+          std::string("--link_bandwidth_mbps")}) {
+      EXPECT_NE(s.message().find(part), std::string::npos) << part << ": " << s;
+    }
+    EXPECT_EQ(pair.nodes[0]->LinkError(), s);
+    EXPECT_EQ(pair.nodes[0]->bytes_sent(), 0);
+  }
 }
 
 // A hostile or buggy peer talks to rank 1 directly through the stub.

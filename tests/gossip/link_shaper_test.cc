@@ -188,6 +188,21 @@ TEST(LinkShaperTest, DefaultBurstIsTenMillisecondsOrSixtyFourKiB) {
   EXPECT_EQ(LinkShaper(o).burst_bytes(), 10000000);
 }
 
+// What a message needs once the bucket's burst is spent: the transport
+// refuses a link whose messages can never arrive within the run's limits.
+TEST(LinkShaperTest, MessageTimeIsTheLatencyPlusTheBytesAtTheRate) {
+  LinkShaperOptions o;
+  o.bytes_per_second = 1000;
+  o.latency = absl::Milliseconds(50);
+  LinkShaper link(o);
+  EXPECT_EQ(link.MessageTime(2000), absl::Milliseconds(2050));
+  EXPECT_EQ(link.MessageTime(0), absl::Milliseconds(50));
+  // Below the burst too: only the run's first messages ride on it.
+  EXPECT_GT(link.burst_bytes(), 2000);
+  EXPECT_EQ(LinkShaper(LinkShaperOptions()).MessageTime(1 << 30),
+            absl::ZeroDuration());
+}
+
 TEST(LinkShaperTest, MegabitsAreMillionsOfBits) {
   LinkShaperOptions o = ShaperOptionsFor({100, 50});
   EXPECT_DOUBLE_EQ(o.bytes_per_second, 12.5e6);

@@ -174,17 +174,18 @@ TEST(SimTest, CtrlCStopsEveryNode) {
 }
 
 // The first Ctrl-C lets the nodes finish their round; a round that cannot
-// finish (a link far too slow for its deadline: every attempt fails) must
-// not hold them until the sim's SIGKILL. A second Ctrl-C tells them to
-// leave at once, and each leaves with a checkpoint.
+// finish soon (over a link so slow that each message takes 97 s) must not
+// hold them until the sim's SIGKILL. A second Ctrl-C tells them to leave at
+// once, and each leaves with a checkpoint.
 TEST(SimTest, ASecondCtrlCLeavesAtOnce) {
   const std::string out = TempDir() + "/stuck";
   pid_t pid = testing::SpawnStarling(
       absl::StrCat("sim --nodes=2 --steps=100000 ", TinyFlags(),
-                   " --link_bandwidth_mbps=0.001 --out=", out),
+                   " --link_bandwidth_mbps=0.005 --out=", out),
       out + ".err");
   ASSERT_GT(pid, 0);
-  ASSERT_TRUE(testing::WaitForText(out + "/n0/node.log", "past the deadline",
+  // Logged as the round's first message goes out.
+  ASSERT_TRUE(testing::WaitForText(out + "/n0/node.log", "tensor message to",
                                    absl::Seconds(60)));
   ASSERT_EQ(::kill(pid, SIGINT), 0);
   EXPECT_TRUE(testing::WaitForText(out + ".err", "stopping all nodes",
@@ -202,6 +203,25 @@ TEST(SimTest, ASecondCtrlCLeavesAtOnce) {
         << id;
     EXPECT_TRUE(FileExists(dir + "/checkpoint.ckpt")) << id;
   }
+}
+
+// A link that can never carry a round's message within the run's limits
+// (each 60 KB message would take 8 minutes, and a receiver cancels a tensor
+// stream after --round_deadline plus a minute) is an error naming the link
+// and the flags, as soon as the first round's exchange starts: not retries
+// of the round with backoff, forever.
+TEST(SimTest, ALinkTooSlowForTheRunFailsNamingIt) {
+  const std::string out = TempDir() + "/too_slow";
+  auto r =
+      RunStarling(absl::StrCat("sim --nodes=2 --steps=100000 ", TinyFlags(),
+                               " --link_bandwidth_mbps=0.001 --out=", out));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  for (const char* part :
+       {"node n", "failed", "is too slow for this run", "0.001 Mbit/s",
+        "--round_deadline plus a minute", "--link_bandwidth_mbps"}) {
+    EXPECT_NE(r.err.find(part), std::string::npos) << part << "\n" << r.err;
+  }
+  EXPECT_FALSE(NodesRunning(out)) << "a node outlived the sim";
 }
 
 // A sim killed outright (kill -9, a crash) cannot stop its nodes: they go
