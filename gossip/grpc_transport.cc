@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/logging.h"
 #include "core/status.h"
@@ -902,8 +901,8 @@ absl::Status GrpcTransport::SendOnce(int to, const Message& m,
   int64_t chunk_bytes = std::max<int64_t>(1, options_.chunk_bytes);
   if (link != nullptr) {
     STARLING_ASSIGN_OR_RETURN(
-        chunk_bytes, ShapedChunkBytes(*link, peers_[to]->address,
-                                      static_cast<int64_t>(payload.size())));
+        chunk_bytes, ChunkBytesFor(*link, peers_[to]->address,
+                                   static_cast<int64_t>(payload.size())));
     if (absl::Status s = link->StartMessage(deadline, sleep); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("peer ", peers_[to]->address,
                                                  ": ", s.message()));
@@ -980,86 +979,32 @@ absl::Status GrpcTransport::SendOnce(int to, const Message& m,
   return absl::OkStatus();
 }
 
-namespace {
-
-// The smallest chunk a slow emulated link gets (a receiver takes at most one
-// chunk per 256 bytes of a message).
-constexpr int64_t kMinShapedChunk = 4096;
-
-std::string Kib(int64_t bytes) {
-  return absl::StrFormat("%.1f KiB", static_cast<double>(bytes) / 1024);
-}
-
-}  // namespace
-
-absl::StatusOr<int64_t> GrpcTransport::ShapedChunkBytes(
-    const LinkShaper& link, const std::string& address, int64_t payload_bytes) {
-  // The receiver's limits are taken to be this node's own: members of a
-  // run share their flags. A chunk is one gRPC message, and a receiver
-  // cancels a stream that carries none for --stream_idle_timeout: on a slow
-  // link, chunks are cut to a quarter of that at the link's rate, so each
-  // arrives in time even behind another message's debt.
-  const absl::Duration idle = deadlines_->idle();
-  const double rate = link.bytes_per_second();
-  int64_t chunk = std::max<int64_t>(1, options_.chunk_bytes);
-  std::string limit;
-  if (rate > 0) {
-    chunk = std::min(
-        chunk,
-        std::max(kMinShapedChunk,
-                 static_cast<int64_t>(rate * absl::ToDoubleSeconds(idle) / 4)));
-    const absl::Duration per_chunk = absl::Seconds(
-        static_cast<double>(std::min(chunk, payload_bytes)) / rate);
-    if (per_chunk >= idle) {
-      limit = absl::StrCat(
-          "a ", Kib(chunk), " chunk takes ",
-          absl::FormatDuration(absl::Trunc(per_chunk, absl::Milliseconds(100))),
-          ", and a receiver cancels a stream that carries no "
-          "chunk for --stream_idle_timeout (",
-          absl::FormatDuration(idle), ")");
-    }
-  }
-  const absl::Duration need = link.MessageTime(payload_bytes);
-  const std::string rate_text =
-      rate > 0 ? absl::StrFormat("%.6g Mbit/s", rate * 8 / 1e6)
-               : std::string("unlimited bandwidth");
-  if (limit.empty() && need > options_.chunk_stream_deadline) {
-    limit =
-        absl::StrCat("a receiver cancels a tensor message's stream after ",
-                     absl::FormatDuration(options_.chunk_stream_deadline), " (",
-                     options_.chunk_stream_deadline_flag, " plus a minute)");
-  } else if (limit.empty() && need > options_.rpc_timeout) {
-    limit = absl::StrCat("a sender gives up on a message after ",
-                         absl::FormatDuration(options_.rpc_timeout),
-                         " (--round_timeout)");
-  }
-  if (limit.empty()) {
-    // A slow but workable link: say once per link why rounds take long.
-    if (need > absl::Seconds(5)) {
-      absl::MutexLock lock(&link_mu_);
-      if (slow_links_logged_.insert(address).second) {
-        STARLING_LOG(INFO) << "link emulator: a " << Kib(payload_bytes)
-                           << " tensor message to " << address << " takes "
-                           << absl::Trunc(need, absl::Milliseconds(100))
-                           << " at " << rate_text;
-      }
-    }
+absl::StatusOr<int64_t> GrpcTransport::ChunkBytesFor(const LinkShaper& link,
+                                                     const std::string& address,
+                                                     int64_t payload_bytes) {
+  StreamLimits limits;
+  limits.idle = deadlines_->idle();
+  limits.stream = options_.chunk_stream_deadline;
+  limits.stream_flag =
+      absl::StrCat(options_.chunk_stream_deadline_flag, " plus a minute");
+  limits.sender = options_.rpc_timeout;
+  limits.sender_flag = "--round_timeout";
+  absl::StatusOr<int64_t> chunk = ShapedChunkBytes(
+      link, address, payload_bytes, options_.chunk_bytes, limits);
+  absl::MutexLock lock(&link_mu_);
+  if (!chunk.ok()) {
+    if (link_error_.ok()) link_error_ = chunk.status();
     return chunk;
   }
-  absl::Status s = absl::FailedPreconditionError(absl::StrCat(
-      "the emulated link to ", address, " (", rate_text, ", ",
-      link.latency() > absl::ZeroDuration()
-          ? absl::StrCat(absl::FormatDuration(link.latency()), " latency")
-          : "no latency",
-      ") is too slow for this run: a ", Kib(payload_bytes),
-      " tensor message takes ",
-      absl::FormatDuration(absl::Trunc(need, absl::Milliseconds(100))),
-      " on it, and ", limit,
-      "; raise --link_bandwidth_mbps, send fewer bytes (--compression) or "
-      "raise that limit"));
-  absl::MutexLock lock(&link_mu_);
-  if (link_error_.ok()) link_error_ = s;
-  return s;
+  // A slow but workable link: say once per link why rounds take long.
+  const absl::Duration need = link.MessageTime(payload_bytes);
+  if (need > absl::Seconds(5) && slow_links_logged_.insert(address).second) {
+    STARLING_LOG(INFO) << "link emulator: a " << FormatKib(payload_bytes)
+                       << " tensor message to " << address << " takes "
+                       << absl::Trunc(need, absl::Milliseconds(100)) << " at "
+                       << FormatLinkRate(link);
+  }
+  return chunk;
 }
 
 absl::Status GrpcTransport::LinkError() const {

@@ -149,9 +149,9 @@ class GrpcTransport : public Transport {
   // The chunk size for a message of `payload_bytes` to `address` over the
   // emulated `link`, or FailedPrecondition (kept for LinkError) when the
   // link cannot carry it within the receiver's stream limits.
-  absl::StatusOr<int64_t> ShapedChunkBytes(const LinkShaper& link,
-                                           const std::string& address,
-                                           int64_t payload_bytes);
+  absl::StatusOr<int64_t> ChunkBytesFor(const LinkShaper& link,
+                                        const std::string& address,
+                                        int64_t payload_bytes);
 
   const GrpcTransportOptions options_;
   const PeerIdentity identity_;

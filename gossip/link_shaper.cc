@@ -76,6 +76,67 @@ absl::Duration LinkShaper::MessageTime(int64_t bytes) const {
   return t;
 }
 
+std::string FormatKib(int64_t bytes) {
+  return absl::StrFormat("%.1f KiB", static_cast<double>(bytes) / 1024);
+}
+
+std::string FormatLinkRate(const LinkShaper& link) {
+  return link.bytes_per_second() > 0
+             ? absl::StrFormat("%.6g Mbit/s",
+                               link.bytes_per_second() / kBytesPerMegabit)
+             : std::string("unlimited bandwidth");
+}
+
+absl::StatusOr<int64_t> ShapedChunkBytes(const LinkShaper& link,
+                                         absl::string_view address,
+                                         int64_t payload_bytes,
+                                         int64_t chunk_bytes,
+                                         const StreamLimits& limits) {
+  // A receiver takes at most one chunk per 256 bytes of a tensor message.
+  constexpr int64_t kMinShapedChunk = 4096;
+  auto tenths = [](absl::Duration d) {
+    return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(100)));
+  };
+  const double rate = link.bytes_per_second();
+  int64_t chunk = std::max<int64_t>(1, chunk_bytes);
+  std::string limit;
+  if (rate > 0) {
+    chunk = std::min(
+        chunk, std::max(kMinShapedChunk,
+                        static_cast<int64_t>(
+                            rate * absl::ToDoubleSeconds(limits.idle) / 4)));
+    const absl::Duration per_chunk = absl::Seconds(
+        static_cast<double>(std::min(chunk, payload_bytes)) / rate);
+    if (per_chunk >= limits.idle) {
+      limit = absl::StrCat("a ", FormatKib(chunk), " chunk takes ",
+                           tenths(per_chunk),
+                           ", and a receiver cancels a stream that carries no "
+                           "chunk for --stream_idle_timeout (",
+                           absl::FormatDuration(limits.idle), ")");
+    }
+  }
+  const absl::Duration need = link.MessageTime(payload_bytes);
+  if (limit.empty() && need > limits.stream) {
+    limit = absl::StrCat("a receiver cancels its stream after ",
+                         absl::FormatDuration(limits.stream), " (",
+                         limits.stream_flag, ")");
+  } else if (limit.empty() && need > limits.sender) {
+    limit = absl::StrCat("a sender gives up on it after ",
+                         absl::FormatDuration(limits.sender), " (",
+                         limits.sender_flag, ")");
+  }
+  if (limit.empty()) return chunk;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the emulated link to ", address, " (", FormatLinkRate(link), ", ",
+      link.latency() > absl::ZeroDuration()
+          ? absl::StrCat(absl::FormatDuration(link.latency()), " latency")
+          : "no latency",
+      ") is too slow for this run: a ", FormatKib(payload_bytes),
+      " message takes ", tenths(need), " on it, and ", limit,
+      "; raise --link_bandwidth_mbps, send fewer bytes (--compression) or "
+      "raise that limit"));
+}
+
 absl::Status LinkShaper::Acquire(int64_t bytes, absl::Time deadline,
                                  const Sleep& sleep) {
   if (rate_ <= 0 || bytes <= 0) return absl::OkStatus();

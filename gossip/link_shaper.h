@@ -89,6 +89,40 @@ class LinkShaper {
   absl::Time last_ ABSL_GUARDED_BY(mu_);
 };
 
+// What a receiver allows one incoming message, and how long its sender
+// waits for it: the limits a slow link must fit. A sender takes the
+// receivers' limits to be its own flags (members of a run share them).
+struct StreamLimits {
+  // A receiver cancels a stream that carries no chunk for this long
+  // (--stream_idle_timeout).
+  absl::Duration idle = absl::Seconds(60);
+  // A receiver cancels a message's stream after this long; stream_flag
+  // names what sets it, for errors.
+  absl::Duration stream = absl::InfiniteDuration();
+  std::string stream_flag;
+  // A sender gives up on a message after this long (sender_flag: its flag).
+  absl::Duration sender = absl::InfiniteDuration();
+  std::string sender_flag;
+};
+
+// The chunk size for a message of `payload_bytes` to `address` over `link`:
+// at most `chunk_bytes`, and on a rate-limited link no more than a quarter
+// of limits.idle at its rate (at least 4 KiB), so every chunk arrives
+// before the receiver's idle limit. FailedPrecondition naming the link, the
+// message, the time it needs (MessageTime) and the limit when the link
+// cannot carry it within `limits` at all: no retry can help then.
+absl::StatusOr<int64_t> ShapedChunkBytes(const LinkShaper& link,
+                                         absl::string_view address,
+                                         int64_t payload_bytes,
+                                         int64_t chunk_bytes,
+                                         const StreamLimits& limits);
+
+// "12.3 KiB", for messages about links.
+std::string FormatKib(int64_t bytes);
+
+// "0.05 Mbit/s", or "unlimited bandwidth".
+std::string FormatLinkRate(const LinkShaper& link);
+
 // The largest --link_latency_ms accepted: a minute per message is already
 // far beyond any real link, and a typo such as 1e9 would otherwise stall
 // every exchange until the round's deadlines give up.

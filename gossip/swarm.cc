@@ -823,6 +823,12 @@ std::vector<ReceivedPush> Swarm::TakePushes() {
   return out;
 }
 
+absl::Status Swarm::LinkError() const {
+  if (absl::Status s = transport_->LinkError(); !s.ok()) return s;
+  absl::MutexLock lock(&push_mu_);
+  return push_link_error_;
+}
+
 std::vector<std::string> Swarm::AlivePeers() const {
   std::vector<std::string> ids;
   for (const MemberEntry& e : membership_->Live()) {
@@ -848,14 +854,35 @@ absl::Status Swarm::Push(const std::string& peer_id, const PushShare& share,
         absl::StrCat(peer_id, " is across a network partition"));
   }
   const int64_t elements = static_cast<int64_t>(share.sent.size());
+  // The emulated link: chunks that fit its rate, and its latency once per
+  // push, before the stream.
+  LinkShaper* link =
+      options_.links ? options_.links->For(e->address()) : nullptr;
+  int64_t chunk_bytes = options_.chunk_bytes;
+  if (link != nullptr) {
+    StreamLimits limits;
+    limits.idle = deadlines_->idle();
+    limits.stream = options_.push_timeout;
+    limits.stream_flag = "--gossip_timeout";
+    limits.sender = timeout;
+    limits.sender_flag = "--gossip_timeout";
+    absl::StatusOr<int64_t> c = ShapedChunkBytes(
+        *link, e->address(), static_cast<int64_t>(share.payload.size()),
+        chunk_bytes, limits);
+    if (!c.ok()) {
+      absl::Status s(c.status().code(), absl::StrCat("push to ", peer_id, ": ",
+                                                     c.status().message()));
+      absl::MutexLock lock(&push_mu_);
+      if (push_link_error_.ok()) push_link_error_ = s;
+      return s;
+    }
+    chunk_bytes = *c;
+  }
   const int64_t seq = push_sequence_.fetch_add(1) + 1;
   std::vector<PushChunk> chunks =
       MakePushChunks(options_.identity.run_id, options_.node_id, seq, share,
-                     elements, options_.chunk_bytes);
+                     elements, chunk_bytes);
   const absl::Time deadline = absl::Now() + timeout;
-  // The emulated link: its latency once per push, before the stream.
-  LinkShaper* link =
-      options_.links ? options_.links->For(e->address()) : nullptr;
   if (link != nullptr) {
     if (absl::Status ls = link->StartMessage(deadline); !ls.ok()) {
       return absl::UnavailableError(absl::StrCat(
@@ -1721,7 +1748,7 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
             (void)SendControl(m.from(), r);
             // An emulated link that cannot carry this run's messages fails
             // every attempt alike: stop instead of retrying forever.
-            if (absl::Status link = transport_->LinkError(); !link.ok()) {
+            if (absl::Status link = LinkError(); !link.ok()) {
               absl::MutexLock lock(&inbox_->mu);
               inbox_->round = -1;
               return link;

@@ -254,10 +254,17 @@ class Swarm {
   // when its inbox is full; InvalidArgument / FailedPrecondition when it
   // refused the push (FailedPrecondition also when it lacks the public copy a
   // relative share names: push in full next). In every case the caller may
-  // restore its share and try another peer. On success `*sequence` (when not
-  // null) is the push's sequence number, the one a later share's base names.
+  // restore its share and try another peer, except after an emulated link
+  // too slow for the push at all (LinkError). On success `*sequence` (when
+  // not null) is the push's sequence number, the one a later share's base
+  // names.
   absl::Status Push(const std::string& peer_id, const PushShare& share,
                     absl::Duration timeout, int64_t* sequence = nullptr);
+  // Not OK once a round's message or a push found this node's emulated link
+  // too slow for the run's limits (ShapedChunkBytes): FailedPrecondition
+  // naming the link, the message and the limit. Every later try would fail
+  // alike, so the node should stop.
+  absl::Status LinkError() const;
   // The pushes received since the last call, in arrival order.
   std::vector<ReceivedPush> TakePushes();
   // Ids of the other members that are alive in this node's view, sorted.
@@ -373,6 +380,7 @@ class Swarm {
   std::shared_ptr<Stub> StubFor(const std::string& address);
 
   mutable absl::Mutex push_mu_;
+  absl::Status push_link_error_ ABSL_GUARDED_BY(push_mu_);
   std::vector<ReceivedPush> pushes_ ABSL_GUARDED_BY(push_mu_);
   // Streams being received (each holds an inbox place until it ends).
   std::vector<std::shared_ptr<PushSlot>> receiving_ ABSL_GUARDED_BY(push_mu_);

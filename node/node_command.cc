@@ -1929,6 +1929,12 @@ int RunGossip(NodeRun& run) {
       const int64_t sent_before = bytes_sent();
       int64_t sequence = 0;
       absl::Status s = swarm.Push(peer, *share, push_timeout, &sequence);
+      if (absl::Status link = swarm.LinkError(); !link.ok()) {
+        // An emulated link too slow for any push: retrying cannot help.
+        events.Write("error", JsonObject().Add("message", link.message()));
+        swarm.Leave();
+        return Fail(link, 1);
+      }
       if (!s.ok()) {
         push_sum.Restore(*share, absl::MakeSpan(y));
         // The peer lacks the copy this share was relative to (it restarted,

@@ -21,6 +21,7 @@
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -1243,13 +1244,17 @@ int RunSimCommand() {
   }
   if (failed >= 0) {
     const std::string log = absl::StrCat(dir, "/", ids[failed], "/node.log");
-    std::string last;
+    // Its error, or else its last line: the swarm's threads may log after
+    // the error, while the node shuts down.
+    std::string last, error;
     if (absl::StatusOr<std::string> text = ReadFile(log); text.ok()) {
       for (absl::string_view l :
            absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
         last = std::string(l);
+        if (absl::StrContains(l, "starling node: error:")) error = last;
       }
     }
+    if (!error.empty()) last = error;
     // 128 + N: killed by signal N, so its log cannot say why. SIGKILL that
     // nobody here sent is most often the kernel's out-of-memory killer.
     std::string how = absl::StrCat("failed (exit ", failed_code, ")");

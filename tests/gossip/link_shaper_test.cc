@@ -203,6 +203,55 @@ TEST(LinkShaperTest, MessageTimeIsTheLatencyPlusTheBytesAtTheRate) {
             absl::ZeroDuration());
 }
 
+// A receiver cancels a stream that carries no chunk for its idle time: a
+// slow link's chunks are cut to arrive well within it, and a link that
+// cannot carry a message within the receiver's or the sender's limits at
+// all is an error naming the link, the message and the limit.
+TEST(LinkShaperTest, ChunksFitTheIdleLimitAndATooSlowLinkIsNamed) {
+  StreamLimits limits;
+  limits.idle = absl::Seconds(60);
+  limits.stream = absl::Seconds(120);
+  limits.stream_flag = "--round_deadline plus a minute";
+  limits.sender = absl::Seconds(300);
+  limits.sender_flag = "--round_timeout";
+  auto chunk = [&](double mbps, int64_t payload) {
+    return ShapedChunkBytes(LinkShaper(ShaperOptionsFor({mbps, 0})),
+                            "127.0.0.1:7001", payload, 1 << 20, limits);
+  };
+  // 100 Mbit/s: --chunk_bytes as given.
+  EXPECT_EQ(chunk(100, 64 << 20).value_or(-1), 1 << 20);
+  // 0.08 Mbit/s = 10 kB/s: a quarter of 60 s is 150 kB.
+  EXPECT_EQ(chunk(0.08, 1 << 20).value_or(-1), 150000);
+  // 0.0008 Mbit/s = 100 B/s: never under 4 KiB (41 s per chunk).
+  EXPECT_EQ(chunk(0.0008, 10000).value_or(-1), 4096);
+
+  struct Case {
+    double mbps;
+    int64_t payload;
+    std::string limit;
+  };
+  for (const Case& c : std::vector<Case>{
+           {0.0004, 10000, "--stream_idle_timeout (1m)"},      // 4 KiB: 82 s
+           {0.08, 2 << 20, "--round_deadline plus a minute"},  // 210 s
+           {0.08, 3500000, ""},                                // 350 s
+       }) {
+    StreamLimits l = limits;
+    if (c.limit.empty()) l.stream = absl::InfiniteDuration();
+    absl::StatusOr<int64_t> r =
+        ShapedChunkBytes(LinkShaper(ShaperOptionsFor({c.mbps, 0})),
+                         "127.0.0.1:7001", c.payload, 1 << 20, l);
+    ASSERT_FALSE(r.ok()) << c.mbps;
+    EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
+    EXPECT_THAT(r.status().message(),
+                AllOf(HasSubstr("127.0.0.1:7001"), HasSubstr("too slow"),
+                      HasSubstr(c.limit.empty() ? "--round_timeout" : c.limit),
+                      HasSubstr("--link_bandwidth_mbps")));
+  }
+  // Within every limit: no error, however slow.
+  limits.stream = limits.sender = absl::InfiniteDuration();
+  EXPECT_TRUE(chunk(0.08, 64 << 20).ok());
+}
+
 TEST(LinkShaperTest, MegabitsAreMillionsOfBits) {
   LinkShaperOptions o = ShaperOptionsFor({100, 50});
   EXPECT_DOUBLE_EQ(o.bytes_per_second, 12.5e6);

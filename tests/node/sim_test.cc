@@ -210,18 +210,29 @@ TEST(SimTest, ASecondCtrlCLeavesAtOnce) {
 // stream after --round_deadline plus a minute) is an error naming the link
 // and the flags, as soon as the first round's exchange starts: not retries
 // of the round with backoff, forever.
+// The same for ddp's per-step exchange and for gossip's pushes (a 120 KB
+// push at 0.001 Mbit/s would take 16 minutes, past --gossip_timeout).
 TEST(SimTest, ALinkTooSlowForTheRunFailsNamingIt) {
-  const std::string out = TempDir() + "/too_slow";
-  auto r =
-      RunStarling(absl::StrCat("sim --nodes=2 --steps=100000 ", TinyFlags(),
-                               " --link_bandwidth_mbps=0.001 --out=", out));
-  EXPECT_EQ(r.exit_code, 1) << r.err;
-  for (const char* part :
-       {"node n", "failed", "is too slow for this run", "0.001 Mbit/s",
-        "--round_deadline plus a minute", "--link_bandwidth_mbps"}) {
-    EXPECT_NE(r.err.find(part), std::string::npos) << part << "\n" << r.err;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"diloco", "(--round_deadline plus a minute)"},
+      {"ddp", "(--round_timeout plus a minute)"},
+      {"gossip", "(--gossip_timeout)"}};
+  for (const auto& [algo, limit] : cases) {
+    const std::string out = TempDir() + "/too_slow_" + algo;
+    auto r = RunStarling(
+        absl::StrCat("sim --nodes=2 --steps=100000 --algo=", algo, " ",
+                     TinyFlags(), " --link_bandwidth_mbps=0.001 --out=", out));
+    EXPECT_EQ(r.exit_code, 1) << algo << "\n" << r.err;
+    for (const std::string& part :
+         {std::string("node n"), std::string("is too slow for this run"),
+          std::string("0.001 Mbit/s"), limit,
+          std::string("--link_bandwidth_mbps")}) {
+      EXPECT_NE(r.err.find(part), std::string::npos)
+          << algo << ": " << part << "\n"
+          << r.err;
+    }
+    EXPECT_FALSE(NodesRunning(out)) << algo << ": a node outlived the sim";
   }
-  EXPECT_FALSE(NodesRunning(out)) << "a node outlived the sim";
 }
 
 // A sim killed outright (kill -9, a crash) cannot stop its nodes: they go
