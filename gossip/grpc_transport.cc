@@ -989,15 +989,12 @@ absl::StatusOr<int64_t> GrpcTransport::ChunkBytesFor(const LinkShaper& link,
       absl::StrCat(options_.chunk_stream_deadline_flag, " plus a minute");
   limits.sender = options_.rpc_timeout;
   limits.sender_flag = "--round_timeout";
-  absl::StatusOr<int64_t> chunk = ShapedChunkBytes(
+  absl::StatusOr<int64_t> chunk = options_.links->ChunkBytes(
       link, address, payload_bytes, options_.chunk_bytes, limits);
-  absl::MutexLock lock(&link_mu_);
-  if (!chunk.ok()) {
-    if (link_error_.ok()) link_error_ = chunk.status();
-    return chunk;
-  }
+  if (!chunk.ok()) return chunk;
   // A slow but workable link: say once per link why rounds take long.
   const absl::Duration need = link.MessageTime(payload_bytes);
+  absl::MutexLock lock(&slow_mu_);
   if (need > absl::Seconds(5) && slow_links_logged_.insert(address).second) {
     STARLING_LOG(INFO) << "link emulator: a " << FormatKib(payload_bytes)
                        << " tensor message to " << address << " takes "
@@ -1005,11 +1002,6 @@ absl::StatusOr<int64_t> GrpcTransport::ChunkBytesFor(const LinkShaper& link,
                        << FormatLinkRate(link);
   }
   return chunk;
-}
-
-absl::Status GrpcTransport::LinkError() const {
-  absl::MutexLock lock(&link_mu_);
-  return link_error_;
 }
 
 void RpcErrorCounter::Record(int code) {

@@ -130,11 +130,6 @@ class GrpcTransport : public Transport {
   // The deadlines of the server's streams.
   const StreamDeadlines& stream_deadlines() const { return *deadlines_; }
 
-  // Not OK once a send found its emulated link too slow for this run's
-  // limits (see SendOnce): FailedPrecondition naming the link, the message
-  // and the limit. Retrying cannot help then; the caller should stop.
-  absl::Status LinkError() const;
-
   // Stops the server (waits for in-flight calls up to a short deadline).
   void Shutdown();
 
@@ -147,8 +142,8 @@ class GrpcTransport : public Transport {
   absl::Status SendOnce(int to, const Message& header,
                         absl::string_view payload, absl::Time deadline);
   // The chunk size for a message of `payload_bytes` to `address` over the
-  // emulated `link`, or FailedPrecondition (kept for LinkError) when the
-  // link cannot carry it within the receiver's stream limits.
+  // emulated `link`, or FailedPrecondition (kept by options_.links) when
+  // the link cannot carry it within the receiver's stream limits.
   absl::StatusOr<int64_t> ChunkBytesFor(const LinkShaper& link,
                                         const std::string& address,
                                         int64_t payload_bytes);
@@ -167,9 +162,8 @@ class GrpcTransport : public Transport {
   std::shared_ptr<Mailbox> mailbox_;
   std::atomic<int64_t> sent_{0};
   RpcErrorCounter rpc_errors_;
-  mutable absl::Mutex link_mu_;
-  absl::Status link_error_ ABSL_GUARDED_BY(link_mu_);
-  std::set<std::string> slow_links_logged_ ABSL_GUARDED_BY(link_mu_);
+  absl::Mutex slow_mu_;
+  std::set<std::string> slow_links_logged_ ABSL_GUARDED_BY(slow_mu_);
 };
 
 // Why `theirs` may not join a run with `mine`: empty when compatible,

@@ -298,4 +298,23 @@ LinkShaper* LinkEmulator::For(const std::string& address) {
   return s.get();
 }
 
+absl::StatusOr<int64_t> LinkEmulator::ChunkBytes(const LinkShaper& link,
+                                                 const std::string& address,
+                                                 int64_t payload_bytes,
+                                                 int64_t chunk_bytes,
+                                                 const StreamLimits& limits) {
+  absl::StatusOr<int64_t> chunk =
+      ShapedChunkBytes(link, address, payload_bytes, chunk_bytes, limits);
+  if (!chunk.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (error_.ok()) error_ = chunk.status();
+  }
+  return chunk;
+}
+
+absl::Status LinkEmulator::Error() const {
+  absl::MutexLock lock(&mu_);
+  return error_;
+}
+
 }  // namespace starling

@@ -179,13 +179,24 @@ class LinkEmulator {
   // shaped. Shapers live as long as the emulator.
   LinkShaper* For(const std::string& address);
 
+  // ShapedChunkBytes for a message to `address` over `link` (its shaper).
+  // The first error is kept for Error(): the emulated links stay as they
+  // are for the whole run, so every later message would fail alike.
+  absl::StatusOr<int64_t> ChunkBytes(const LinkShaper& link,
+                                     const std::string& address,
+                                     int64_t payload_bytes, int64_t chunk_bytes,
+                                     const StreamLimits& limits);
+  // Not OK once ChunkBytes found a link too slow for the run.
+  absl::Status Error() const;
+
   const LinkEmulatorOptions& options() const { return options_; }
 
  private:
   const LinkEmulatorOptions options_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<LinkShaper>> shapers_
       ABSL_GUARDED_BY(mu_);
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace starling

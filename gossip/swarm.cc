@@ -824,9 +824,7 @@ std::vector<ReceivedPush> Swarm::TakePushes() {
 }
 
 absl::Status Swarm::LinkError() const {
-  if (absl::Status s = transport_->LinkError(); !s.ok()) return s;
-  absl::MutexLock lock(&push_mu_);
-  return push_link_error_;
+  return options_.links ? options_.links->Error() : absl::OkStatus();
 }
 
 std::vector<std::string> Swarm::AlivePeers() const {
@@ -866,15 +864,13 @@ absl::Status Swarm::Push(const std::string& peer_id, const PushShare& share,
     limits.stream_flag = "--gossip_timeout";
     limits.sender = timeout;
     limits.sender_flag = "--gossip_timeout";
-    absl::StatusOr<int64_t> c = ShapedChunkBytes(
+    absl::StatusOr<int64_t> c = options_.links->ChunkBytes(
         *link, e->address(), static_cast<int64_t>(share.payload.size()),
         chunk_bytes, limits);
     if (!c.ok()) {
-      absl::Status s(c.status().code(), absl::StrCat("push to ", peer_id, ": ",
-                                                     c.status().message()));
-      absl::MutexLock lock(&push_mu_);
-      if (push_link_error_.ok()) push_link_error_ = s;
-      return s;
+      return absl::Status(
+          c.status().code(),
+          absl::StrCat("push to ", peer_id, ": ", c.status().message()));
     }
     chunk_bytes = *c;
   }

@@ -241,7 +241,7 @@ class Swarm {
   // SwarmOptions::interrupted for leaving an attempt's reduce). Errors only
   // for local failures, among them FailedPrecondition when this node's
   // emulated link cannot carry the round's messages within the run's
-  // limits (GrpcTransport::LinkError): every attempt would fail alike.
+  // limits (LinkError): every attempt would fail alike.
   absl::StatusOr<RoundResult> SyncRound(int64_t round,
                                         const std::string& lineage,
                                         const Reduce& reduce,
@@ -261,7 +261,7 @@ class Swarm {
   absl::Status Push(const std::string& peer_id, const PushShare& share,
                     absl::Duration timeout, int64_t* sequence = nullptr);
   // Not OK once a round's message or a push found this node's emulated link
-  // too slow for the run's limits (ShapedChunkBytes): FailedPrecondition
+  // too slow for the run's limits (LinkEmulator::Error): FailedPrecondition
   // naming the link, the message and the limit. Every later try would fail
   // alike, so the node should stop.
   absl::Status LinkError() const;
@@ -380,7 +380,6 @@ class Swarm {
   std::shared_ptr<Stub> StubFor(const std::string& address);
 
   mutable absl::Mutex push_mu_;
-  absl::Status push_link_error_ ABSL_GUARDED_BY(push_mu_);
   std::vector<ReceivedPush> pushes_ ABSL_GUARDED_BY(push_mu_);
   // Streams being received (each holds an inbox place until it ends).
   std::vector<std::shared_ptr<PushSlot>> receiving_ ABSL_GUARDED_BY(push_mu_);

@@ -1929,11 +1929,11 @@ int RunGossip(NodeRun& run) {
       const int64_t sent_before = bytes_sent();
       int64_t sequence = 0;
       absl::Status s = swarm.Push(peer, *share, push_timeout, &sequence);
-      if (absl::Status link = swarm.LinkError(); !link.ok()) {
+      if (!s.ok() && !swarm.LinkError().ok()) {
         // An emulated link too slow for any push: retrying cannot help.
-        events.Write("error", JsonObject().Add("message", link.message()));
+        events.Write("error", JsonObject().Add("message", s.message()));
         swarm.Leave();
-        return Fail(link, 1);
+        return Fail(s, 1);
       }
       if (!s.ok()) {
         push_sum.Restore(*share, absl::MakeSpan(y));

@@ -520,13 +520,13 @@ TEST(GrpcTransportTest, ASlowLinkSendsChunksSmallEnoughForTheIdleLimit) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->payload, m.payload);
   EXPECT_EQ(pair.nodes[1]->stream_deadlines().cancelled(), 0);
-  EXPECT_TRUE(pair.nodes[0]->LinkError().ok());
+  EXPECT_TRUE(links->Error().ok());
 }
 
 // A link that cannot carry a message within the run's limits fails the send
 // at once, naming the link, the message and the limit, and stays failed
-// (LinkError): no retry can help, so the node stops instead of retrying
-// every round attempt forever.
+// (LinkEmulator::Error): no retry can help, so the node stops instead of
+// retrying every round attempt forever.
 TEST(GrpcTransportTest, ALinkTooSlowForTheRunFailsAtOnceNamingTheLimit) {
   struct Case {
     std::string mbps;
@@ -555,7 +555,7 @@ TEST(GrpcTransportTest, ALinkTooSlowForTheRunFailsAtOnceNamingTheLimit) {
           std::string("--link_bandwidth_mbps")}) {
       EXPECT_NE(s.message().find(part), std::string::npos) << part << ": " << s;
     }
-    EXPECT_EQ(pair.nodes[0]->LinkError(), s);
+    EXPECT_EQ(links->Error(), s);
     EXPECT_EQ(pair.nodes[0]->bytes_sent(), 0);
   }
 }
