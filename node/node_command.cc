@@ -1251,7 +1251,27 @@ int RunDiloco(NodeRun& run) {
       }
     }
     absl::StatusOr<Swarm::RoundResult> res = c.result.get();
-    if (!res.ok()) return res.status();
+    // The round protocol fails only for this node's own reasons (an
+    // emulated link too slow for the run, say): go back to the last commit
+    // and checkpoint it, as a node leaving on a signal does, before failing.
+    auto back_to_commit = [&] {
+      if (run.feedback) (void)run.feedback->LoadState(c.ef_before);
+      trainer.set_step(c.prev_step);
+      return Unflatten(theta_global, run.params);
+    };
+    if (!res.ok()) {
+      absl::Status saved = back_to_commit();
+      if (saved.ok()) {
+        saved = run.Checkpoint(run.round, bytes_sent(), bytes_received(),
+                               events.WallSeconds());
+      }
+      if (!saved.ok()) {
+        LogEvent(LogLevel::kWarning, "checkpoint",
+                 absl::StrCat("no checkpoint of round ", run.round, ": ",
+                              saved.message()));
+      }
+      return res.status();
+    }
     if (c.attempts_run > 0) {
       last_rank = c.rank;
       last_world = c.world;
@@ -1271,9 +1291,7 @@ int RunDiloco(NodeRun& run) {
     }
     if (res->outcome != Swarm::Outcome::kCommitted) {
       committed_at = absl::InfiniteFuture();
-      if (run.feedback) (void)run.feedback->LoadState(c.ef_before);
-      trainer.set_step(c.prev_step);
-      STARLING_RETURN_IF_ERROR(Unflatten(theta_global, run.params));
+      STARLING_RETURN_IF_ERROR(back_to_commit());
       if (res->outcome == Swarm::Outcome::kStopped) return RoundAction::kLeave;
       // Stale: the swarm committed this round without us. Wait (briefly)
       // until gossip shows who is ahead, then catch up at the loop's top.

@@ -217,8 +217,9 @@ TEST(SimTest, ALinkTooSlowForTheRunFailsNamingIt) {
       {"diloco", "(--round_deadline plus a minute)"},
       {"ddp", "(--round_timeout plus a minute)"},
       {"gossip", "(--gossip_timeout)"}};
+  const std::string root = TempDir();
   for (const auto& [algo, limit] : cases) {
-    const std::string out = TempDir() + "/too_slow_" + algo;
+    const std::string out = root + "/too_slow_" + algo;
     auto r = RunStarling(
         absl::StrCat("sim --nodes=2 --steps=100000 --algo=", algo, " ",
                      TinyFlags(), " --link_bandwidth_mbps=0.001 --out=", out));
@@ -232,6 +233,12 @@ TEST(SimTest, ALinkTooSlowForTheRunFailsNamingIt) {
           << r.err;
     }
     EXPECT_FALSE(NodesRunning(out)) << algo << ": a node outlived the sim";
+  }
+  // DiLoCo's nodes keep what they committed (here: round 0's start).
+  for (const char* id : {"n0", "n1"}) {
+    EXPECT_TRUE(FileExists(
+        absl::StrCat(root, "/too_slow_diloco/", id, "/checkpoint.ckpt")))
+        << id;
   }
 }
 
