@@ -1949,6 +1949,20 @@ int RunGossip(NodeRun& run) {
       absl::Status s = swarm.Push(peer, *share, push_timeout, &sequence);
       if (!s.ok() && !swarm.LinkError().ok()) {
         // An emulated link too slow for any push: retrying cannot help.
+        // Keep this node's model, weight and what it absorbed first, as a
+        // node leaving on a signal does: the senders gave that mass away.
+        push_sum.Restore(*share, absl::MakeSpan(y));
+        run.gossip_weight = push_sum.weight();
+        absl::Status saved = Unflatten(y, run.params);
+        if (saved.ok()) {
+          saved = run.Checkpoint(0, bytes_sent(), bytes_received(),
+                                 events.WallSeconds());
+        }
+        if (!saved.ok()) {
+          LogEvent(LogLevel::kWarning, "checkpoint",
+                   absl::StrCat("no checkpoint at step ",
+                                trainer.state().step(), ": ", saved.message()));
+        }
         events.Write("error", JsonObject().Add("message", s.message()));
         swarm.Leave();
         return Fail(s, 1);

@@ -234,11 +234,14 @@ TEST(SimTest, ALinkTooSlowForTheRunFailsNamingIt) {
     }
     EXPECT_FALSE(NodesRunning(out)) << algo << ": a node outlived the sim";
   }
-  // DiLoCo's nodes keep what they committed (here: round 0's start).
-  for (const char* id : {"n0", "n1"}) {
-    EXPECT_TRUE(FileExists(
-        absl::StrCat(root, "/too_slow_diloco/", id, "/checkpoint.ckpt")))
-        << id;
+  // DiLoCo's nodes keep what they committed (here: round 0's start), and
+  // gossip's their model and push-sum weight as of the failed push.
+  for (const char* algo : {"diloco", "gossip"}) {
+    for (const char* id : {"n0", "n1"}) {
+      EXPECT_TRUE(FileExists(
+          absl::StrCat(root, "/too_slow_", algo, "/", id, "/checkpoint.ckpt")))
+          << algo << " " << id;
+    }
   }
 }
 
