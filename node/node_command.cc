@@ -1994,7 +1994,8 @@ int RunGossip(NodeRun& run) {
               .Add("step", static_cast<int64_t>(trainer.state().step()))
               .Add("weight", push_sum.weight())
               .Add("bytes", bytes_sent() - sent_before)
-              .Add("relative_to", share->base_sequence));
+              .Add("relative_to", share->base_sequence)
+              .Add("train_loss", loss_sum / std::max(1, steps)));
       break;
     }
     if (momentum) x0 = y;

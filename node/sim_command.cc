@@ -161,7 +161,7 @@ std::string MemberId(const Value& v) {
 class Progress {
  public:
   Progress(const std::string& dir, std::vector<std::string> ids,
-           int total_steps, bool show_members)
+           int total_steps, bool show_members, bool gossip)
       : dir_(dir),
         ids_(std::move(ids)),
         offsets_(ids_.size(), 0),
@@ -171,7 +171,8 @@ class Progress {
         rounds_(ids_.size(), 0),
         counted_(ids_.size(), false),
         total_steps_(total_steps),
-        show_members_(show_members) {}
+        show_members_(show_members),
+        gossip_(gossip) {}
 
   // Whether node `i` counts for the step, loss and ETA: from its start
   // (a joiner: from its first round) until the sim stops it.
@@ -196,6 +197,21 @@ class Progress {
           loss_[i] = Get(ev, "train_loss").number_value();
           sent_[i] += Get(ev, "bytes").number_value();
           ++rounds_[i];
+        } else if (kind == "exchange") {
+          // Gossip has no rounds: each push or absorb is progress.
+          const std::string what = Get(ev, "kind").string_value();
+          step_[i] = std::max(step_[i],
+                              static_cast<int>(Get(ev, "step").number_value()));
+          if (what == "push") {
+            ++pushes_;
+            sent_[i] += Get(ev, "bytes").number_value();
+            loss_[i] = Get(ev, "train_loss").number_value();
+          }
+          ++rounds_[i];
+        } else if (kind == "end") {
+          // Gossip's last steps may end in a push that found nobody left.
+          step_[i] = std::max(
+              step_[i], static_cast<int>(Get(ev, "step").number_value()));
         } else if (kind == "eval") {
           val_ = Get(ev, "val_loss").number_value();
         }
@@ -218,16 +234,18 @@ class Progress {
     double eta =
         min_step > 0 ? elapsed * (total_steps_ - min_step) / min_step : NAN;
     return absl::StrFormat(
-        "sim | round %d%s | step %d/%d | loss %s | val %s | sent %s | %s | "
+        "sim | %s %d%s | step %d/%d | loss %s | val %s | sent %s | %s | "
         "eta %s",
-        round_, show_members_ ? absl::StrFormat(" | members %d", members_) : "",
+        gossip_ ? "pushes" : "round", gossip_ ? pushes_ : round_,
+        show_members_ ? absl::StrFormat(" | members %d", members_) : "",
         min_step, total_steps_,
         min_step > 0 ? absl::StrFormat("%.4f", loss) : "-",
         std::isnan(val_) ? "-" : absl::StrFormat("%.4f", val_),
         FormatBytes(sent), FormatDuration(elapsed), FormatDuration(eta));
   }
 
-  // Whether node `i` has logged a round since the sim started.
+  // Whether node `i` has logged a round (gossip: an exchange) since the sim
+  // started.
   bool HasRound(size_t i) const { return rounds_[i] > 0; }
 
  private:
@@ -241,7 +259,9 @@ class Progress {
   std::vector<bool> counted_;
   int total_steps_;
   bool show_members_;
+  bool gossip_;  // count pushes, not rounds
   int64_t round_ = 0;
+  int64_t pushes_ = 0;  // all nodes' gossip pushes
   int members_ = 0;
   double val_ = NAN;
 };
@@ -1045,7 +1065,8 @@ int RunSimCommand() {
     started.push_back(ids[i]);
   }
 
-  Progress progress(dir, ids, config.steps(), !plan->empty());
+  Progress progress(dir, ids, config.steps(), !plan->empty(),
+                    absl::GetFlag(FLAGS_algo) == "gossip");
   for (int i = 0; i < n; ++i) progress.SetCounted(i, true);
   const bool tty = ::isatty(STDERR_FILENO);
   auto last_print = absl::InfinitePast();
@@ -1226,7 +1247,16 @@ int RunSimCommand() {
     }
     absl::SleepFor(nap);
   }
-  if (tty) std::fprintf(stderr, "\n");
+  // The state the nodes ended in, which the last line (at most 5 s old, or
+  // a poll before the last node's final events) may not show.
+  progress.Poll();
+  const std::string final_line =
+      progress.Line(absl::ToDoubleSeconds(absl::Now() - start));
+  if (tty) {
+    std::fprintf(stderr, "\r%-110s\n", final_line.c_str());
+  } else if (final_line != last_line) {
+    WriteStderrLine(final_line);
+  }
   // Events that never came due: every node had stopped before them.
   if (!stopping()) {
     for (; next_event < plan->events.size(); ++next_event) {

@@ -82,6 +82,8 @@ TEST(GossipTest, SimFinishesWithExchangesBothWaysAndConsensus) {
       if (kind == "push") {
         ++pushes;
         pushed_to[id].insert(Field(ev, "peer").string_value());
+        const double loss = Field(ev, "train_loss").number_value();
+        EXPECT_TRUE(std::isfinite(loss) && loss > 0) << id << " " << loss;
       } else {
         ++absorbs;
         EXPECT_GE(Field(ev, "distance2").number_value(), 0);
@@ -104,6 +106,10 @@ TEST(GossipTest, SimFinishesWithExchangesBothWaysAndConsensus) {
               60);
   }
   EXPECT_NEAR(val, mean_final, 1e-9);
+  // The live line counts pushes (gossip has no rounds) and ends at the end.
+  EXPECT_NE(r.err.find("| step 60/60 | loss "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("sim | pushes "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("sim | round "), std::string::npos) << r.err;
   // Exchanges in both directions: some pair pushed to each other.
   bool both_ways = false;
   for (const auto& [a, peers] : pushed_to) {

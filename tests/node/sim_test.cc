@@ -44,6 +44,9 @@ TEST(SimTest, FourNodeDilocoAgreesEveryRoundAndCountsBytes) {
                                TinyFlags(), " --out=", out));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("hashes agree: yes"), std::string::npos) << r.err;
+  // The live line's last state is the run's end, however short the run.
+  EXPECT_NE(r.err.find("sim | round 4 | step 40/40 | loss "), std::string::npos)
+      << r.err;
   auto summary = ReadJson(out + "/summary.json");
   const auto& rounds = Field(summary, "rounds").list_value();
   ASSERT_EQ(rounds.values_size(), 4);
