@@ -1164,6 +1164,7 @@ int RunDiloco(NodeRun& run) {
   } abandon_on_exit{abandon_round};       // destroyed before `pending`
   std::vector<float> eager_start;         // where the round behind it started
   std::vector<std::string> last_members;  // of the last committed round
+  int64_t recorded_sent = -1;  // bytes_sent() as the last round was recorded
   // Runs the round protocol for `ctx` on run.round: on a thread of its own
   // (async: the training thread goes on), or deferred to finish_round.
   auto launch_round = [&](const std::shared_ptr<RoundCtx>& ctx, bool async) {
@@ -1358,7 +1359,14 @@ int RunDiloco(NodeRun& run) {
     rec.members = res->members;
     rec.model_hash = lineage;
     rec.train_loss = c.loss_sum / std::max(1, c.steps);
-    rec.bytes = bytes_sent() - c.sent_before;
+    // What was sent since the last round was recorded (the first: since
+    // its inner steps began). With --overlap a round's exchange runs during
+    // the next round's inner steps, so counting from each round's own start
+    // counted it twice. Attempts that did not commit count in the round
+    // that did.
+    const int64_t sent_now = bytes_sent();
+    rec.bytes = sent_now - (recorded_sent >= 0 ? recorded_sent : c.sent_before);
+    recorded_sent = sent_now;
     rec.seconds = absl::ToDoubleSeconds(absl::Now() - c.round_start);
     ++run.round;
     last_members = res->members;
