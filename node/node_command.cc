@@ -1627,6 +1627,10 @@ int RunDiloco(NodeRun& run) {
         !(every > 0 && end_step / every > prev_step / every) &&
         SteadyMembers(swarm, last_members, node_id) &&
         !Swarm::Ahead(swarm.Best(), run.round, lineage);
+    events.Write("sync", JsonObject()
+                             .Add("round", run.round)
+                             .Add("step", static_cast<int64_t>(end_step))
+                             .Add("overlapped", overlap_now));
     launch_round(ctx, overlap_now);
     if (overlap_now) {
       eager_start = std::move(eager_next);

@@ -169,6 +169,8 @@ class Progress {
         loss_(ids_.size(), 0),
         sent_(ids_.size(), 0),
         rounds_(ids_.size(), 0),
+        syncing_(ids_.size(), -1),
+        sync_since_(ids_.size(), absl::InfiniteFuture()),
         counted_(ids_.size(), false),
         total_steps_(total_steps),
         show_members_(show_members),
@@ -189,6 +191,7 @@ class Progress {
         const std::string kind = Get(ev, "event").string_value();
         if (kind == "round") {
           const int64_t r = Get(ev, "round").number_value();
+          if (r >= syncing_[i]) syncing_[i] = -1;
           if (r + 1 >= round_) {
             round_ = r + 1;
             members_ = Get(ev, "members").list_value().values_size();
@@ -197,6 +200,13 @@ class Progress {
           loss_[i] = Get(ev, "train_loss").number_value();
           sent_[i] += Get(ev, "bytes").number_value();
           ++rounds_[i];
+        } else if (kind == "sync") {
+          // A DiLoCo round's exchange began (again, on a retry).
+          const int64_t r = Get(ev, "round").number_value();
+          if (r != syncing_[i]) {
+            syncing_[i] = r;
+            sync_since_[i] = absl::Now();
+          }
         } else if (kind == "exchange") {
           // Gossip has no rounds: each push or absorb is progress.
           const std::string what = Get(ev, "kind").string_value();
@@ -210,8 +220,8 @@ class Progress {
           ++rounds_[i];
         } else if (kind == "end") {
           // Gossip's last steps may end in a push that found nobody left.
-          step_[i] = std::max(
-              step_[i], static_cast<int>(Get(ev, "step").number_value()));
+          step_[i] = std::max(step_[i],
+                              static_cast<int>(Get(ev, "step").number_value()));
         } else if (kind == "eval") {
           val_ = Get(ev, "val_loss").number_value();
         }
@@ -233,15 +243,32 @@ class Progress {
     if (counted > 0) loss /= counted;
     double eta =
         min_step > 0 ? elapsed * (total_steps_ - min_step) / min_step : NAN;
+    // A round's exchange that takes long (a slow link, a member being
+    // waited for) is named, so that a line stuck on a round says why.
+    int64_t sync_round = -1;
+    absl::Time since = absl::InfiniteFuture();
+    for (size_t i = 0; i < step_.size(); ++i) {
+      if (counted_[i] && syncing_[i] >= 0 && sync_since_[i] < since) {
+        since = sync_since_[i];
+        sync_round = syncing_[i];
+      }
+    }
+    const absl::Duration waited = absl::Now() - since;
+    const std::string exchanging =
+        sync_round >= 0 && waited >= absl::Seconds(5)
+            ? absl::StrCat(" | exchanging round ", sync_round + 1, " for ",
+                           FormatDuration(absl::ToDoubleSeconds(waited)))
+            : "";
     return absl::StrFormat(
         "sim | %s %d%s | step %d/%d | loss %s | val %s | sent %s | %s | "
-        "eta %s",
+        "eta %s%s",
         gossip_ ? "pushes" : "round", gossip_ ? pushes_ : round_,
         show_members_ ? absl::StrFormat(" | members %d", members_) : "",
         min_step, total_steps_,
         min_step > 0 ? absl::StrFormat("%.4f", loss) : "-",
         std::isnan(val_) ? "-" : absl::StrFormat("%.4f", val_),
-        FormatBytes(sent), FormatDuration(elapsed), FormatDuration(eta));
+        FormatBytes(sent), FormatDuration(elapsed), FormatDuration(eta),
+        exchanging);
   }
 
   // Whether node `i` has logged a round (gossip: an exchange) since the sim
@@ -256,6 +283,9 @@ class Progress {
   std::vector<double> loss_;
   std::vector<double> sent_;
   std::vector<int> rounds_;
+  // The round whose exchange node i is in (-1: none), and since when.
+  std::vector<int64_t> syncing_;
+  std::vector<absl::Time> sync_since_;
   std::vector<bool> counted_;
   int total_steps_;
   bool show_members_;

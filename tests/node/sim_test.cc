@@ -190,6 +190,9 @@ TEST(SimTest, ASecondCtrlCLeavesAtOnce) {
   // Logged as the round's first message goes out.
   ASSERT_TRUE(testing::WaitForText(out + "/n0/node.log", "tensor message to",
                                    absl::Seconds(60)));
+  // The sim's line says what the run waits for, from 5 s into the exchange.
+  EXPECT_TRUE(testing::WaitForText(out + ".err", "| exchanging round 1 for ",
+                                   absl::Seconds(30)));
   ASSERT_EQ(::kill(pid, SIGINT), 0);
   EXPECT_TRUE(testing::WaitForText(out + ".err", "stopping all nodes",
                                    absl::Seconds(10)));
