@@ -1627,8 +1627,9 @@ int RunDiloco(NodeRun& run) {
         !(every > 0 && end_step / every > prev_step / every) &&
         SteadyMembers(swarm, last_members, node_id) &&
         !Swarm::Ahead(swarm.Best(), run.round, lineage);
+    // Not "round": scripts read "round":N as that round's commit.
     events.Write("sync", JsonObject()
-                             .Add("round", run.round)
+                             .Add("sync_round", run.round)
                              .Add("step", static_cast<int64_t>(end_step))
                              .Add("overlapped", overlap_now));
     launch_round(ctx, overlap_now);

@@ -202,7 +202,7 @@ class Progress {
           ++rounds_[i];
         } else if (kind == "sync") {
           // A DiLoCo round's exchange began (again, on a retry).
-          const int64_t r = Get(ev, "round").number_value();
+          const int64_t r = Get(ev, "sync_round").number_value();
           if (r != syncing_[i]) {
             syncing_[i] = r;
             sync_since_[i] = absl::Now();
