@@ -218,10 +218,11 @@ class Progress {
             loss_[i] = Get(ev, "train_loss").number_value();
           }
           ++rounds_[i];
-        } else if (kind == "end") {
+        } else if (kind == "end" || kind == "leave") {
           // Gossip's last steps may end in a push that found nobody left.
           step_[i] = std::max(step_[i],
                               static_cast<int>(Get(ev, "step").number_value()));
+          syncing_[i] = -1;  // a node that left mid-exchange waits no more
         } else if (kind == "eval") {
           val_ = Get(ev, "val_loss").number_value();
         }
