@@ -169,6 +169,7 @@ class Progress {
         loss_(ids_.size(), 0),
         sent_(ids_.size(), 0),
         rounds_(ids_.size(), 0),
+        node_val_(ids_.size(), NAN),
         syncing_(ids_.size(), -1),
         sync_since_(ids_.size(), absl::InfiniteFuture()),
         counted_(ids_.size(), false),
@@ -225,6 +226,7 @@ class Progress {
           syncing_[i] = -1;  // a node that left mid-exchange waits no more
         } else if (kind == "eval") {
           val_ = Get(ev, "val_loss").number_value();
+          node_val_[i] = val_;
         }
       });
     }
@@ -260,6 +262,19 @@ class Progress {
             ? absl::StrCat(" | exchanging round ", sync_round + 1, " for ",
                            FormatDuration(absl::ToDoubleSeconds(waited)))
             : "";
+    // Gossip: each node evaluates its own model, so the mean of their
+    // latest (as the run's result is); DiLoCo: the latest, of θ_global.
+    double val = val_;
+    if (gossip_) {
+      double sum = 0;
+      int with = 0;
+      for (double v : node_val_) {
+        if (std::isnan(v)) continue;
+        sum += v;
+        ++with;
+      }
+      val = with > 0 ? sum / with : NAN;
+    }
     return absl::StrFormat(
         "sim | %s %d%s | step %d/%d | loss %s | val %s | sent %s | %s | "
         "eta %s%s",
@@ -267,9 +282,8 @@ class Progress {
         show_members_ ? absl::StrFormat(" | members %d", members_) : "",
         min_step, total_steps_,
         min_step > 0 ? absl::StrFormat("%.4f", loss) : "-",
-        std::isnan(val_) ? "-" : absl::StrFormat("%.4f", val_),
-        FormatBytes(sent), FormatDuration(elapsed), FormatDuration(eta),
-        exchanging);
+        std::isnan(val) ? "-" : absl::StrFormat("%.4f", val), FormatBytes(sent),
+        FormatDuration(elapsed), FormatDuration(eta), exchanging);
   }
 
   // Whether node `i` has logged a round (gossip: an exchange) since the sim
@@ -284,6 +298,7 @@ class Progress {
   std::vector<double> loss_;
   std::vector<double> sent_;
   std::vector<int> rounds_;
+  std::vector<double> node_val_;  // each node's latest val_loss
   // The round whose exchange node i is in (-1: none), and since when.
   std::vector<int64_t> syncing_;
   std::vector<absl::Time> sync_since_;

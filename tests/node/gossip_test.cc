@@ -11,6 +11,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "core/file_util.h"
 #include "gtest/gtest.h"
@@ -110,6 +111,11 @@ TEST(GossipTest, SimFinishesWithExchangesBothWaysAndConsensus) {
   EXPECT_NE(r.err.find("| step 60/60 | loss "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("sim | pushes "), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("sim | round "), std::string::npos) << r.err;
+  // Its val is the mean of the nodes' own evaluations, as the result is.
+  EXPECT_NE(r.err.find(absl::StrFormat("| val %.4f |", val)),
+            std::string::npos)
+      << val << "\n"
+      << r.err;
   // Exchanges in both directions: some pair pushed to each other.
   bool both_ways = false;
   for (const auto& [a, peers] : pushed_to) {
