@@ -118,7 +118,8 @@ absl::Status ResolveTrainConfig(TrainConfig* c) {
       c->optimizer() != "sgd") {
     return bad("optimizer", c->optimizer(), "expected adamw, adam or sgd");
   }
-  if (c->eval_every() < 0) return bad("eval_every", c->eval_every(), ">= 0");
+  if (c->eval_every() < 0)
+    return bad("eval_every", c->eval_every(), "must be >= 0");
   if (c->checkpoint_every() < 0) {
     return bad("checkpoint_every", c->checkpoint_every(), "must be >= 0");
   }

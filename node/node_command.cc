@@ -896,20 +896,8 @@ absl::StatusOr<SwarmOptions> SharedSwarmOptions(const NodeRun& run,
     so.seeds.push_back(seed);
   }
   const double found_after = absl::GetFlag(FLAGS_found_after);
-  if (!(found_after >= 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--found_after=", found_after, ": must be >= 0"));
-  }
   const int min_members = absl::GetFlag(FLAGS_min_members);
-  if (min_members < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--min_members=", min_members, ": must be >= 1"));
-  }
   const double suspect = absl::GetFlag(FLAGS_suspect_timeout);
-  if (!(suspect > 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--suspect_timeout=", suspect, ": must be > 0"));
-  }
   if (absl::Status s = ArmCrashPoint(absl::GetFlag(FLAGS_test_crash_at));
       !s.ok()) {
     return absl::InvalidArgumentError(
@@ -973,11 +961,6 @@ int RunDiloco(NodeRun& run) {
   const std::string node_id = so.node_id;
   const int min_members = absl::GetFlag(FLAGS_min_members);
   const double deadline_s = absl::GetFlag(FLAGS_round_deadline);
-  if (!(deadline_s > 0)) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--round_deadline=", deadline_s, ": must be > 0")),
-                2);
-  }
 
   std::vector<float> theta_global = Flatten(run.params);
   std::string lineage = FlatHash(theta_global);
@@ -1771,26 +1754,6 @@ int RunGossip(NodeRun& run) {
   const double alpha = absl::GetFlag(FLAGS_gossip_outer_lr);
   const int snapshot_every = absl::GetFlag(FLAGS_snapshot_every);
   const int min_members = absl::GetFlag(FLAGS_min_members);
-  if (!(push_timeout_s > 0)) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--gossip_timeout=", push_timeout_s, ": must be > 0")),
-                2);
-  }
-  if (!(beta >= 0 && beta < 1)) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--gossip_momentum=", beta, ": must be in [0, 1)")),
-                2);
-  }
-  if (!(alpha > 0)) {
-    return Fail(absl::InvalidArgumentError(
-                    absl::StrCat("--gossip_outer_lr=", alpha, ": must be > 0")),
-                2);
-  }
-  if (snapshot_every < 0) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--snapshot_every=", snapshot_every, ": must be >= 0")),
-                2);
-  }
   const bool lossy = !run.param_policy->lossless();
   const Codec* codec = lossy ? run.param_policy.get() : nullptr;
   // What each peer holds of this node's last push to it (lossy pushes).
@@ -2402,6 +2365,45 @@ absl::Status ParseNodeFlags(NodeRun& run) {
         absl::StrCat("--stream_idle_timeout=", idle, ": must be > 0 seconds"));
   } else {
     run.stream_idle = absl::Seconds(idle);
+  }
+  // Timeouts and the like, checked before any slow setup (and by `starling
+  // sim` before any node starts): a negative --round_timeout used to leave
+  // every node waiting forever.
+  auto positive = [](absl::string_view flag, double v, absl::string_view unit) {
+    return v > 0 && std::isfinite(v)
+               ? absl::OkStatus()
+               : absl::InvalidArgumentError(
+                     absl::StrCat("--", flag, "=", v, ": must be > 0", unit));
+  };
+  STARLING_RETURN_IF_ERROR(positive(
+      "round_timeout", absl::GetFlag(FLAGS_round_timeout), " seconds"));
+  STARLING_RETURN_IF_ERROR(positive(
+      "connect_timeout", absl::GetFlag(FLAGS_connect_timeout), " seconds"));
+  STARLING_RETURN_IF_ERROR(positive(
+      "round_deadline", absl::GetFlag(FLAGS_round_deadline), " seconds"));
+  STARLING_RETURN_IF_ERROR(positive(
+      "suspect_timeout", absl::GetFlag(FLAGS_suspect_timeout), " seconds"));
+  STARLING_RETURN_IF_ERROR(positive(
+      "gossip_timeout", absl::GetFlag(FLAGS_gossip_timeout), " seconds"));
+  STARLING_RETURN_IF_ERROR(
+      positive("gossip_outer_lr", absl::GetFlag(FLAGS_gossip_outer_lr), ""));
+  if (const double found_after = absl::GetFlag(FLAGS_found_after);
+      !(found_after >= 0) || !std::isfinite(found_after)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--found_after=", found_after, ": must be >= 0 seconds"));
+  }
+  if (const int m = absl::GetFlag(FLAGS_min_members); m < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--min_members=", m, ": must be >= 1"));
+  }
+  if (const double beta = absl::GetFlag(FLAGS_gossip_momentum);
+      !(beta >= 0 && beta < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gossip_momentum=", beta, ": must be in [0, 1)"));
+  }
+  if (const int every = absl::GetFlag(FLAGS_snapshot_every); every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--snapshot_every=", every, ": must be >= 0"));
   }
   run.peer_max_streams = absl::GetFlag(FLAGS_peer_max_streams);
   if (run.peer_max_streams < 0) {

@@ -136,7 +136,12 @@ TEST(SimTest, BadNodeFlagFailsBeforeAnyNodeStarts) {
         "--compression=topk:2", "--small_tensor_codec=int3",
         "--error_feedback=maybe", "--outer_momentum=1.5", "--aggregate=bogus",
         "--join_token_file=/no/token", "--peer_rate_limit=-1",
-        "--tls_cert=/no/cert.pem"}) {
+        "--tls_cert=/no/cert.pem",
+        // A negative round timeout used to leave every node waiting forever;
+        // the others failed only once each node had loaded its data.
+        "--round_timeout=-1", "--connect_timeout=0", "--round_deadline=0",
+        "--suspect_timeout=-2", "--gossip_timeout=0", "--gossip_outer_lr=0",
+        "--gossip_momentum=1", "--found_after=-1", "--snapshot_every=-3"}) {
     auto r = RunStarling(
         absl::StrCat("sim --nodes=2 --steps=10 ", flag, " --out=", out));
     EXPECT_EQ(r.exit_code, 2) << flag << "\n" << r.err;
@@ -567,6 +572,8 @@ TEST(NodeTest, BadNodeFlagsExitTwo) {
            {"node --insecure --stream_idle_timeout=-1",
             "--stream_idle_timeout=-1"},
            {"node --insecure --peer_max_streams=-1", "--peer_max_streams=-1"},
+           {"node --insecure --round_timeout=-1", "--round_timeout=-1"},
+           {"node --insecure --min_members=0", "--min_members=0"},
            {"sim --poison=n9:nan@1-2", "--poison="}}) {
     auto r = RunStarling(args + " --out=" + TempDir() + "/x");
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
