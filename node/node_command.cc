@@ -2332,6 +2332,14 @@ absl::Status ParseNodeFlags(NodeRun& run) {
           "--divergence_threshold");
     }
   }
+  if (const std::string c = absl::GetFlag(FLAGS_compression);
+      run.algo == "ddp" && c != "fp32") {
+    // ddp would silently send fp32 anyway.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--compression=", c,
+        ": ddp all-reduces fp32 gradients every step; --compression applies "
+        "to --algo=diloco and --algo=gossip"));
+  }
   if (absl::StatusOr<AggregateSpec> a =
           ParseAggregate(absl::GetFlag(FLAGS_aggregate));
       !a.ok()) {

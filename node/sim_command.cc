@@ -970,6 +970,25 @@ int RunSimCommand() {
                                  "to continue it, or choose another --out")),
                 2);
   }
+  if (config.resume()) {
+    // Every node resumes from its own checkpoint: a run that never
+    // checkpointed (or another --out) fails here, not in each node.
+    std::vector<std::string> missing;
+    for (int i = 0; i < n; ++i) {
+      const std::string ckpt =
+          CheckpointPathInRunDir(absl::StrCat(dir, "/", ids[i]));
+      if (!FileExists(ckpt)) missing.push_back(ckpt);
+    }
+    if (!missing.empty()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+                      "--resume: --out=", dir, " holds no checkpoint for ",
+                      missing.size(), " of its ", n, " nodes (",
+                      absl::StrJoin(missing, ", "),
+                      "); check --out and --nodes, or start the run "
+                      "again without --resume")),
+                  2);
+    }
+  }
   if (absl::Status s = MakeDirs(dir); !s.ok()) return Fail(s, 2);
   const std::string partition_file = dir + "/partition";
   if (elastic) {

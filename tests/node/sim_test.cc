@@ -574,6 +574,9 @@ TEST(NodeTest, BadNodeFlagsExitTwo) {
            {"node --insecure --peer_max_streams=-1", "--peer_max_streams=-1"},
            {"node --insecure --round_timeout=-1", "--round_timeout=-1"},
            {"node --insecure --min_members=0", "--min_members=0"},
+           {"node --insecure --algo=ddp --compression=int8",
+            "--compression=int8: ddp"},
+           {"sim --nodes=2 --resume", "holds no checkpoint for 2 of its 2"},
            {"sim --poison=n9:nan@1-2", "--poison="}}) {
     auto r = RunStarling(args + " --out=" + TempDir() + "/x");
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
