@@ -759,6 +759,20 @@ struct NodeRun {
     return absl::OkStatus();
   }
 
+  // On the way out after an error: checkpoints the model as restored for
+  // it (`restored`: how that went) so nothing is lost, or says why not.
+  void CheckpointBeforeFailing(absl::Status restored, int64_t next_round,
+                               int64_t sent, int64_t received, double wall) {
+    if (restored.ok()) {
+      restored = Checkpoint(next_round, sent, received, wall);
+    }
+    if (!restored.ok()) {
+      LogEvent(LogLevel::kWarning, "checkpoint",
+               absl::StrCat("no checkpoint at step ", trainer->state().step(),
+                            ": ", restored.message()));
+    }
+  }
+
   // Evaluates when an --eval_every boundary was crossed or when forced.
   // `at_step` (>= 0) labels a model that the trainer's step has passed
   // (--overlap applies a round's update one round late).
@@ -1244,16 +1258,8 @@ int RunDiloco(NodeRun& run) {
       return Unflatten(theta_global, run.params);
     };
     if (!res.ok()) {
-      absl::Status saved = back_to_commit();
-      if (saved.ok()) {
-        saved = run.Checkpoint(run.round, bytes_sent(), bytes_received(),
-                               events.WallSeconds());
-      }
-      if (!saved.ok()) {
-        LogEvent(LogLevel::kWarning, "checkpoint",
-                 absl::StrCat("no checkpoint of round ", run.round, ": ",
-                              saved.message()));
-      }
+      run.CheckpointBeforeFailing(back_to_commit(), run.round, bytes_sent(),
+                                  bytes_received(), events.WallSeconds());
       return res.status();
     }
     if (c.attempts_run > 0) {
@@ -1923,28 +1929,19 @@ int RunGossip(NodeRun& run) {
       const int64_t sent_before = bytes_sent();
       int64_t sequence = 0;
       absl::Status s = swarm.Push(peer, *share, push_timeout, &sequence);
-      if (!s.ok() && !swarm.LinkError().ok()) {
-        // An emulated link too slow for any push: retrying cannot help.
-        // Keep this node's model, weight and what it absorbed first, as a
-        // node leaving on a signal does: the senders gave that mass away.
-        push_sum.Restore(*share, absl::MakeSpan(y));
-        run.gossip_weight = push_sum.weight();
-        absl::Status saved = Unflatten(y, run.params);
-        if (saved.ok()) {
-          saved = run.Checkpoint(0, bytes_sent(), bytes_received(),
-                                 events.WallSeconds());
-        }
-        if (!saved.ok()) {
-          LogEvent(LogLevel::kWarning, "checkpoint",
-                   absl::StrCat("no checkpoint at step ",
-                                trainer.state().step(), ": ", saved.message()));
-        }
-        events.Write("error", JsonObject().Add("message", s.message()));
-        swarm.Leave();
-        return Fail(s, 1);
-      }
       if (!s.ok()) {
         push_sum.Restore(*share, absl::MakeSpan(y));
+        if (!swarm.LinkError().ok()) {
+          // An emulated link too slow for any push: retrying cannot help.
+          // Keep this node's model, weight and what it absorbed first, as a
+          // node leaving on a signal does: the senders gave that mass away.
+          run.gossip_weight = push_sum.weight();
+          run.CheckpointBeforeFailing(Unflatten(y, run.params), 0, bytes_sent(),
+                                      bytes_received(), events.WallSeconds());
+          events.Write("error", JsonObject().Add("message", s.message()));
+          swarm.Leave();
+          return Fail(s, 1);
+        }
         // The peer lacks the copy this share was relative to (it restarted,
         // or took a push this node saw fail): the next push is absolute.
         if (absl::IsFailedPrecondition(s)) public_copies.erase(peer);
@@ -2367,13 +2364,6 @@ absl::Status ParseNodeFlags(NodeRun& run) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--chunk_bytes=", run.chunk, ": must be in [1024, 4194304]"));
   }
-  if (const double idle = absl::GetFlag(FLAGS_stream_idle_timeout);
-      !(idle > 0) || !std::isfinite(idle)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--stream_idle_timeout=", idle, ": must be > 0 seconds"));
-  } else {
-    run.stream_idle = absl::Seconds(idle);
-  }
   // Timeouts and the like, checked before any slow setup (and by `starling
   // sim` before any node starts): a negative --round_timeout used to leave
   // every node waiting forever.
@@ -2383,6 +2373,9 @@ absl::Status ParseNodeFlags(NodeRun& run) {
                : absl::InvalidArgumentError(
                      absl::StrCat("--", flag, "=", v, ": must be > 0", unit));
   };
+  const double idle = absl::GetFlag(FLAGS_stream_idle_timeout);
+  STARLING_RETURN_IF_ERROR(positive("stream_idle_timeout", idle, " seconds"));
+  run.stream_idle = absl::Seconds(idle);
   STARLING_RETURN_IF_ERROR(positive(
       "round_timeout", absl::GetFlag(FLAGS_round_timeout), " seconds"));
   STARLING_RETURN_IF_ERROR(positive(

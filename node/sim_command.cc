@@ -164,98 +164,91 @@ class Progress {
            int total_steps, bool show_members, bool gossip)
       : dir_(dir),
         ids_(std::move(ids)),
-        offsets_(ids_.size(), 0),
-        step_(ids_.size(), 0),
-        loss_(ids_.size(), 0),
-        sent_(ids_.size(), 0),
-        rounds_(ids_.size(), 0),
-        node_val_(ids_.size(), NAN),
-        syncing_(ids_.size(), -1),
-        sync_since_(ids_.size(), absl::InfiniteFuture()),
-        counted_(ids_.size(), false),
+        nodes_(ids_.size()),
         total_steps_(total_steps),
         show_members_(show_members),
         gossip_(gossip) {}
 
   // Whether node `i` counts for the step, loss and ETA: from its start
   // (a joiner: from its first round) until the sim stops it.
-  void SetCounted(size_t i, bool counted) { counted_[i] = counted; }
+  void SetCounted(size_t i, bool counted) { nodes_[i].counted = counted; }
 
   // Reads only what each node appended since the last poll.
   void Poll() {
     for (size_t i = 0; i < ids_.size(); ++i) {
+      Node& n = nodes_[i];
       absl::StatusOr<std::string> text =
           ReadFileFrom(absl::StrCat(dir_, "/", ids_[i], "/events.jsonl"),
-                       static_cast<int64_t>(offsets_[i]));
+                       static_cast<int64_t>(n.offset));
       if (!text.ok()) continue;
-      offsets_[i] += ForEachEvent(*text, [&](const Struct& ev) {
+      n.offset += ForEachEvent(*text, [&](const Struct& ev) {
         const std::string kind = Get(ev, "event").string_value();
+        const int step = static_cast<int>(Get(ev, "step").number_value());
         if (kind == "round") {
           const int64_t r = Get(ev, "round").number_value();
-          if (r >= syncing_[i]) syncing_[i] = -1;
+          if (r >= n.syncing) n.syncing = -1;
           if (r + 1 >= round_) {
             round_ = r + 1;
             members_ = Get(ev, "members").list_value().values_size();
           }
-          step_[i] = static_cast<int>(Get(ev, "step").number_value());
-          loss_[i] = Get(ev, "train_loss").number_value();
-          sent_[i] += Get(ev, "bytes").number_value();
-          ++rounds_[i];
+          n.step = step;
+          n.loss = Get(ev, "train_loss").number_value();
+          n.sent += Get(ev, "bytes").number_value();
+          ++n.rounds;
         } else if (kind == "sync") {
           // A DiLoCo round's exchange began (again, on a retry).
           const int64_t r = Get(ev, "sync_round").number_value();
-          if (r != syncing_[i]) {
-            syncing_[i] = r;
-            sync_since_[i] = absl::Now();
+          if (r != n.syncing) {
+            n.syncing = r;
+            n.sync_since = absl::Now();
           }
         } else if (kind == "exchange") {
           // Gossip has no rounds: each push or absorb is progress.
-          const std::string what = Get(ev, "kind").string_value();
-          step_[i] = std::max(step_[i],
-                              static_cast<int>(Get(ev, "step").number_value()));
-          if (what == "push") {
+          n.step = std::max(n.step, step);
+          if (Get(ev, "kind").string_value() == "push") {
             ++pushes_;
-            sent_[i] += Get(ev, "bytes").number_value();
-            loss_[i] = Get(ev, "train_loss").number_value();
+            n.sent += Get(ev, "bytes").number_value();
+            n.loss = Get(ev, "train_loss").number_value();
           }
-          ++rounds_[i];
+          ++n.rounds;
         } else if (kind == "end" || kind == "leave") {
           // Gossip's last steps may end in a push that found nobody left.
-          step_[i] = std::max(step_[i],
-                              static_cast<int>(Get(ev, "step").number_value()));
-          syncing_[i] = -1;  // a node that left mid-exchange waits no more
+          n.step = std::max(n.step, step);
+          n.syncing = -1;  // a node that left mid-exchange waits no more
         } else if (kind == "eval") {
-          val_ = Get(ev, "val_loss").number_value();
-          node_val_[i] = val_;
+          val_ = n.val = Get(ev, "val_loss").number_value();
         }
       });
     }
   }
 
   std::string Line(double elapsed) const {
-    int min_step = -1, counted = 0;
-    double loss = 0, sent = 0;
-    for (size_t i = 0; i < step_.size(); ++i) {
-      sent += sent_[i];
-      if (!counted_[i]) continue;
-      min_step = min_step < 0 ? step_[i] : std::min(min_step, step_[i]);
-      loss += loss_[i];
+    int min_step = -1, counted = 0, with_val = 0;
+    double loss = 0, sent = 0, val_sum = 0;
+    // The oldest exchange still open: a round's exchange that takes long (a
+    // slow link, a member being waited for) is named, so that a line stuck
+    // on a round says why.
+    int64_t sync_round = -1;
+    absl::Time since = absl::InfiniteFuture();
+    for (const Node& n : nodes_) {
+      sent += n.sent;
+      if (!std::isnan(n.val)) {
+        val_sum += n.val;
+        ++with_val;
+      }
+      if (!n.counted) continue;
+      min_step = min_step < 0 ? n.step : std::min(min_step, n.step);
+      loss += n.loss;
       ++counted;
+      if (n.syncing >= 0 && n.sync_since < since) {
+        since = n.sync_since;
+        sync_round = n.syncing;
+      }
     }
     min_step = std::max(min_step, 0);
     if (counted > 0) loss /= counted;
     double eta =
         min_step > 0 ? elapsed * (total_steps_ - min_step) / min_step : NAN;
-    // A round's exchange that takes long (a slow link, a member being
-    // waited for) is named, so that a line stuck on a round says why.
-    int64_t sync_round = -1;
-    absl::Time since = absl::InfiniteFuture();
-    for (size_t i = 0; i < step_.size(); ++i) {
-      if (counted_[i] && syncing_[i] >= 0 && sync_since_[i] < since) {
-        since = sync_since_[i];
-        sync_round = syncing_[i];
-      }
-    }
     const absl::Duration waited = absl::Now() - since;
     const std::string exchanging =
         sync_round >= 0 && waited >= absl::Seconds(5)
@@ -264,17 +257,9 @@ class Progress {
             : "";
     // Gossip: each node evaluates its own model, so the mean of their
     // latest (as the run's result is); DiLoCo: the latest, of θ_global.
-    double val = val_;
-    if (gossip_) {
-      double sum = 0;
-      int with = 0;
-      for (double v : node_val_) {
-        if (std::isnan(v)) continue;
-        sum += v;
-        ++with;
-      }
-      val = with > 0 ? sum / with : NAN;
-    }
+    const double val = !gossip_       ? val_
+                       : with_val > 0 ? val_sum / with_val
+                                      : NAN;
     return absl::StrFormat(
         "sim | %s %d%s | step %d/%d | loss %s | val %s | sent %s | %s | "
         "eta %s%s",
@@ -288,28 +273,30 @@ class Progress {
 
   // Whether node `i` has logged a round (gossip: an exchange) since the sim
   // started.
-  bool HasRound(size_t i) const { return rounds_[i] > 0; }
+  bool HasRound(size_t i) const { return nodes_[i].rounds > 0; }
 
  private:
+  struct Node {
+    size_t offset = 0;  // into its events.jsonl
+    int step = 0;
+    double loss = 0, sent = 0;
+    int rounds = 0;
+    double val = NAN;  // its latest val_loss
+    // The round whose exchange it is in (-1: none), and since when.
+    int64_t syncing = -1;
+    absl::Time sync_since = absl::InfiniteFuture();
+    bool counted = false;
+  };
   std::string dir_;
   std::vector<std::string> ids_;
-  std::vector<size_t> offsets_;
-  std::vector<int> step_;
-  std::vector<double> loss_;
-  std::vector<double> sent_;
-  std::vector<int> rounds_;
-  std::vector<double> node_val_;  // each node's latest val_loss
-  // The round whose exchange node i is in (-1: none), and since when.
-  std::vector<int64_t> syncing_;
-  std::vector<absl::Time> sync_since_;
-  std::vector<bool> counted_;
+  std::vector<Node> nodes_;
   int total_steps_;
   bool show_members_;
   bool gossip_;  // count pushes, not rounds
   int64_t round_ = 0;
   int64_t pushes_ = 0;  // all nodes' gossip pushes
   int members_ = 0;
-  double val_ = NAN;
+  double val_ = NAN;  // the latest val_loss of any node
 };
 
 std::atomic<int> g_sim_signal{0};

@@ -112,8 +112,7 @@ TEST(GossipTest, SimFinishesWithExchangesBothWaysAndConsensus) {
   EXPECT_NE(r.err.find("sim | pushes "), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("sim | round "), std::string::npos) << r.err;
   // Its val is the mean of the nodes' own evaluations, as the result is.
-  EXPECT_NE(r.err.find(absl::StrFormat("| val %.4f |", val)),
-            std::string::npos)
+  EXPECT_NE(r.err.find(absl::StrFormat("| val %.4f |", val)), std::string::npos)
       << val << "\n"
       << r.err;
   // Exchanges in both directions: some pair pushed to each other.
