@@ -1,6 +1,7 @@
 #include "core/trainer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <malloc.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -11,11 +12,28 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "core/checkpoint.h"
+#include "core/file_util.h"
 #include "core/status.h"
 #include "core/torch_error.h"
+
+// ASan's allocator replaces glibc's, and counts its own bytes.
+#if defined(__SANITIZE_ADDRESS__)
+#define STARLING_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define STARLING_ASAN 1
+#endif
+#endif
+#ifdef STARLING_ASAN
+#include <sanitizer/allocator_interface.h>
+#endif
 
 namespace starling {
 namespace {
@@ -26,6 +44,83 @@ bool IsImageData(const std::string& spec) {
 
 std::string ShapeString(const torch::Tensor& t) {
   return absl::StrCat("[", absl::StrJoin(t.sizes(), ","), "]");
+}
+
+// Bytes the C++ heap hands out for this process (LibTorch's CPU allocator
+// is posix_memalign): the sanitizer allocator's count under ASan, else
+// glibc's over all its arenas and mmapped blocks; 0 where neither is
+// there (another libc or allocator).
+int64_t HeapInUse() {
+#ifdef STARLING_ASAN
+  return static_cast<int64_t>(__sanitizer_get_current_allocated_bytes());
+#elif defined(__GLIBC__) && \
+    (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<int64_t>(m.uordblks + m.hblkhd);
+#else
+  return 0;
+#endif
+}
+
+// The memory this process may still take, and where that figure comes
+// from: MemAvailable in /proc/meminfo, capped by the headroom under its
+// memory cgroup's limit (a container's: v2 memory.max, v1
+// memory.limit_in_bytes). Bytes -1 when unknown.
+struct AvailableMemory {
+  int64_t bytes = -1;  // unknown
+  std::string source;
+};
+
+AvailableMemory AvailableMemoryNow() {
+  AvailableMemory out;
+  auto number = [](absl::string_view text, int64_t* value) {
+    return absl::SimpleAtoi(
+        absl::StripSuffix(absl::StripAsciiWhitespace(text), " kB"), value);
+  };
+  if (absl::StatusOr<std::string> info = ReadFile("/proc/meminfo"); info.ok()) {
+    for (absl::string_view line : absl::StrSplit(*info, '\n')) {
+      int64_t kib = 0;
+      if (absl::ConsumePrefix(&line, "MemAvailable:") && number(line, &kib)) {
+        out = {kib * 1024, "MemAvailable in /proc/meminfo"};
+      }
+    }
+  }
+  // /proc/self/cgroup names the cgroup ("0::/PATH" in v2, "N:memory:/PATH"
+  // in v1) as the host sees it; a container that mounts its own cgroup at
+  // the root of /sys/fs/cgroup has its limit there instead.
+  absl::StatusOr<std::string> cgroup = ReadFile("/proc/self/cgroup");
+  for (absl::string_view line :
+       absl::StrSplit(cgroup.ok() ? *cgroup : "", '\n')) {
+    std::string root, limit_file, usage_file;
+    if (absl::ConsumePrefix(&line, "0::")) {
+      root = "/sys/fs/cgroup";
+      limit_file = "memory.max";
+      usage_file = "memory.current";
+    } else if (std::vector<absl::string_view> f =
+                   absl::StrSplit(line, absl::MaxSplits(':', 2));
+               f.size() == 3 && absl::StrContains(f[1], "memory")) {
+      line = f[2];
+      root = "/sys/fs/cgroup/memory";
+      limit_file = "memory.limit_in_bytes";
+      usage_file = "memory.usage_in_bytes";
+    } else {
+      continue;
+    }
+    for (const std::string& dir : {absl::StrCat(root, line), root}) {
+      absl::StatusOr<std::string> limit_text = ReadFile(dir + "/" + limit_file);
+      absl::StatusOr<std::string> usage_text = ReadFile(dir + "/" + usage_file);
+      int64_t limit = 0, used = 0;
+      if (!limit_text.ok() || !usage_text.ok()) continue;
+      // "max" (v2) or a huge number (v1) when there is no limit.
+      if (number(*limit_text, &limit) && number(*usage_text, &used) &&
+          (out.bytes < 0 || limit - used < out.bytes)) {
+        out = {std::max<int64_t>(0, limit - used),
+               absl::StrCat("the headroom under ", dir, "/", limit_file)};
+      }
+      break;
+    }
+  }
+  return out;
 }
 
 std::string ArchiveToString(torch::serialize::OutputArchive& archive) {
@@ -124,6 +219,18 @@ absl::Status ResolveTrainConfig(TrainConfig* c) {
     return bad("checkpoint_every", c->checkpoint_every(), "must be >= 0");
   }
   if (c->threads() < 0) return bad("threads", c->threads(), "must be >= 0");
+  // Far more threads than cores only switch between them: 256 on 2 cores
+  // made a step 35x slower, and 100000 never finished starting.
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  if (c->threads() > 4 * cores) {
+    return bad(
+        "threads", c->threads(),
+        absl::StrCat("at most 4 per core (this machine has ", cores,
+                     ", so at most ", 4 * cores, "); 0 = LibTorch's default"));
+  }
+  if (c->log_every() < 0) {
+    return bad("log_every", c->log_every(), "must be >= 0 (0 = no lines)");
+  }
   if (c->device() != "cpu" && c->device() != "cuda" &&
       !absl::StartsWith(c->device(), "cuda:")) {
     return bad("device", c->device(), "expected cpu, cuda or cuda:N");
@@ -164,14 +271,18 @@ absl::StatusOr<torch::Device> DeviceOf(const TrainConfig& config) {
 
 }  // namespace
 
-absl::Status CheckTrainConfig(const TrainConfig& config) {
+absl::Status CheckTrainConfig(const TrainConfig& config, int processes) {
   STARLING_RETURN_IF_ERROR(DeviceOf(config).status());
   // The model is built and probed on the CPU: the launcher that checks
   // should not hold a GPU context of its own for the whole run.
   TrainConfig probe = config;
   probe.set_device("cpu");
   probe.set_shard("0/1");
-  return Trainer::Create(probe).status();
+  STARLING_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                            Trainer::Create(probe));
+  // GPU nodes keep their activations in GPU memory, not this machine's.
+  if (config.device() != "cpu") return absl::OkStatus();
+  return trainer->CheckMemory(processes);
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
@@ -228,6 +339,8 @@ absl::Status Trainer::Init() {
         absl::StrCat(model_flag, ": forward(x) failed on ",
                      dataset_->Describe(), ": ", TorchErrorMessage(e)));
   }
+  STARLING_RETURN_IF_ERROR(MeasureActivations());
+  STARLING_RETURN_IF_ERROR(CheckMemory(1));
   int64_t trainable = 0;
   for (const auto& p : params) trainable += p.requires_grad() ? 1 : 0;
   if (trainable == 0) {
@@ -260,6 +373,59 @@ absl::Status Trainer::Init() {
                                        0x9E3779B97F4A7C15ULL));
   *state_.mutable_config() = config_;
   return absl::OkStatus();
+}
+
+absl::Status Trainer::MeasureActivations() {
+  if (!device_.is_cpu() || config_.batch() <= 4 ||
+      dataset_->val_examples() < 4) {
+    return absl::OkStatus();
+  }
+  // The heap a forward pass with autograd still holds when it returns: the
+  // activations the backward pass will need, and the logits. Eval mode, so
+  // that no dropout draws a random number and no batch norm moves.
+  auto held = [&](int64_t n) {
+    Batch b = dataset_->ValBatch(0, n);
+    const int64_t before = HeapInUse();
+    torch::Tensor logits = model_->Forward(b.x);
+    return HeapInUse() - before;
+  };
+  try {
+    model_->SetTraining(false);
+    held(2);  // first-call allocations (thread pools, caches) land here
+    const int64_t two = held(2), four = held(4);
+    model_->SetTraining(true);
+    if (four > two) {
+      activation_bytes_per_example_ = static_cast<double>(four - two) / 2;
+      activation_bytes_fixed_ =
+          std::max(0.0, two - 2 * activation_bytes_per_example_);
+    }
+  } catch (const std::exception& e) {
+    model_->SetTraining(true);
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model=", config_.model(), ": forward(x) failed on ",
+                     dataset_->Describe(), ": ", TorchErrorMessage(e)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::CheckMemory(int processes) const {
+  if (activation_bytes_per_example_ <= 0) return absl::OkStatus();
+  const double need =
+      processes * (activation_bytes_fixed_ +
+                   config_.batch() * activation_bytes_per_example_);
+  const AvailableMemory available = AvailableMemoryNow();
+  if (available.bytes < 0 || need <= available.bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "--batch=%d: %s at least %.1f GB of activations (%.1f KB per example, "
+      "measured on forward passes over 2 and 4 validation examples), more "
+      "than the %.1f GB of memory available here (%s); lower --batch or the "
+      "model's size",
+      config_.batch(),
+      processes > 1
+          ? absl::StrCat("the training steps of ", processes, " nodes hold")
+          : "a training step holds",
+      need / 1e9, activation_bytes_per_example_ / 1e3, available.bytes / 1e9,
+      available.source));
 }
 
 absl::StatusOr<StepResult> Trainer::Step(const GradientHook& hook) {

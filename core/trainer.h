@@ -47,8 +47,10 @@ absl::Status ResolveTrainConfig(TrainConfig* config);
 // --val_fraction, --vocab), the model (--model and its shape flags, probed on
 // the data) or --device, which is checked without allocating on the GPU.
 // For a launcher that checks once before it starts its nodes; it also fills
-// the KJV cache.
-absl::Status CheckTrainConfig(const TrainConfig& config);
+// the KJV cache. On the CPU it also refuses a --batch whose activations in
+// `processes` nodes would not fit in this machine's memory
+// (Trainer::CheckMemory).
+absl::Status CheckTrainConfig(const TrainConfig& config, int processes = 1);
 
 struct StepResult {
   double loss = 0.0;
@@ -133,9 +135,20 @@ class Trainer {
   std::vector<torch::Tensor> Parameters() { return model_->Parameters(); }
   torch::Device device() const { return device_; }
 
+  // InvalidArgument naming --batch when `processes` training steps at once
+  // would hold more memory for their activations than this machine has
+  // available (MemAvailable, or the cgroup's memory.max headroom), rather
+  // than be killed for it mid-run. The figure is a lower bound measured by
+  // Create on the CPU: the heap a forward pass with autograd holds over 2
+  // and 4 validation examples, scaled to the batch. OK where it could not
+  // be measured (a GPU, another allocator, a batch of 4 or less). Create
+  // checks one process.
+  absl::Status CheckMemory(int processes) const;
+
  private:
   Trainer(const TrainConfig& config, torch::Device device);
   absl::Status Init();
+  absl::Status MeasureActivations();
 
   TrainConfig config_;
   torch::Device device_;
@@ -146,6 +159,8 @@ class Trainer {
   DriftSchedule drift_;
   Sampler sampler_;
   TrainerState state_;
+  double activation_bytes_fixed_ = 0;        // measured by Init
+  double activation_bytes_per_example_ = 0;  // 0: not measured
 };
 
 }  // namespace starling

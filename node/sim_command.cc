@@ -925,10 +925,13 @@ int RunSimCommand() {
   // The flags every node gets: a bad one fails here, once, before the run
   // directory exists, not in every child after its data load.
   if (absl::Status s = CheckNodeFlags(); !s.ok()) return Fail(s, 2);
-  // And the data and model, which every node loads: a missing file or an
-  // unknown model fails here, before the run directory and the node
-  // processes exist.
-  if (absl::Status s = CheckTrainConfig(config); !s.ok()) return Fail(s, 2);
+  // And the data and model, which every node loads: a missing file, an
+  // unknown model or a batch whose activations in n nodes cannot fit in
+  // memory fails here, before the run directory and the node processes
+  // exist.
+  if (absl::Status s = CheckTrainConfig(config, n); !s.ok()) {
+    return Fail(s, 2);
+  }
   // main() keeps up to 512 MiB of freed heap for the all-reduce; the probe
   // model's was the sim's only large allocation, so give it back rather
   // than hold it for the whole run (588 MB of RSS with --width=1024

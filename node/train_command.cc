@@ -74,7 +74,7 @@ ABSL_FLAG(int, steps, starling::DefaultTrainConfig().steps(),
 ABSL_FLAG(std::string, device, starling::DefaultTrainConfig().device(),
           "cpu | cuda | cuda:N (cuda needs a CUDA build of LibTorch)");
 ABSL_FLAG(int, threads, starling::DefaultTrainConfig().threads(),
-          "intra-op CPU threads; 0 = LibTorch's default");
+          "intra-op CPU threads, at most 4 per core; 0 = LibTorch's default");
 ABSL_FLAG(uint32_t, seed, starling::DefaultTrainConfig().seed(),
           "seed for initialization, sharding and sampling; the same seed "
           "gives the same run");
@@ -87,7 +87,7 @@ ABSL_FLAG(int, checkpoint_every,
           starling::DefaultTrainConfig().checkpoint_every(),
           "checkpoint every N steps (and at the end); 0 = only at the end");
 ABSL_FLAG(int, log_every, starling::DefaultTrainConfig().log_every(),
-          "progress line every N steps");
+          "progress line every N steps; 0 = none");
 ABSL_FLAG(bool, resume, false,
           "continue the run in --out from its checkpoint.ckpt");
 ABSL_FLAG(double, slowdown, starling::DefaultTrainConfig().slowdown(),

@@ -113,6 +113,8 @@ TEST(ResolveTest, BadValuesNameTheFlag) {
       {[](TrainConfig* c) { c->set_slowdown(NAN); }, "--slowdown"},
       {[](TrainConfig* c) { c->set_drift("abc"); }, "--drift"},
       {[](TrainConfig* c) { c->set_drift("-3"); }, "--drift"},
+      {[](TrainConfig* c) { c->set_threads(100000); }, "--threads=100000"},
+      {[](TrainConfig* c) { c->set_log_every(-1); }, "--log_every=-1"},
   };
   for (const Case& k : cases) {
     TrainConfig c = DefaultTrainConfig();
@@ -121,6 +123,32 @@ TEST(ResolveTest, BadValuesNameTheFlag) {
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << k.flag;
     EXPECT_NE(s.message().find(k.flag), std::string::npos) << s.message();
   }
+}
+
+TEST(MemoryTest, ABatchWhoseActivationsCannotFitIsRefusedNamingIt) {
+  // About 0.3 MB of activations per example: a billion of them fit nowhere.
+  TrainConfig c = TinyImages("cnn");
+  c.set_batch(1000000000);
+  auto t = Trainer::Create(c);
+  ASSERT_FALSE(t.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(t.status())) << t.status();
+  EXPECT_NE(t.status().message().find(
+                "--batch=1000000000: a training step holds at least"),
+            std::string::npos)
+      << t.status();
+  EXPECT_NE(t.status().message().find("of memory available here"),
+            std::string::npos)
+      << t.status();
+  // The launcher's check counts every node: a batch one node could hold
+  // is refused for more nodes than fit.
+  TrainConfig ok = TinyImages("cnn");
+  ok.set_batch(64);
+  EXPECT_TRUE(CheckTrainConfig(ok, 4).ok());
+  absl::Status many = CheckTrainConfig(ok, 1000000000);
+  EXPECT_TRUE(absl::IsInvalidArgument(many)) << many;
+  EXPECT_NE(many.message().find("the training steps of 1000000000 nodes hold"),
+            std::string::npos)
+      << many;
 }
 
 TEST(TrainerTest, GptLearnsText) {

@@ -577,6 +577,9 @@ TEST(NodeTest, BadNodeFlagsExitTwo) {
            {"node --insecure --algo=ddp --compression=int8",
             "--compression=int8: ddp"},
            {"sim --nodes=2 --resume", "holds no checkpoint for 2 of its 2"},
+           {"sim --nodes=4 --batch=100000000",
+            "--batch=100000000: a training step holds at least"},
+           {"train --threads=100000", "--threads=100000: at most 4 per core"},
            {"sim --poison=n9:nan@1-2", "--poison="}}) {
     auto r = RunStarling(args + " --out=" + TempDir() + "/x");
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
