@@ -235,9 +235,10 @@ absl::Status ResolveTrainConfig(TrainConfig* c) {
       !absl::StartsWith(c->device(), "cuda:")) {
     return bad("device", c->device(), "expected cpu, cuda or cuda:N");
   }
-  if (!(c->slowdown() >= 1.0) || !std::isfinite(c->slowdown())) {
+  if (!(c->slowdown() >= 1.0 && c->slowdown() <= kMaxSlowdown)) {
     return bad("slowdown", c->slowdown(),
-               "must be a finite factor >= 1 (1 = full speed)");
+               absl::StrCat("must be a factor in [1, ", kMaxSlowdown,
+                            "] (1 = full speed)"));
   }
   STARLING_RETURN_IF_ERROR(ParseDrift(c->drift()).status());
   return absl::OkStatus();

@@ -33,13 +33,17 @@ namespace starling {
 using config::v1::TrainConfig;
 using config::v1::TrainerState;
 
+// The largest --slowdown: a slower node than that is a stopped one (and
+// longer sleeps overflow the clock).
+inline constexpr double kMaxSlowdown = 1000;
+
 // The flag defaults of `starling train`, before data-dependent resolution.
 TrainConfig DefaultTrainConfig();
 
 // Fills the fields left at "auto" (empty model, batch/steps/lr of 0, negative
 // warmup) from the data set kind: text uses the KJV gpt recipe, images the
 // Fashion-MNIST cnn recipe. InvalidArgument naming the flag for values out of
-// range (including --slowdown < 1 or not finite, and a bad --drift).
+// range (including --slowdown outside [1, kMaxSlowdown], and a bad --drift).
 absl::Status ResolveTrainConfig(TrainConfig* config);
 
 // Builds a trainer for `config` on the CPU, unsharded, and drops it: the

@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/status.h"
+#include "core/trainer.h"
 
 namespace starling {
 namespace {
@@ -303,6 +304,10 @@ absl::StatusOr<std::map<std::string, double>> ParseSlowSpec(
     if (factor < 1) {
       return error(entry, absl::StrCat("factor ", factor,
                                        " is below 1 (1x = full speed)"));
+    }
+    if (factor > kMaxSlowdown) {
+      return error(entry, absl::StrCat("factor ", factor, " is over ",
+                                       kMaxSlowdown, " (--slowdown's limit)"));
     }
     if (!out.emplace(std::string(id), factor).second) {
       return error(entry, absl::StrCat("node ", id, " is named twice"));

@@ -65,7 +65,7 @@ ABSL_FLAG(std::string, partition, "",
 ABSL_FLAG(std::string, slow, "",
           "sim: slow nodes: ID:FACTORx[,ID:FACTORx...], e.g. n2:4x runs n2 "
           "with --slowdown=4 (each inner step takes 4 times its compute "
-          "time). FACTOR >= 1");
+          "time). FACTOR from 1 to 1000");
 ABSL_FLAG(std::string, poison, "",
           "sim: poisoned peers, for testing --aggregate and --norm_bound: "
           "ID:PLAN[,ID:PLAN...], PLAN = MODE@FIRST-LAST[+...] over rounds, "

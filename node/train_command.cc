@@ -93,7 +93,7 @@ ABSL_FLAG(bool, resume, false,
 ABSL_FLAG(double, slowdown, starling::DefaultTrainConfig().slowdown(),
           "emulate slower hardware: after each inner step that took t "
           "seconds, wait (slowdown-1)*t more, counted as compute; 1 = full "
-          "speed, 4 = four times slower (must be >= 1)");
+          "speed, 4 = four times slower (from 1 to 1000)");
 ABSL_FLAG(std::string, drift, starling::DefaultTrainConfig().drift(),
           "concept drift. train/node: STEP = the data splits into two regions "
           "(text: first and second half; fmnist: permuted labels) and the "

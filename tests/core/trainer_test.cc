@@ -111,6 +111,7 @@ TEST(ResolveTest, BadValuesNameTheFlag) {
       {[](TrainConfig* c) { c->set_slowdown(0); }, "--slowdown"},
       {[](TrainConfig* c) { c->set_slowdown(INFINITY); }, "--slowdown"},
       {[](TrainConfig* c) { c->set_slowdown(NAN); }, "--slowdown"},
+      {[](TrainConfig* c) { c->set_slowdown(1e308); }, "--slowdown=1e+308"},
       {[](TrainConfig* c) { c->set_drift("abc"); }, "--drift"},
       {[](TrainConfig* c) { c->set_drift("-3"); }, "--drift"},
       {[](TrainConfig* c) { c->set_threads(100000); }, "--threads=100000"},

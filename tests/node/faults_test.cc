@@ -223,6 +223,9 @@ TEST(SlowSpecTest, RejectsBadSpecsNamingTheFlag) {
               AllOf(HasSubstr("unknown node n9"), HasSubstr("n0, n1")));
   EXPECT_THAT(std::string(ParseSlowSpec("n1:0.5x", Four()).status().message()),
               HasSubstr("below 1"));
+  EXPECT_THAT(
+      std::string(ParseSlowSpec("n1:1e308x", Four()).status().message()),
+      HasSubstr("is over 1000"));
 }
 
 TEST(DriftSpecTest, ParsesGroupsAndSteps) {
