@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -191,6 +192,13 @@ LogMessage::~LogMessage() {
   }
   WriteRaw(absl::StrCat(LevelName(level_), " ", TextTime(), " ", source_, "]",
                         TextContext(), " ", stream_.str()));
+}
+
+std::string QuoteForLog(absl::string_view text, size_t max_bytes) {
+  return absl::StrCat("\"", absl::CHexEscape(text.substr(0, max_bytes)),
+                      text.size() > max_bytes
+                          ? absl::StrCat("\"... (", text.size(), " bytes)")
+                          : "\"");
 }
 
 }  // namespace starling

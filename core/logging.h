@@ -61,6 +61,11 @@ class LogMessage {
   std::ostringstream stream_;
 };
 
+// `text` (a peer's string, say) quoted for a log line or an error message:
+// C-escaped and cut to `max_bytes`, so that it cannot forge log lines or
+// flood them. "abc" -> "\"abc\""; longer -> "\"abc...\"... (N bytes)".
+std::string QuoteForLog(absl::string_view text, size_t max_bytes = 64);
+
 // Writes one progress or status line to stderr under the logger's lock, so
 // that lines never interleave. Text: the line as it is; JSON: wrapped as an
 // info event "progress" with the context.

@@ -193,8 +193,9 @@ std::string HandshakeMismatch(const HandshakeRequest& theirs,
   auto differ = [&](absl::string_view what, const std::string& a,
                     const std::string& b) {
     if (a != b) {
-      diffs.push_back(
-          absl::StrCat(what, " differs (peer '", a, "', this node '", b, "')"));
+      // The peer's value is its own: quoted, so it cannot forge log lines.
+      diffs.push_back(absl::StrCat(what, " differs (peer ", QuoteForLog(a, 256),
+                                   ", this node ", QuoteForLog(b, 256), ")"));
     }
   };
   differ("protocol version", absl::StrCat(theirs.protocol_version()),

@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/logging.h"
+#include "core/status.h"
 
 namespace starling {
 namespace {
@@ -42,9 +44,31 @@ void CopyProgress(const MemberEntry& from, MemberEntry* to) {
   to->set_early_sync(from.early_sync());
 }
 
+// Printable ASCII, no spaces, at most `max` bytes; `what` names the field.
+absl::Status CheckToken(absl::string_view what, absl::string_view text,
+                        size_t max) {
+  if (text.empty())
+    return absl::InvalidArgumentError(absl::StrCat("empty ", what));
+  if (text.size() > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " of ", text.size(), " bytes (at most ", max, ")"));
+  }
+  for (char c : text) {
+    if (c <= ' ' || c > '~') {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " ", QuoteForLog(text),
+                       " holds a space, a control or a non-ASCII byte"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Validate(const MemberEntry& e) {
-  if (e.id().empty()) return absl::InvalidArgumentError("empty id");
-  if (e.address().empty()) return absl::InvalidArgumentError("empty address");
+  STARLING_RETURN_IF_ERROR(CheckNodeId(e.id()));
+  STARLING_RETURN_IF_ERROR(CheckToken("address", e.address(), 512));
+  if (!e.lineage().empty()) {
+    STARLING_RETURN_IF_ERROR(CheckToken("lineage", e.lineage(), 128));
+  }
   if (e.state() == peer::v1::MEMBER_STATE_UNSPECIFIED ||
       !peer::v1::MemberState_IsValid(e.state())) {
     return absl::InvalidArgumentError(
@@ -82,6 +106,15 @@ void Record(std::vector<MembershipChange>* changes, const std::string& id,
 }
 
 }  // namespace
+
+absl::Status CheckNodeId(absl::string_view id) {
+  STARLING_RETURN_IF_ERROR(CheckToken("id", id, 128));
+  if (id.find_first_of(",|@") != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("id ", QuoteForLog(id), " holds ',', '|' or '@'"));
+  }
+  return absl::OkStatus();
+}
 
 const char* MemberStateName(peer::v1::MemberState s) {
   switch (s) {
@@ -192,8 +225,9 @@ absl::Status Membership::Merge(const std::vector<MemberEntry>& entries,
     absl::Status s = Validate(e);
     if (!s.ok()) {
       if (first.ok()) {
-        first = absl::InvalidArgumentError(absl::StrCat(
-            "membership: entry ", i, " (id \"", e.id(), "\"): ", s.message()));
+        first = absl::InvalidArgumentError(
+            absl::StrCat("membership: entry ", i, " (id ", QuoteForLog(e.id()),
+                         "): ", s.message()));
       }
       continue;
     }

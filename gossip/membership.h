@@ -35,6 +35,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "starling/peer/v1/swarm.pb.h"
@@ -50,6 +51,12 @@ struct MembershipOptions {
   // SUSPECT; a SUSPECT one that stays silent as long again becomes DEAD.
   absl::Duration suspect_after = absl::Seconds(3);
 };
+
+// OK when `id` can name a member: 1 to 128 bytes of printable ASCII without
+// spaces or the separators of --hosts and the sim's specs (',', '|', '@').
+// InvalidArgument saying what is wrong otherwise. A node's own --node_id and
+// every id a peer gossips must pass it.
+absl::Status CheckNodeId(absl::string_view id);
 
 // "alive", "suspect", "dead", "left" or "unknown": for logs and events.
 const char* MemberStateName(peer::v1::MemberState s);
@@ -86,8 +93,10 @@ class Membership {
   void Leave();
 
   // Merges entries received by gossip (or in a join answer) at local time
-  // `now`. Entries with an empty id or address or an unspecified state are
-  // skipped (InvalidArgument naming the first, after merging the rest).
+  // `now`. Entries with a bad id (CheckNodeId), an empty, overlong or
+  // unprintable address or lineage, an unspecified state or negative
+  // counters are skipped (InvalidArgument naming the first, after merging
+  // the rest).
   // Appends what changed to `changes` when it is not null.
   absl::Status Merge(const std::vector<peer::v1::MemberEntry>& entries,
                      absl::Time now,

@@ -451,11 +451,11 @@ Swarm::~Swarm() { Shutdown(); }
 
 absl::StatusOr<std::unique_ptr<Swarm>> Swarm::Start(
     const SwarmOptions& options) {
-  if (options.node_id.empty() ||
-      options.node_id.find_first_of(",|@ \n") != std::string::npos) {
+  if (absl::Status s = CheckNodeId(options.node_id); !s.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("node id '", options.node_id,
-                     "' must be non-empty without spaces, ',', '|' or '@'"));
+        absl::StrCat("--node_id: ", s.message(),
+                     "; an id is 1 to 128 bytes of printable ASCII without "
+                     "spaces, ',', '|' or '@'"));
   }
   auto s = std::unique_ptr<Swarm>(new Swarm(options));
   s->service_ = std::make_unique<Service>(s.get());
@@ -934,12 +934,16 @@ absl::Status Swarm::Push(const std::string& peer_id, const PushShare& share,
 }
 
 absl::Status Swarm::OnJoin(const JoinRequest& req, JoinResponse* resp) {
+  if (absl::Status s = CheckNodeId(req.self().id()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "joiner at ", QuoteForLog(req.hello().address()), ": ", s.message()));
+  }
   PeerIdentity mine = options_.identity;
   mine.world = 0;
   std::string why = HandshakeMismatch(req.hello(), mine);
   if (!why.empty()) {
     STARLING_LOG(WARNING) << "refused joiner " << req.self().id() << " at "
-                          << req.hello().address() << ": " << why;
+                          << QuoteForLog(req.hello().address()) << ": " << why;
     absl::MutexLock lock(&state_mu_);
     refused_[req.hello().address()] = why;
     return absl::FailedPreconditionError(why);
@@ -974,8 +978,8 @@ absl::Status Swarm::OnJoin(const JoinRequest& req, JoinResponse* resp) {
 absl::Status Swarm::OnGossip(const GossipRequest& req, GossipResponse* resp) {
   if (req.run_id() != options_.identity.run_id) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "gossip for run '", req.run_id(), "'; this node is in run '",
-        options_.identity.run_id, "'"));
+        "gossip for run ", QuoteForLog(req.run_id()), "; this node is in run ",
+        QuoteForLog(options_.identity.run_id)));
   }
   if (req.from() == options_.node_id) {
     return absl::AlreadyExistsError("this is the node itself");

@@ -505,6 +505,40 @@ TEST(MembershipTest, RejectsInvalidEntriesAndMergesTheRest) {
   EXPECT_NE(s.message().find("incarnation"), std::string::npos) << s;
 }
 
+TEST(MembershipTest, RefusesIdsAndAddressesAPeerCouldAbuse) {
+  // A peer's entries are stored, gossiped to everyone and logged: an id
+  // that forges a log line, floods it, or breaks the specs' separators,
+  // and an address or lineage that is not one printable token, are
+  // refused; the good entry among them is merged.
+  auto a = Make("a");
+  const std::string huge(100000, 'x');
+  std::vector<MemberEntry> bad = {
+      Entry("n1\nE 12:00:00 forged line", 1, MEMBER_ALIVE),
+      Entry(huge, 1, MEMBER_ALIVE), Entry("n1,n2", 1, MEMBER_ALIVE),
+      Entry("n\xff", 1, MEMBER_ALIVE), Entry("sp ace", 1, MEMBER_ALIVE)};
+  MemberEntry address = Entry("m", 1, MEMBER_ALIVE);
+  address.set_address("127.0.0.1:7001\n");
+  bad.push_back(address);
+  MemberEntry long_address = Entry("l", 1, MEMBER_ALIVE);
+  long_address.set_address(huge);
+  bad.push_back(long_address);
+  MemberEntry lineage = Entry("k", 1, MEMBER_ALIVE);
+  lineage.set_lineage(huge);
+  bad.push_back(lineage);
+  for (const MemberEntry& e : bad) {
+    absl::Status s = a->Merge({e, Entry("ok", 1, MEMBER_ALIVE)}, T(0));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << e.id();
+    EXPECT_EQ(s.message().find('\n'), std::string::npos) << s;
+    EXPECT_LT(s.message().size(), 400u) << s;
+  }
+  EXPECT_EQ(Ids(a->Snapshot()), (std::vector<std::string>{"a", "ok"}));
+  EXPECT_TRUE(CheckNodeId("starling-0").ok());
+  EXPECT_TRUE(CheckNodeId("[::1]:7001").ok());
+  EXPECT_TRUE(CheckNodeId(std::string(128, 'n')).ok());
+  EXPECT_FALSE(CheckNodeId(std::string(129, 'n')).ok());
+  EXPECT_FALSE(CheckNodeId("").ok());
+}
+
 TEST(MembershipTest, ConcurrentUseIsSafe) {
   auto a = Make("a"), b = Make("b");
   std::vector<std::thread> threads;
