@@ -8,6 +8,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -199,6 +200,17 @@ std::string QuoteForLog(absl::string_view text, size_t max_bytes) {
                       text.size() > max_bytes
                           ? absl::StrCat("\"... (", text.size(), " bytes)")
                           : "\"");
+}
+
+std::string FormatBytes(double bytes) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+  int u = 0;
+  while (bytes >= 1000 && u < 4) {
+    bytes /= 1000;
+    ++u;
+  }
+  return u == 0 ? absl::StrFormat("%.0f %s", bytes, units[u])
+                : absl::StrFormat("%.1f %s", bytes, units[u]);
 }
 
 }  // namespace starling

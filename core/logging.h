@@ -66,6 +66,9 @@ class LogMessage {
 // flood them. "abc" -> "\"abc\""; longer -> "\"abc...\"... (N bytes)".
 std::string QuoteForLog(absl::string_view text, size_t max_bytes = 64);
 
+// Decimal units with one decimal: "512 B", "12.3 MB", "30.5 GB".
+std::string FormatBytes(double bytes);
+
 // Writes one progress or status line to stderr under the logger's lock, so
 // that lines never interleave. Text: the line as it is; JSON: wrapped as an
 // info event "progress" with the context.

@@ -14,12 +14,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/checkpoint.h"
 #include "core/file_util.h"
+#include "core/logging.h"
 #include "core/status.h"
 #include "core/torch_error.h"
 
@@ -281,8 +281,9 @@ absl::Status CheckTrainConfig(const TrainConfig& config, int processes) {
   probe.set_shard("0/1");
   STARLING_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                             Trainer::Create(probe));
-  // GPU nodes keep their activations in GPU memory, not this machine's.
-  if (config.device() != "cpu") return absl::OkStatus();
+  // Create checked one process. GPU nodes keep their activations in GPU
+  // memory, not this machine's.
+  if (processes <= 1 || config.device() != "cpu") return absl::OkStatus();
   return trainer->CheckMemory(processes);
 }
 
@@ -321,10 +322,13 @@ absl::Status Trainer::Init() {
     // Probe once on two validation examples: the logits must fit the data.
     Batch probe =
         dataset_->ValBatch(0, std::min<int64_t>(2, dataset_->val_examples()));
-    torch::NoGradGuard no_grad;
-    model_->SetTraining(false);
-    torch::Tensor logits = model_->Forward(probe.x.to(device_));
-    model_->SetTraining(true);
+    torch::Tensor logits;
+    {
+      torch::NoGradGuard no_grad;
+      model_->SetTraining(false);
+      logits = model_->Forward(probe.x.to(device_));
+      model_->SetTraining(true);
+    }
     std::vector<int64_t> want(probe.y.sizes().begin(), probe.y.sizes().end());
     want.push_back(dataset_->num_classes());
     if (logits.sizes().vec() != want || !logits.is_floating_point()) {
@@ -335,12 +339,12 @@ absl::Status Trainer::Init() {
           "; expected float logits of shape [", absl::StrJoin(want, ","),
           "] for ", dataset_->Describe()));
     }
+    MeasureActivations();
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat(model_flag, ": forward(x) failed on ",
                      dataset_->Describe(), ": ", TorchErrorMessage(e)));
   }
-  STARLING_RETURN_IF_ERROR(MeasureActivations());
   STARLING_RETURN_IF_ERROR(CheckMemory(1));
   int64_t trainable = 0;
   for (const auto& p : params) trainable += p.requires_grad() ? 1 : 0;
@@ -376,10 +380,10 @@ absl::Status Trainer::Init() {
   return absl::OkStatus();
 }
 
-absl::Status Trainer::MeasureActivations() {
+void Trainer::MeasureActivations() {
   if (!device_.is_cpu() || config_.batch() <= 4 ||
       dataset_->val_examples() < 4) {
-    return absl::OkStatus();
+    return;
   }
   // The heap a forward pass with autograd still holds when it returns: the
   // activations the backward pass will need, and the logits. Eval mode, so
@@ -390,23 +394,15 @@ absl::Status Trainer::MeasureActivations() {
     torch::Tensor logits = model_->Forward(b.x);
     return HeapInUse() - before;
   };
-  try {
-    model_->SetTraining(false);
-    held(2);  // first-call allocations (thread pools, caches) land here
-    const int64_t two = held(2), four = held(4);
-    model_->SetTraining(true);
-    if (four > two) {
-      activation_bytes_per_example_ = static_cast<double>(four - two) / 2;
-      activation_bytes_fixed_ =
-          std::max(0.0, two - 2 * activation_bytes_per_example_);
-    }
-  } catch (const std::exception& e) {
-    model_->SetTraining(true);
-    return absl::InvalidArgumentError(
-        absl::StrCat("--model=", config_.model(), ": forward(x) failed on ",
-                     dataset_->Describe(), ": ", TorchErrorMessage(e)));
+  model_->SetTraining(false);
+  held(2);  // first-call allocations (thread pools, caches) land here
+  const int64_t two = held(2), four = held(4);
+  model_->SetTraining(true);
+  if (four > two) {
+    activation_bytes_per_example_ = static_cast<double>(four - two) / 2;
+    activation_bytes_fixed_ =
+        std::max(0.0, two - 2 * activation_bytes_per_example_);
   }
-  return absl::OkStatus();
 }
 
 absl::Status Trainer::CheckMemory(int processes) const {
@@ -416,17 +412,18 @@ absl::Status Trainer::CheckMemory(int processes) const {
                    config_.batch() * activation_bytes_per_example_);
   const AvailableMemory available = AvailableMemoryNow();
   if (available.bytes < 0 || need <= available.bytes) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "--batch=%d: %s at least %.1f GB of activations (%.1f KB per example, "
-      "measured on forward passes over 2 and 4 validation examples), more "
-      "than the %.1f GB of memory available here (%s); lower --batch or the "
-      "model's size",
-      config_.batch(),
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--batch=", config_.batch(), ": ",
       processes > 1
           ? absl::StrCat("the training steps of ", processes, " nodes hold")
           : "a training step holds",
-      need / 1e9, activation_bytes_per_example_ / 1e3, available.bytes / 1e9,
-      available.source));
+      " at least ", FormatBytes(need), " of activations (",
+      FormatBytes(activation_bytes_per_example_),
+      " per example, measured on forward passes over 2 and 4 validation "
+      "examples), more than the ",
+      FormatBytes(static_cast<double>(available.bytes)),
+      " of memory available here (", available.source,
+      "); lower --batch or the model's size"));
 }
 
 absl::StatusOr<StepResult> Trainer::Step(const GradientHook& hook) {

@@ -152,7 +152,8 @@ class Trainer {
  private:
   Trainer(const TrainConfig& config, torch::Device device);
   absl::Status Init();
-  absl::Status MeasureActivations();
+  // Fills activation_bytes_*; throws what the model's forward throws.
+  void MeasureActivations();
 
   TrainConfig config_;
   torch::Device device_;

@@ -280,15 +280,4 @@ std::string FormatDuration(double seconds) {
   return absl::StrFormat("%ds", s);
 }
 
-std::string FormatBytes(double bytes) {
-  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
-  int u = 0;
-  while (bytes >= 1000 && u < 4) {
-    bytes /= 1000;
-    ++u;
-  }
-  return u == 0 ? absl::StrFormat("%.0f %s", bytes, units[u])
-                : absl::StrFormat("%.1f %s", bytes, units[u]);
-}
-
 }  // namespace starling

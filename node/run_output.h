@@ -110,7 +110,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> StartRun(TrainConfig* config,
                                                   absl::string_view command);
 
 std::string FormatDuration(double seconds);  // "1m05s"
-std::string FormatBytes(double bytes);       // "12.3 MB"
 
 }  // namespace starling
 
