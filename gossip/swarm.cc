@@ -1260,8 +1260,29 @@ ControlAck Swarm::OnControl(const ControlMessage& m) {
     case ControlMessage::READY:
     case ControlMessage::DONE:
     case ControlMessage::FAILED: {
+      // Only members speak in a round. A READY from an id this node does
+      // not know (yet) is resent every two seconds, so refusing it delays
+      // a member still unknown here by at most that. The culprit a FAILED
+      // names must be a member too: otherwise any caller could bar a
+      // member from a round at no cost to itself.
+      auto unknown = [this](const std::string& id) {
+        return !membership_->Get(id).ok();
+      };
+      const std::string* stranger =
+          unknown(m.from())                              ? &m.from()
+          : !m.culprit().empty() && unknown(m.culprit()) ? &m.culprit()
+                                                         : nullptr;
+      if (stranger != nullptr) {
+        ack.set_accepted(false);
+        ack.set_reason(absl::StrCat(options_.node_id, " knows no member ",
+                                    QuoteForLog(*stranger)));
+        return ack;
+      }
       Coordinator& c = *coord_;
       absl::MutexLock lock(&c.mu);
+      // DONE and FAILED of the running attempt count only from its members.
+      const bool in_plan =
+          std::find(c.plan.begin(), c.plan.end(), m.from()) != c.plan.end();
       auto reply = [&](ControlMessage::Kind kind) {
         ControlMessage r;
         r.set_run_id(options_.identity.run_id);
@@ -1325,11 +1346,13 @@ ControlAck Swarm::OnControl(const ControlMessage& m) {
           c.ready[m.from()] = addr;
         }
       } else if (m.kind() == ControlMessage::DONE) {
-        if (c.running && m.round() == c.round && m.attempt() == c.attempt) {
+        if (c.running && in_plan && m.round() == c.round &&
+            m.attempt() == c.attempt) {
           c.done.insert(m.from());
         }
       } else {
-        if (c.running && m.round() == c.round && m.attempt() == c.attempt) {
+        if (c.running && in_plan && m.round() == c.round &&
+            m.attempt() == c.attempt) {
           c.abort = true;
           c.abort_reason = absl::StrCat(m.from(), " failed: ", m.unreachable());
         }
@@ -1386,7 +1409,8 @@ ControlAck Swarm::OnControl(const ControlMessage& m) {
       absl::MutexLock lock(&inbox_->mu);
       if (m.kind() == ControlMessage::ABORT &&
           inbox_->running_mailbox != nullptr && m.round() == inbox_->round &&
-          m.attempt() == inbox_->running_attempt) {
+          m.attempt() == inbox_->running_attempt &&
+          m.from() == inbox_->running_coordinator) {
         inbox_->running_mailbox->Cancel(absl::AbortedError(
             absl::StrCat("round ", m.round(), " attempt ", m.attempt(),
                          " called off by the coordinator")));

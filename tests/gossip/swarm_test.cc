@@ -5,6 +5,8 @@
 // member serves to joiners (ServeState, FetchState).
 #include "gossip/swarm.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -15,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/flat_params.h"
 #include "gtest/gtest.h"
+#include "starling/peer/v1/swarm.grpc.pb.h"
 
 namespace starling {
 namespace {
@@ -341,6 +344,86 @@ TEST(SwarmTest, AttemptsThatKeepFailingAreRetriedWithBackoff) {
   for (int k = 2; k < kAttempts; ++k) {
     const absl::Duration wait = absl::Milliseconds(100) * (1 << (k - 2));
     EXPECT_GE(at[k] - at[k - 1], wait) << "before attempt " << k + 1;
+  }
+}
+
+// Round control messages from ids that are not members, or that name one
+// that is not, change nothing. Before, a DONE from a made-up id counted
+// towards the commit (n0 committed while n1 was still reducing), a FAILED
+// from one barred a real member from the round at no cost, a READY from
+// one moved the coordinator to any round, and an ABORT from anyone called
+// off a member's running attempt.
+TEST(SwarmTest, ControlMessagesFromNonMembersChangeNothing) {
+  std::unique_ptr<Swarm> a = StartReady("n0", {}, 0);
+  ASSERT_NE(a, nullptr);
+  std::unique_ptr<Swarm> b = StartReady("n1", {a->address()}, 0);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(SeenWithin(*a, "n1", "alive"));
+  ASSERT_TRUE(SeenWithin(*b, "n0", "alive"));
+  auto forge = [](const std::string& address, peer::v1::ControlMessage m) {
+    auto stub = peer::v1::Swarm::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    m.set_run_id("barrier");
+    peer::v1::ControlAck ack;
+    grpc::Status s = stub->Control(&ctx, m, &ack);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return ack;
+  };
+  auto message = [](peer::v1::ControlMessage::Kind kind,
+                    const std::string& from, int64_t round) {
+    peer::v1::ControlMessage m;
+    m.set_kind(kind);
+    m.set_from(from);
+    m.set_round(round);
+    m.set_attempt(1);
+    return m;
+  };
+  std::atomic<bool> b_reduced{false};
+  std::atomic<bool> b_cancelled{false};
+  std::vector<peer::v1::ControlAck> acks;
+  // n1 forges while its part of attempt 1 runs, then takes its time.
+  const auto b_reduce = [&](Transport& t, int64_t,
+                            const std::vector<std::string>&) {
+    using K = peer::v1::ControlMessage;
+    acks.push_back(forge(a->address(), message(K::DONE, "ghost", 0)));
+    peer::v1::ControlMessage failed = message(K::FAILED, "ghost", 0);
+    failed.set_culprit("n1");
+    acks.push_back(forge(a->address(), failed));
+    failed.set_from("n1");
+    failed.set_culprit("ghost");
+    acks.push_back(forge(a->address(), failed));
+    acks.push_back(forge(a->address(), message(K::READY, "ghost", 1000)));
+    (void)forge(b->address(), message(K::ABORT, "ghost", 0));
+    absl::SleepFor(absl::Milliseconds(500));
+    b_cancelled = t.mailbox().cancelled();
+    b_reduced = true;
+    return absl::OkStatus();
+  };
+  const auto no_op = [](Transport&, int64_t, const std::vector<std::string>&) {
+    return absl::OkStatus();
+  };
+  const auto never = [] { return false; };
+  std::future<absl::StatusOr<Swarm::RoundResult>> b_round = std::async(
+      std::launch::async, [&] { return b->SyncRound(0, "", b_reduce, never); });
+  absl::StatusOr<Swarm::RoundResult> a_result =
+      a->SyncRound(0, "", no_op, never);
+  const bool b_reduced_before_commit = b_reduced.load();
+  absl::StatusOr<Swarm::RoundResult> b_result = b_round.get();
+  ASSERT_TRUE(a_result.ok()) << a_result.status();
+  ASSERT_TRUE(b_result.ok()) << b_result.status();
+  EXPECT_TRUE(b_reduced_before_commit) << "n0 committed before n1 was done";
+  EXPECT_FALSE(b_cancelled.load()) << "a stranger's ABORT called n1 off";
+  for (const Swarm::RoundResult* r : {&*a_result, &*b_result}) {
+    EXPECT_EQ(r->outcome, Swarm::Outcome::kCommitted);
+    EXPECT_EQ(r->attempt, 1);
+    EXPECT_EQ(r->members, (std::vector<std::string>{"n0", "n1"}));
+  }
+  ASSERT_EQ(acks.size(), 4u);
+  for (const peer::v1::ControlAck& ack : acks) {
+    EXPECT_FALSE(ack.accepted());
+    EXPECT_EQ(ack.reason(), "n0 knows no member \"ghost\"");
   }
 }
 
