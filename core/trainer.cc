@@ -11,9 +11,11 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -271,6 +273,48 @@ absl::StatusOr<torch::Device> DeviceOf(const TrainConfig& config) {
 }
 
 }  // namespace
+
+std::string ResumeDifferences(const TrainConfig& was, const TrainConfig& now) {
+  static constexpr absl::string_view kNotCounted[] = {
+      "out",        "resume",    "cache_dir",
+      "eval_every", "log_every", "checkpoint_every",
+      "threads",    "device",    "slowdown"};
+  const google::protobuf::Descriptor* d = TrainConfig::descriptor();
+  const google::protobuf::Reflection* r = TrainConfig::GetReflection();
+  std::vector<std::string> out;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = d->field(i);
+    if (absl::c_linear_search(kNotCounted, f->name())) continue;
+    auto value = [&](const TrainConfig& c) -> std::string {
+      using F = google::protobuf::FieldDescriptor;
+      switch (f->cpp_type()) {
+        case F::CPPTYPE_INT32:
+          return absl::StrCat(r->GetInt32(c, f));
+        case F::CPPTYPE_UINT32:
+          return absl::StrCat(r->GetUInt32(c, f));
+        case F::CPPTYPE_INT64:
+          return absl::StrCat(r->GetInt64(c, f));
+        case F::CPPTYPE_DOUBLE:
+          return absl::StrFormat("%.17g", r->GetDouble(c, f));
+        case F::CPPTYPE_BOOL:
+          return r->GetBool(c, f) ? "true" : "false";
+        case F::CPPTYPE_STRING:
+          return r->GetString(c, f);
+        default:
+          return "";
+      }
+    };
+    std::string a = value(was);
+    std::string b = value(now);
+    if (a == b) continue;
+    if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE) {
+      a = absl::StrCat(r->GetDouble(was, f));  // shortest form for display
+      b = absl::StrCat(r->GetDouble(now, f));
+    }
+    out.push_back(absl::StrCat("--", f->name(), "=", b, " (was ", a, ")"));
+  }
+  return absl::StrJoin(out, ", ");
+}
 
 absl::Status CheckTrainConfig(const TrainConfig& config, int processes) {
   STARLING_RETURN_IF_ERROR(DeviceOf(config).status());
@@ -660,6 +704,13 @@ absl::Status Trainer::RestoreCheckpoint(
   sampler_.epoch = st.epoch();
   sampler_.cursor = st.cursor();
   sampler_.order_epoch = -1;
+  if (std::string changed = ResumeDifferences(old, config_); !changed.empty()) {
+    STARLING_LOG(WARNING) << "--resume: settings differ from the checkpoint's: "
+                          << changed << "; training goes on from step "
+                          << st.step()
+                          << " with the new ones, so it no longer matches a "
+                             "run never interrupted";
+  }
   *st.mutable_config() = config_;
   state_ = st;
   if (sections != nullptr) *sections = std::move(ckpt.sections);

@@ -56,6 +56,12 @@ absl::Status ResolveTrainConfig(TrainConfig* config);
 // (Trainer::CheckMemory).
 absl::Status CheckTrainConfig(const TrainConfig& config, int processes = 1);
 
+// The settings in which `now` differs from `was` (a checkpoint's) that
+// change what training computes, as "--lr=0.01 (was 0.003), --steps=2000
+// (was 1000)"; empty when there are none. Where the output goes, how often
+// it is written, and the threads, device and slowdown are not counted.
+std::string ResumeDifferences(const TrainConfig& was, const TrainConfig& now);
+
 struct StepResult {
   double loss = 0.0;
   double lr = 0.0;

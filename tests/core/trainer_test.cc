@@ -249,6 +249,22 @@ TEST(TrainerTest, ResumeRefusesADifferentRun) {
   EXPECT_NE(s.message().find("--model"), std::string::npos);
 }
 
+// --resume accepts a new --lr or --steps (extending a run is useful) but
+// says so: the run no longer matches an uninterrupted one.
+TEST(TrainerTest, ResumeDifferencesNameTheChangedSettings) {
+  const TrainConfig was = TinyText();
+  EXPECT_EQ(ResumeDifferences(was, was), "");
+  TrainConfig now = was;
+  now.set_threads(was.threads() + 1);  // how it runs, not what it computes
+  now.set_out("elsewhere");
+  EXPECT_EQ(ResumeDifferences(was, now), "");
+  now.set_steps(was.steps() + 10);
+  now.set_lr(0.5);
+  EXPECT_EQ(ResumeDifferences(was, now),
+            absl::StrCat("--lr=0.5 (was ", was.lr(), "), --steps=",
+                         was.steps() + 10, " (was ", was.steps(), ")"));
+}
+
 TEST(TrainerTest, CorruptCheckpointIsDataLossAndChangesNothing) {
   std::string path = TempDir() + "/c.ckpt";
   auto t = MustCreate(TinyText());

@@ -242,6 +242,20 @@ TEST(CliTest, InterruptThenResumeMatchesAnUninterruptedRun) {
             Field(b, "val_loss").number_value());
   EXPECT_NE(ReadFile(out + "/events.jsonl")->find("\"event\":\"resume\""),
             std::string::npos);
+
+  // A finished run extended by a new --steps goes on, and says what changed.
+  auto extended = RunStarling(
+      absl::StrCat("train ", common, " --out=", out, " --resume --steps=310"));
+  ASSERT_EQ(extended.exit_code, 0) << extended.err;
+  EXPECT_NE(extended.err.find("--resume: settings differ from the "
+                              "checkpoint's: --steps=310 (was 300)"),
+            std::string::npos)
+      << extended.err;
+  EXPECT_EQ(
+      Field(Field(ReadJson(out + "/summary.json"), "final").struct_value(),
+            "inner_steps")
+          .number_value(),
+      310);
 }
 
 }  // namespace
