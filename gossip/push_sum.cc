@@ -264,6 +264,11 @@ absl::Status PublicCopies::Resolve(ReceivedPush& push) {
   return absl::OkStatus();
 }
 
+void PublicCopies::Forget(const std::string& from) {
+  absl::MutexLock lock(&mu_);
+  copies_.erase(from);
+}
+
 int64_t PublicCopies::size() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(copies_.size());

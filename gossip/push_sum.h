@@ -94,6 +94,9 @@ class PublicCopies {
   // sender then pushes in full. InvalidArgument when the sum is not finite.
   // On error the copy is unchanged and `push` is to be dropped.
   absl::Status Resolve(ReceivedPush& push);
+  // Drops the copy of `from` (a sender that left or died): were it to come
+  // back, its first relative push is refused and it pushes in full.
+  void Forget(const std::string& from);
   int64_t size() const;
 
  private:

@@ -334,6 +334,17 @@ class Swarm::Service::PushReader : public grpc::ServerReadReactor<PushChunk> {
                          std::string(push.status().message())));
         return;
       }
+      // Only another member's model is averaged in (and kept as a copy:
+      // one per made-up sender would grow without bound).
+      if (push->from == swarm_->options_.node_id ||
+          !swarm_->membership_->Get(push->from).ok()) {
+        End(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                         absl::StrCat(swarm_->options_.node_id,
+                                      " takes pushes only from "
+                                      "other members it knows, not from ",
+                                      QuoteForLog(push->from))));
+        return;
+      }
       if (absl::Status s = swarm_->push_copies_.Resolve(*push); !s.ok()) {
         End(grpc::Status(absl::IsFailedPrecondition(s)
                              ? grpc::StatusCode::FAILED_PRECONDITION
@@ -1156,6 +1167,12 @@ std::map<std::string, int64_t> Swarm::refusals() const {
 }
 
 void Swarm::ReportChanges(const std::vector<MembershipChange>& changes) {
+  for (const MembershipChange& c : changes) {
+    // A copy per sender ever heard from would grow with churn.
+    if (c.to == peer::v1::MEMBER_DEAD || c.to == peer::v1::MEMBER_LEFT) {
+      push_copies_.Forget(c.id);
+    }
+  }
   if (!options_.on_member_change) return;
   for (const MembershipChange& c : changes) options_.on_member_change(c);
 }

@@ -1912,6 +1912,16 @@ int RunGossip(NodeRun& run) {
         y[i] = static_cast<float>(x0[i] - alpha * u[i]);
       }
     }
+    if (lossy) {
+      // Copies for peers that left or died would grow with churn; one that
+      // comes back is pushed to in full.
+      for (const peer::v1::MemberEntry& e : swarm.Members()) {
+        if (e.state() == peer::v1::MEMBER_DEAD ||
+            e.state() == peer::v1::MEMBER_LEFT) {
+          public_copies.erase(e.id());
+        }
+      }
+    }
     std::vector<std::string> peers = candidates();
     for (const std::string& peer : peers) {
       // With a lossy codec, push y minus the copy `peer` holds of this

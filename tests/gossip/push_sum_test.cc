@@ -361,8 +361,21 @@ TEST(PublicCopiesTest, RelativePushWithoutTheNamedCopyIsRefused) {
                codec->get());
   ASSERT_TRUE(r.ok() && copies.Resolve(*r).ok());
   EXPECT_EQ(r->values, share.sent);
+  // Forgotten (n1 left or died): the copy is gone, so a push relative to it
+  // is refused again, and the sender then pushes in full.
+  EXPECT_EQ(copies.size(), 1);
+  copies.Forget("n0");  // no copy: nothing happens
+  EXPECT_EQ(copies.size(), 1);
+  copies.Forget("n1");
+  EXPECT_EQ(copies.size(), 0);
+  PublicCopy last{8, share.sent};
+  share = *ps.Share(absl::MakeSpan(y), codec->get(), &last);
+  r = Assemble(MakePushChunks("run", "n1", 9, share, kDim, 1 << 20), kDim,
+               codec->get());
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(copies.Resolve(*r)));
   // A relative raw fp32 push is malformed.
-  auto raw = MakePushChunks("run", "n1", 9, RawShare(y, 0.5), kDim, 1 << 20);
+  auto raw = MakePushChunks("run", "n1", 10, RawShare(y, 0.5), kDim, 1 << 20);
   for (auto& c : raw) c.set_base_sequence(8);
   EXPECT_TRUE(absl::IsInvalidArgument(Assemble(raw, kDim).status()));
 }

@@ -264,6 +264,16 @@ TEST(GossipTest, MalformedAndStalledPushesAreRefused) {
       dir + "/g0.log");
   const std::string address = ListenAddress(dir + "/g0.log", absl::Seconds(30));
   ASSERT_FALSE(address.empty()) << ReadFile(dir + "/g0.log").value_or("");
+  // A second member, whose id the forged pushes carry.
+  pid_t g1 = SpawnStarling(
+      absl::StrCat("node ", Common("bad", 100000),
+                   " --eval_every=0 --gossip_timeout=1 --node_id=g1"
+                   " --inner_steps=100000 --listen=127.0.0.1:0 --peers=",
+                   address, " --out=", dir, "/g1"),
+      dir + "/g1.log");
+  ASSERT_TRUE(
+      WaitForText(dir + "/g1.log", "g1 joined through", absl::Seconds(30)))
+      << ReadFile(dir + "/g1.log").value_or("");
   auto stub = peer::v1::Swarm::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   // The model's size from the node's log ("N parameters").
@@ -289,7 +299,7 @@ TEST(GossipTest, MalformedAndStalledPushesAreRefused) {
                    double weight) {
     peer::v1::PushChunk c;
     c.set_run_id("bad");
-    c.set_from("forger");
+    c.set_from("g1");
     c.set_sequence(1);
     c.set_elements(elements);
     c.set_total_bytes(static_cast<int64_t>(v.size() * sizeof(float)));
@@ -332,6 +342,17 @@ TEST(GossipTest, MalformedAndStalledPushesAreRefused) {
   EXPECT_NE(s.error_code(), grpc::StatusCode::OK);
   EXPECT_NE(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
       << s.error_message() << " after " << absl::Now() - start;
+  // A valid push from an id that is not another member is refused: it
+  // would be averaged in, and kept as a copy per made-up id.
+  for (const char* from : {"forger", "g0"}) {
+    peer::v1::PushChunk c = chunk(n, good, 0.5);
+    c.set_from(from);
+    s = push({c});
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << from;
+    EXPECT_NE(s.error_message().find("takes pushes only from other members"),
+              std::string::npos)
+        << s.error_message();
+  }
   // A valid push is accepted; the inbox is bounded: more pushes than it
   // holds are refused with RESOURCE_EXHAUSTED, and the node keeps training.
   s = push({chunk(n, good, 0.5)});
@@ -343,8 +364,10 @@ TEST(GossipTest, MalformedAndStalledPushesAreRefused) {
   EXPECT_EQ(refused, grpc::StatusCode::RESOURCE_EXHAUSTED);
   int status = 0;
   EXPECT_EQ(::waitpid(g, &status, WNOHANG), 0) << "the node died";
-  ::kill(g, SIGKILL);
-  WaitUntil(g, absl::Now() + absl::Seconds(10));
+  for (pid_t p : {g, g1}) {
+    ::kill(p, SIGKILL);
+    WaitUntil(p, absl::Now() + absl::Seconds(10));
+  }
 }
 
 }  // namespace
