@@ -183,6 +183,26 @@ class TorchScriptModel : public Model {
 
 }  // namespace
 
+int64_t BuiltInParameterCount(const ModelOptions& o) {
+  const int64_t c = o.num_classes;
+  auto linear = [](int64_t in, int64_t out) { return in * out + out; };
+  if (o.spec == "mlp" && !o.language_model && o.width >= 1) {
+    return linear(28 * 28, o.width) + linear(o.width, c);
+  }
+  if (o.spec == "cnn" && !o.language_model) {
+    return (1 * 32 * 9 + 32) + (32 * 64 * 9 + 64) + linear(64 * 7 * 7, 128) +
+           linear(128, c);
+  }
+  if (o.spec == "gpt" && o.language_model && o.layers >= 1 && o.width >= 1 &&
+      o.heads >= 1 && o.context >= 1 && o.width % o.heads == 0) {
+    const int64_t w = o.width;
+    const int64_t block = 2 * w + linear(w, 3 * w) + linear(w, w) + 2 * w +
+                          linear(w, 4 * w) + linear(4 * w, w);
+    return c * w + o.context * w + o.layers * block + 2 * w + linear(w, c);
+  }
+  return -1;
+}
+
 absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ModelOptions& o) {
   const int64_t c = o.num_classes;
   if (o.spec == "mlp" || o.spec == "cnn") {

@@ -9,6 +9,7 @@
 
 #include <torch/types.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,6 +49,12 @@ struct ModelOptions {
 // fit the data (e.g. `gpt` on images), or a bad shape; NotFound /
 // InvalidArgument naming the file for an unreadable TorchScript file.
 absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ModelOptions& opts);
+
+// The number of parameters CreateModel(opts) builds for mlp, cnn and gpt,
+// computed without building the model (so a model too large for memory can
+// be refused before it is allocated); -1 for a TorchScript model or options
+// CreateModel refuses.
+int64_t BuiltInParameterCount(const ModelOptions& opts);
 
 }  // namespace starling
 

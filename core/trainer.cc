@@ -316,25 +316,30 @@ std::string ResumeDifferences(const TrainConfig& was, const TrainConfig& now) {
   return absl::StrJoin(out, ", ");
 }
 
-absl::Status CheckTrainConfig(const TrainConfig& config, int processes) {
+absl::Status CheckTrainConfig(const TrainConfig& config, int processes,
+                              int weight_copies) {
   STARLING_RETURN_IF_ERROR(DeviceOf(config).status());
   // The model is built and probed on the CPU: the launcher that checks
   // should not hold a GPU context of its own for the whole run.
   TrainConfig probe = config;
   probe.set_device("cpu");
   probe.set_shard("0/1");
-  STARLING_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                            Trainer::Create(probe));
-  // Create checked one process. GPU nodes keep their activations in GPU
-  // memory, not this machine's.
-  if (processes <= 1 || config.device() != "cpu") return absl::OkStatus();
-  return trainer->CheckMemory(processes);
+  // Create checks one process. GPU nodes keep their weights, state and
+  // activations in GPU memory, not this machine's.
+  STARLING_ASSIGN_OR_RETURN(
+      std::unique_ptr<Trainer> trainer,
+      Trainer::Create(probe, /*check_memory=*/config.device() == "cpu"));
+  if ((processes <= 1 && weight_copies == 0) || config.device() != "cpu") {
+    return absl::OkStatus();
+  }
+  return trainer->CheckMemory(processes, weight_copies);
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
-    const TrainConfig& config) {
+    const TrainConfig& config, bool check_memory) {
   STARLING_ASSIGN_OR_RETURN(torch::Device device, DeviceOf(config));
   auto trainer = std::unique_ptr<Trainer>(new Trainer(config, device));
+  trainer->check_memory_ = check_memory;
   STARLING_RETURN_IF_ERROR(trainer->Init());
   return trainer;
 }
@@ -355,6 +360,16 @@ absl::Status Trainer::Init() {
   mo.context = config_.context();
   mo.num_classes = dataset_->num_classes();
   mo.language_model = dataset_->kind() == TaskKind::kLanguageModel;
+  // Gradients, and the optimizer's state per trainable value: Adam's two
+  // moments, SGD's momentum buffer.
+  const int states =
+      config_.optimizer() == "sgd" ? (config_.momentum() > 0 ? 1 : 0) : 2;
+  // A built-in model too large to train here is refused before it exists.
+  if (const int64_t n = BuiltInParameterCount(mo); n >= 0) {
+    weight_bytes_ = static_cast<double>(n) * sizeof(float);
+    training_state_bytes_ = weight_bytes_ * (1 + states);
+    if (check_memory_) STARLING_RETURN_IF_ERROR(CheckMemory(1));
+  }
   torch::manual_seed(config_.seed());
   STARLING_ASSIGN_OR_RETURN(model_, CreateModel(mo));
 
@@ -389,9 +404,16 @@ absl::Status Trainer::Init() {
         absl::StrCat(model_flag, ": forward(x) failed on ",
                      dataset_->Describe(), ": ", TorchErrorMessage(e)));
   }
-  STARLING_RETURN_IF_ERROR(CheckMemory(1));
   int64_t trainable = 0;
   for (const auto& p : params) trainable += p.requires_grad() ? 1 : 0;
+  weight_bytes_ = 0;
+  training_state_bytes_ = 0;
+  for (const auto& p : params) {
+    const double bytes = static_cast<double>(p.numel() * p.element_size());
+    weight_bytes_ += bytes;
+    if (p.requires_grad()) training_state_bytes_ += bytes * (1 + states);
+  }
+  if (check_memory_) STARLING_RETURN_IF_ERROR(CheckMemory(1));
   if (trainable == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(model_flag, ": the model has no trainable parameters"));
@@ -449,25 +471,52 @@ void Trainer::MeasureActivations() {
   }
 }
 
-absl::Status Trainer::CheckMemory(int processes) const {
-  if (activation_bytes_per_example_ <= 0) return absl::OkStatus();
-  const double need =
-      processes * (activation_bytes_fixed_ +
-                   config_.batch() * activation_bytes_per_example_);
+absl::Status Trainer::CheckMemory(int processes, int weight_copies) const {
+  if (!device_.is_cpu()) return absl::OkStatus();
   const AvailableMemory available = AvailableMemoryNow();
-  if (available.bytes < 0 || need <= available.bytes) return absl::OkStatus();
+  if (available.bytes < 0) return absl::OkStatus();
+  const double limit = static_cast<double>(available.bytes);
+  // Once the model exists, this process's weights are allocated already
+  // (and the launcher's probe frees its own before the nodes start theirs).
+  const double state = processes * (training_state_bytes_ +
+                                    (1.0 + weight_copies) * weight_bytes_) -
+                       (model_ != nullptr ? weight_bytes_ : 0);
+  const double activations =
+      activation_bytes_per_example_ > 0
+          ? processes * (activation_bytes_fixed_ +
+                         config_.batch() * activation_bytes_per_example_)
+          : 0;
+  if (state + activations <= limit) return absl::OkStatus();
+  const std::string nodes =
+      processes > 1 ? absl::StrCat(" of ", processes, " nodes") : "";
+  const std::string than =
+      absl::StrCat("more than the ", FormatBytes(limit),
+                   " of memory available here (", available.source, ")");
+  if (state > limit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--model=", config_.model(), ": the weights, gradients and optimizer",
+        " state", nodes, " need at least ", FormatBytes(state), " (",
+        FormatBytes(weight_bytes_), " of weights", processes > 1 ? " each" : "",
+        ", --optimizer=", config_.optimizer(),
+        weight_copies > 0
+            ? absl::StrCat(", and ", weight_copies,
+                           " more copies of the weights a node keeps")
+            : "",
+        "), ", than, "; use a smaller model",
+        processes > 1 ? " or fewer nodes" : ""));
+  }
   return absl::InvalidArgumentError(absl::StrCat(
       "--batch=", config_.batch(), ": ",
       processes > 1
           ? absl::StrCat("the training steps of ", processes, " nodes hold")
           : "a training step holds",
-      " at least ", FormatBytes(need), " of activations (",
+      " at least ", FormatBytes(activations), " of activations (",
       FormatBytes(activation_bytes_per_example_),
       " per example, measured on forward passes over 2 and 4 validation "
-      "examples), more than the ",
-      FormatBytes(static_cast<double>(available.bytes)),
-      " of memory available here (", available.source,
-      "); lower --batch or the model's size"));
+      "examples) besides ",
+      FormatBytes(state),
+      " of weights, gradients and optimizer state: together ", than,
+      "; lower --batch or the model's size"));
 }
 
 absl::StatusOr<StepResult> Trainer::Step(const GradientHook& hook) {

@@ -54,7 +54,10 @@ absl::Status ResolveTrainConfig(TrainConfig* config);
 // the KJV cache. On the CPU it also refuses a --batch whose activations in
 // `processes` nodes would not fit in this machine's memory
 // (Trainer::CheckMemory).
-absl::Status CheckTrainConfig(const TrainConfig& config, int processes = 1);
+// `weight_copies` more fp32 copies of the weights each process keeps
+// besides the trainer's (a DiLoCo node's global weights, say) count too.
+absl::Status CheckTrainConfig(const TrainConfig& config, int processes = 1,
+                              int weight_copies = 0);
 
 // The settings in which `now` differs from `was` (a checkpoint's) that
 // change what training computes, as "--lr=0.01 (was 0.003), --steps=2000
@@ -89,9 +92,11 @@ class Trainer {
   // Loads the data, builds the model and optimizer and probes the model once
   // on validation data. `config` must be resolved (ResolveTrainConfig).
   // Errors name the bad flag or input: InvalidArgument / NotFound /
-  // FailedPrecondition for user errors, Internal otherwise.
+  // FailedPrecondition for user errors, Internal otherwise. On the CPU it
+  // also refuses a model or batch that cannot fit (CheckMemory), unless
+  // `check_memory` is false (a CPU probe of a model meant for a GPU).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
-      const TrainConfig& config);
+      const TrainConfig& config, bool check_memory = true);
   ~Trainer();
 
   // Called after backward() and before clipping with the parameters, whose
@@ -145,15 +150,21 @@ class Trainer {
   std::vector<torch::Tensor> Parameters() { return model_->Parameters(); }
   torch::Device device() const { return device_; }
 
-  // InvalidArgument naming --batch when `processes` training steps at once
-  // would hold more memory for their activations than this machine has
-  // available (MemAvailable, or the cgroup's memory.max headroom), rather
-  // than be killed for it mid-run. The figure is a lower bound measured by
-  // Create on the CPU: the heap a forward pass with autograd holds over 2
-  // and 4 validation examples, scaled to the batch. OK where it could not
-  // be measured (a GPU, another allocator, a batch of 4 or less). Create
-  // checks one process.
-  absl::Status CheckMemory(int processes) const;
+  // InvalidArgument when `processes` trainers like this one, training at
+  // once, would hold more memory than this machine has available
+  // (MemAvailable, or the cgroup's memory.max headroom), rather than be
+  // killed for it mid-run. Naming --model (and --nodes where there are
+  // several) when their weights, gradients and optimizer state alone do not
+  // fit; else naming --batch, adding the activations a step holds. Both
+  // figures are lower bounds on the CPU: the state is counted from the
+  // parameters and the optimizer, and the activations are the heap a
+  // forward pass with autograd holds over 2 and 4 validation examples
+  // (measured by Create), scaled to the batch; they are left out where they
+  // could not be measured (another allocator, a batch of 4 or less). OK on
+  // a GPU. Create checks one process, before and after it builds the model.
+  // `weight_copies` more fp32 copies of the weights per process (what a
+  // node keeps besides the trainer) count with the state.
+  absl::Status CheckMemory(int processes, int weight_copies = 0) const;
 
  private:
   Trainer(const TrainConfig& config, torch::Device device);
@@ -172,6 +183,10 @@ class Trainer {
   TrainerState state_;
   double activation_bytes_fixed_ = 0;        // measured by Init
   double activation_bytes_per_example_ = 0;  // 0: not measured
+  bool check_memory_ = true;                 // Init runs CheckMemory
+  // Bytes of the weights, and of their gradients plus optimizer state.
+  double weight_bytes_ = 0;
+  double training_state_bytes_ = 0;
 };
 
 }  // namespace starling

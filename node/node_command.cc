@@ -2452,6 +2452,10 @@ PeerSecurityOptions PeerSecurityFromFlags() {
   return security;
 }
 
+int WeightCopiesOfNode(const std::string& algo) {
+  return algo == "diloco" ? 3 : 1;
+}
+
 absl::Status CheckNodeFlags() {
   NodeRun run;
   return ParseNodeFlags(run);
@@ -2552,6 +2556,11 @@ int RunNodeCommand() {
     return Fail(created.status(), ExitCodeFor(created.status()));
   }
   std::unique_ptr<Trainer> trainer_owner = std::move(created).value();
+  if (absl::Status s =
+          trainer_owner->CheckMemory(1, WeightCopiesOfNode(run.algo));
+      !s.ok()) {
+    return Fail(s, 2);
+  }
   run.trainer = trainer_owner.get();
   run.out = config.out();
   run.ckpt_path = CheckpointPathInRunDir(run.out);

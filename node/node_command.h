@@ -39,6 +39,11 @@ const std::vector<std::string>& NodeFlagNames();
 // directory or starts a node; RunNodeCommand runs the same checks first.
 absl::Status CheckNodeFlags();
 
+// The fp32 copies of the weights a node running `algo` keeps besides its
+// trainer's, for the memory check: DiLoCo's global weights, outer momentum
+// and pseudo-gradient (3); gossip's and ddp's flat vector (1).
+int WeightCopiesOfNode(const std::string& algo);
+
 // The peer-security flags (--tls_*, --insecure, --join_token_file,
 // --peer_rate_limit) as the node reads them.
 PeerSecurityOptions PeerSecurityFromFlags();

@@ -926,10 +926,12 @@ int RunSimCommand() {
   // directory exists, not in every child after its data load.
   if (absl::Status s = CheckNodeFlags(); !s.ok()) return Fail(s, 2);
   // And the data and model, which every node loads: a missing file, an
-  // unknown model or a batch whose activations in every node (joiners
-  // included) cannot fit in memory fails here, before the run directory
-  // and the node processes exist.
-  if (absl::Status s = CheckTrainConfig(config, total); !s.ok()) {
+  // unknown model, or a model and batch whose weights, training state and
+  // activations in every node (joiners included) cannot fit in memory,
+  // fails here, before the run directory and the node processes exist.
+  if (absl::Status s = CheckTrainConfig(
+          config, total, WeightCopiesOfNode(absl::GetFlag(FLAGS_algo)));
+      !s.ok()) {
     return Fail(s, 2);
   }
   // main() keeps up to 512 MiB of freed heap for the all-reduce; the probe

@@ -9,6 +9,7 @@
 #include "core/checkpoint.h"
 #include "core/file_util.h"
 #include "core/flat_params.h"
+#include "core/model.h"
 #include "gtest/gtest.h"
 #include "tests/core/test_util.h"
 
@@ -126,7 +127,41 @@ TEST(ResolveTest, BadValuesNameTheFlag) {
   }
 }
 
-TEST(MemoryTest, ABatchWhoseActivationsCannotFitIsRefusedNamingIt) {
+// The count a too-large model is refused by before it is built matches
+// the model built.
+TEST(MemoryTest, BuiltInParameterCountMatchesTheBuiltModel) {
+  std::vector<ModelOptions> cases(5);
+  cases[0].spec = "mlp";
+  cases[0].width = 33;
+  cases[1].spec = "cnn";
+  for (ModelOptions* o : {&cases[0], &cases[1]}) {
+    o->language_model = false;
+    o->num_classes = 10;
+  }
+  cases[3].layers = 3;
+  cases[3].width = 48;
+  cases[3].heads = 6;
+  cases[3].context = 17;
+  cases[3].num_classes = 100;
+  cases[4].layers = 1;
+  cases[4].width = 8;
+  cases[4].heads = 8;
+  cases[4].context = 1;
+  for (const ModelOptions& o : cases) {
+    auto m = CreateModel(o);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(BuiltInParameterCount(o), NumElements((*m)->Parameters()))
+        << (*m)->Architecture();
+  }
+  ModelOptions script;
+  script.spec = "torchscript:/some/model.pt";
+  EXPECT_EQ(BuiltInParameterCount(script), -1);
+  ModelOptions gpt_on_images;
+  gpt_on_images.language_model = false;
+  EXPECT_EQ(BuiltInParameterCount(gpt_on_images), -1);
+}
+
+TEST(MemoryTest, WhatCannotFitIsRefusedNamingTheFlag) {
   // About 0.3 MB of activations per example: a billion of them fit nowhere.
   TrainConfig c = TinyImages("cnn");
   c.set_batch(1000000000);
@@ -140,16 +175,45 @@ TEST(MemoryTest, ABatchWhoseActivationsCannotFitIsRefusedNamingIt) {
   EXPECT_NE(t.status().message().find("of memory available here"),
             std::string::npos)
       << t.status();
-  // The launcher's check counts every node: a batch one node could hold
-  // is refused for more nodes than fit.
+  // The launcher's check counts every node. Each refusal is InvalidArgument
+  // and names what to change.
+  auto expect_refused = [](const TrainConfig& c, int processes, int copies,
+                           absl::string_view want) {
+    absl::Status s = CheckTrainConfig(c, processes, copies);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_NE(s.message().find(want), std::string::npos) << s;
+  };
+  // At batch 2000 one node holds some 600 MB of activations and 5 MB of
+  // weights and their state: 400 nodes need 240 GB for activations, 2 GB
+  // for the rest.
   TrainConfig ok = TinyImages("cnn");
-  ok.set_batch(64);
-  EXPECT_TRUE(CheckTrainConfig(ok, 4).ok());
-  absl::Status many = CheckTrainConfig(ok, 1000000000);
-  EXPECT_TRUE(absl::IsInvalidArgument(many)) << many;
-  EXPECT_NE(many.message().find("the training steps of 1000000000 nodes hold"),
+  ok.set_batch(2000);
+  EXPECT_TRUE(CheckTrainConfig(ok, 1).ok());
+  expect_refused(ok, 400, 0, "--batch=2000: the training steps of 400 nodes");
+  // With a batch too small to measure activations on, the weights,
+  // gradients and optimizer state still count: too many nodes for them
+  // alone is refused naming the model, and the node's own copies count.
+  TrainConfig small = TinyImages("cnn");
+  small.set_batch(4);
+  EXPECT_TRUE(CheckTrainConfig(small, 4, 3).ok());
+  expect_refused(small, 1000000000, 0,
+                 "--model=cnn: the weights, gradients and optimizer state of "
+                 "1000000000 nodes need");
+  expect_refused(small, 1000000000, 0, "or fewer nodes");
+  expect_refused(small, 1000000000, 3, "and 3 more copies of the weights");
+  // A model whose weights alone cannot fit is refused before it is built:
+  // a gpt of 10^15 parameters (4 PB) fails at once, not in an allocation.
+  TrainConfig huge = TinyText();
+  huge.set_layers(1000);
+  huge.set_width(300000);
+  huge.set_heads(1);
+  auto t2 = Trainer::Create(huge);
+  ASSERT_FALSE(t2.ok());
+  EXPECT_NE(t2.status().message().find(
+                "--model=gpt: the weights, gradients and optimizer state need "
+                "at least"),
             std::string::npos)
-      << many;
+      << t2.status();
 }
 
 TEST(TrainerTest, GptLearnsText) {

@@ -580,6 +580,11 @@ TEST(NodeTest, BadNodeFlagsExitTwo) {
            {"sim --nodes=4 --batch=100000000",
             "--batch=100000000: a training step holds at least"},
            {"train --threads=100000", "--threads=100000: at most 4 per core"},
+           // 10^15 parameters: refused before anything is allocated.
+           {"sim --layers=1000 --width=300000 --heads=1",
+            "--model=gpt: the weights, gradients and optimizer state need"},
+           {"node --insecure --layers=1000 --width=300000 --heads=1",
+            "--model=gpt: the weights, gradients and optimizer state need"},
            {"sim --poison=n9:nan@1-2", "--poison="}}) {
     auto r = RunStarling(args + " --out=" + TempDir() + "/x");
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
