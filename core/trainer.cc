@@ -285,7 +285,9 @@ std::string ResumeDifferences(const TrainConfig& was, const TrainConfig& now) {
   for (int i = 0; i < d->field_count(); ++i) {
     const google::protobuf::FieldDescriptor* f = d->field(i);
     if (absl::c_linear_search(kNotCounted, f->name())) continue;
-    auto value = [&](const TrainConfig& c) -> std::string {
+    // A double is compared at round-trip precision and shown in the short
+    // form the user typed ("0.003").
+    auto value = [&](const TrainConfig& c, bool exact) -> std::string {
       using F = google::protobuf::FieldDescriptor;
       switch (f->cpp_type()) {
         case F::CPPTYPE_INT32:
@@ -295,7 +297,8 @@ std::string ResumeDifferences(const TrainConfig& was, const TrainConfig& now) {
         case F::CPPTYPE_INT64:
           return absl::StrCat(r->GetInt64(c, f));
         case F::CPPTYPE_DOUBLE:
-          return absl::StrFormat("%.17g", r->GetDouble(c, f));
+          return exact ? absl::StrFormat("%.17g", r->GetDouble(c, f))
+                       : absl::StrCat(r->GetDouble(c, f));
         case F::CPPTYPE_BOOL:
           return r->GetBool(c, f) ? "true" : "false";
         case F::CPPTYPE_STRING:
@@ -304,14 +307,9 @@ std::string ResumeDifferences(const TrainConfig& was, const TrainConfig& now) {
           return "";
       }
     };
-    std::string a = value(was);
-    std::string b = value(now);
-    if (a == b) continue;
-    if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE) {
-      a = absl::StrCat(r->GetDouble(was, f));  // shortest form for display
-      b = absl::StrCat(r->GetDouble(now, f));
-    }
-    out.push_back(absl::StrCat("--", f->name(), "=", b, " (was ", a, ")"));
+    if (value(was, true) == value(now, true)) continue;
+    out.push_back(absl::StrCat("--", f->name(), "=", value(now, false),
+                               " (was ", value(was, false), ")"));
   }
   return absl::StrJoin(out, ", ");
 }
@@ -404,14 +402,17 @@ absl::Status Trainer::Init() {
         absl::StrCat(model_flag, ": forward(x) failed on ",
                      dataset_->Describe(), ": ", TorchErrorMessage(e)));
   }
+  // The state as built (the count above is exact for built-in models; a
+  // TorchScript model is counted only here).
   int64_t trainable = 0;
-  for (const auto& p : params) trainable += p.requires_grad() ? 1 : 0;
   weight_bytes_ = 0;
   training_state_bytes_ = 0;
   for (const auto& p : params) {
     const double bytes = static_cast<double>(p.numel() * p.element_size());
     weight_bytes_ += bytes;
-    if (p.requires_grad()) training_state_bytes_ += bytes * (1 + states);
+    if (!p.requires_grad()) continue;
+    ++trainable;
+    training_state_bytes_ += bytes * (1 + states);
   }
   if (check_memory_) STARLING_RETURN_IF_ERROR(CheckMemory(1));
   if (trainable == 0) {

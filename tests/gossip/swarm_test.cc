@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -80,6 +81,31 @@ bool SeenWithin(const Swarm& s, const std::string& id,
   }
   return Seen(s, id) == want;
 }
+
+// What RoundOnBoth returns: each node's SyncRound result, and when `a`'s
+// returned.
+struct BothRounds {
+  absl::StatusOr<Swarm::RoundResult> a, b;
+  absl::Time a_returned;
+};
+
+// Runs SyncRound(0) on `a` (on this thread) and `b` (on another) at once.
+BothRounds RoundOnBoth(Swarm& a, const Swarm::Reduce& a_reduce, Swarm& b,
+                       const Swarm::Reduce& b_reduce,
+                       const std::function<bool()>& stop) {
+  std::future<absl::StatusOr<Swarm::RoundResult>> b_round = std::async(
+      std::launch::async, [&] { return b.SyncRound(0, "", b_reduce, stop); });
+  BothRounds r{a.SyncRound(0, "", a_reduce, stop), absl::UnknownError(""),
+               absl::Now()};
+  r.b = b_round.get();
+  return r;
+}
+
+// A reduce that does nothing, and a `stop` that never says stop.
+absl::Status NoOp(Transport&, int64_t, const std::vector<std::string>&) {
+  return absl::OkStatus();
+}
+bool Never() { return false; }
 
 bool Ready(std::future<absl::Status>& f) {
   return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
@@ -281,21 +307,13 @@ TEST(SwarmTest, AMemberBackAtItsAddressIsInTheNextRoundsFirstAttempt) {
 
   b = StartReady("n1", {a->address()}, 0, b_address);
   ASSERT_NE(b, nullptr);
-  const auto no_op = [](Transport&, int64_t, const std::vector<std::string>&) {
-    return absl::OkStatus();
-  };
-  const auto never = [] { return false; };
-  std::future<absl::StatusOr<Swarm::RoundResult>> b_round = std::async(
-      std::launch::async, [&] { return b->SyncRound(0, "", no_op, never); });
-  absl::StatusOr<Swarm::RoundResult> a_result =
-      a->SyncRound(0, "", no_op, never);
-  absl::StatusOr<Swarm::RoundResult> b_result = b_round.get();
-  ASSERT_TRUE(a_result.ok()) << a_result.status();
-  ASSERT_TRUE(b_result.ok()) << b_result.status();
-  for (const Swarm::RoundResult* r : {&*a_result, &*b_result}) {
-    EXPECT_EQ(r->outcome, Swarm::Outcome::kCommitted);
-    EXPECT_EQ(r->attempt, 1) << "the first plan did not reach n1";
-    EXPECT_EQ(r->members, (std::vector<std::string>{"n0", "n1"}));
+  BothRounds r = RoundOnBoth(*a, NoOp, *b, NoOp, Never);
+  ASSERT_TRUE(r.a.ok()) << r.a.status();
+  ASSERT_TRUE(r.b.ok()) << r.b.status();
+  for (const Swarm::RoundResult* res : {&*r.a, &*r.b}) {
+    EXPECT_EQ(res->outcome, Swarm::Outcome::kCommitted);
+    EXPECT_EQ(res->attempt, 1) << "the first plan did not reach n1";
+    EXPECT_EQ(res->members, (std::vector<std::string>{"n0", "n1"}));
   }
 }
 
@@ -323,16 +341,11 @@ TEST(SwarmTest, AttemptsThatKeepFailingAreRetriedWithBackoff) {
   };
   const auto stopping = [&stop] { return stop.load(); };
   std::vector<absl::Time> a_at, b_at;
-  std::future<absl::StatusOr<Swarm::RoundResult>> b_round =
-      std::async(std::launch::async,
-                 [&] { return b->SyncRound(0, "", failing(&b_at), stopping); });
-  absl::StatusOr<Swarm::RoundResult> a_result =
-      a->SyncRound(0, "", failing(&a_at), stopping);
-  absl::StatusOr<Swarm::RoundResult> b_result = b_round.get();
-  ASSERT_TRUE(a_result.ok()) << a_result.status();
-  ASSERT_TRUE(b_result.ok()) << b_result.status();
-  EXPECT_EQ(a_result->outcome, Swarm::Outcome::kStopped);
-  EXPECT_EQ(b_result->outcome, Swarm::Outcome::kStopped);
+  BothRounds r = RoundOnBoth(*a, failing(&a_at), *b, failing(&b_at), stopping);
+  ASSERT_TRUE(r.a.ok()) << r.a.status();
+  ASSERT_TRUE(r.b.ok()) << r.b.status();
+  EXPECT_EQ(r.a->outcome, Swarm::Outcome::kStopped);
+  EXPECT_EQ(r.b->outcome, Swarm::Outcome::kStopped);
   // The first node to reach kAttempts stopped both; the other was told to
   // stop before it ran that last attempt, or just after. A gap is from one
   // attempt's start to the next's, so it includes the wait.
@@ -380,7 +393,7 @@ TEST(SwarmTest, ControlMessagesFromNonMembersChangeNothing) {
     m.set_attempt(1);
     return m;
   };
-  std::atomic<bool> b_reduced{false};
+  absl::Time b_reduced = absl::InfiniteFuture();
   std::atomic<bool> b_cancelled{false};
   std::vector<peer::v1::ControlAck> acks;
   // n1 forges while its part of attempt 1 runs, then takes its time.
@@ -398,27 +411,18 @@ TEST(SwarmTest, ControlMessagesFromNonMembersChangeNothing) {
     (void)forge(b->address(), message(K::ABORT, "ghost", 0));
     absl::SleepFor(absl::Milliseconds(500));
     b_cancelled = t.mailbox().cancelled();
-    b_reduced = true;
+    b_reduced = absl::Now();
     return absl::OkStatus();
   };
-  const auto no_op = [](Transport&, int64_t, const std::vector<std::string>&) {
-    return absl::OkStatus();
-  };
-  const auto never = [] { return false; };
-  std::future<absl::StatusOr<Swarm::RoundResult>> b_round = std::async(
-      std::launch::async, [&] { return b->SyncRound(0, "", b_reduce, never); });
-  absl::StatusOr<Swarm::RoundResult> a_result =
-      a->SyncRound(0, "", no_op, never);
-  const bool b_reduced_before_commit = b_reduced.load();
-  absl::StatusOr<Swarm::RoundResult> b_result = b_round.get();
-  ASSERT_TRUE(a_result.ok()) << a_result.status();
-  ASSERT_TRUE(b_result.ok()) << b_result.status();
-  EXPECT_TRUE(b_reduced_before_commit) << "n0 committed before n1 was done";
+  BothRounds r = RoundOnBoth(*a, NoOp, *b, b_reduce, Never);
+  ASSERT_TRUE(r.a.ok()) << r.a.status();
+  ASSERT_TRUE(r.b.ok()) << r.b.status();
+  EXPECT_LE(b_reduced, r.a_returned) << "n0 committed before n1 was done";
   EXPECT_FALSE(b_cancelled.load()) << "a stranger's ABORT called n1 off";
-  for (const Swarm::RoundResult* r : {&*a_result, &*b_result}) {
-    EXPECT_EQ(r->outcome, Swarm::Outcome::kCommitted);
-    EXPECT_EQ(r->attempt, 1);
-    EXPECT_EQ(r->members, (std::vector<std::string>{"n0", "n1"}));
+  for (const Swarm::RoundResult* res : {&*r.a, &*r.b}) {
+    EXPECT_EQ(res->outcome, Swarm::Outcome::kCommitted);
+    EXPECT_EQ(res->attempt, 1);
+    EXPECT_EQ(res->members, (std::vector<std::string>{"n0", "n1"}));
   }
   ASSERT_EQ(acks.size(), 4u);
   for (const peer::v1::ControlAck& ack : acks) {
