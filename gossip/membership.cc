@@ -145,6 +145,9 @@ absl::StatusOr<std::unique_ptr<Membership>> Membership::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("membership: negative incarnation ", options.incarnation));
   }
+  if (options.max_members == 0) {
+    return absl::InvalidArgumentError("membership: max_members is 0");
+  }
   MembershipOptions o = options;
   if (o.incarnation == 0) o.incarnation = absl::ToUnixMillis(now);
   std::unique_ptr<Membership> m(new Membership(o));
@@ -231,24 +234,49 @@ absl::Status Membership::Merge(const std::vector<MemberEntry>& entries,
       }
       continue;
     }
-    MergeOneLocked(e, now, changes);
+    s = MergeOneLocked(e, now, changes);
+    if (!s.ok() && first.ok()) first = s;
   }
   return first;
 }
 
-void Membership::MergeOneLocked(const MemberEntry& e, absl::Time now,
-                                std::vector<MembershipChange>* changes) {
-  auto it = std::lower_bound(
-      rows_.begin(), rows_.end(), e.id(),
-      [](const Row& r, const std::string& k) { return r.entry.id() < k; });
+absl::Status Membership::MergeOneLocked(
+    const MemberEntry& e, absl::Time now,
+    std::vector<MembershipChange>* changes) {
+  auto find = [&] {
+    return std::lower_bound(
+        rows_.begin(), rows_.end(), e.id(),
+        [](const Row& r, const std::string& k) { return r.entry.id() < k; });
+  };
+  auto it = find();
   if (it == rows_.end() || it->entry.id() != e.id()) {
+    if (rows_.size() >= options_.max_members) {
+      // Full: a tombstone of a stranger guards nothing here, and a live
+      // newcomer takes the place of the oldest tombstone, if there is one.
+      if (IsTerminal(e.state())) return absl::OkStatus();
+      auto oldest = rows_.end();
+      for (auto r = rows_.begin(); r != rows_.end(); ++r) {
+        if (IsTerminal(r->entry.state()) && r->entry.id() != options_.self_id &&
+            (oldest == rows_.end() || r->last_rise < oldest->last_rise)) {
+          oldest = r;
+        }
+      }
+      if (oldest == rows_.end()) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("membership: the table is full (", rows_.size(),
+                         " members, none dead or left); ", QuoteForLog(e.id()),
+                         " is not admitted"));
+      }
+      rows_.erase(oldest);
+      it = find();
+    }
     Row row;
     row.entry = e;
     row.last_rise = now;
     rows_.insert(it, std::move(row));
     Record(changes, e.id(), peer::v1::MEMBER_STATE_UNSPECIFIED, e.state(),
            e.incarnation());
-    return;
+    return absl::OkStatus();
   }
   Row& row = *it;
   MemberEntry& cur = row.entry;
@@ -256,29 +284,29 @@ void Membership::MergeOneLocked(const MemberEntry& e, absl::Time now,
   if (e.id() == options_.self_id) {
     // Gossip never edits this node's row; it can only make it refute a
     // rumour (or an entry from an earlier life with a higher incarnation).
-    if (cur.state() == peer::v1::MEMBER_LEFT) return;
+    if (cur.state() == peer::v1::MEMBER_LEFT) return absl::OkStatus();
     const bool refute = e.incarnation() > cur.incarnation() ||
                         (e.incarnation() == cur.incarnation() &&
                          e.state() != peer::v1::MEMBER_ALIVE);
-    if (!refute) return;
+    if (!refute) return absl::OkStatus();
     cur.set_incarnation(e.incarnation() + 1);  // Validate caps incarnation
     Record(changes, e.id(), e.state(), peer::v1::MEMBER_ALIVE,
            cur.incarnation());
-    return;
+    return absl::OkStatus();
   }
 
-  if (e.incarnation() < cur.incarnation()) return;  // stale
+  if (e.incarnation() < cur.incarnation()) return absl::OkStatus();  // stale
   if (e.incarnation() > cur.incarnation()) {
     const MemberState from = cur.state();
     cur = e;
     row.last_rise = now;
     row.suspected_locally = false;
     Record(changes, e.id(), from, e.state(), e.incarnation());
-    return;
+    return absl::OkStatus();
   }
 
   // Same incarnation. Tombstones are final.
-  if (IsTerminal(cur.state())) return;
+  if (IsTerminal(cur.state())) return absl::OkStatus();
   const bool fresher = Fresher(e, cur);
   if (fresher) {
     CopyProgress(e, &cur);
@@ -301,6 +329,7 @@ void Membership::MergeOneLocked(const MemberEntry& e, absl::Time now,
       Record(changes, e.id(), from, peer::v1::MEMBER_ALIVE, cur.incarnation());
     }
   }
+  return absl::OkStatus();
 }
 
 void Membership::Tick(absl::Time now, std::vector<MembershipChange>* changes) {

@@ -23,6 +23,10 @@
 // DEAD and LEFT entries stay as tombstones so gossip cannot resurrect them; a
 // restarted node comes back with a higher incarnation (Options.incarnation
 // defaults to the wall clock in milliseconds, which grows across restarts).
+// The table is bounded (Options.max_members): a new member evicts the
+// tombstone whose state changed longest ago, and is refused when every row
+// is live, so that ids gossiped by a misbehaving peer or years of churn
+// cannot grow it without end.
 //
 // Thread-safe: one absl::Mutex guards the table; no callbacks.
 #ifndef STARLING_GOSSIP_MEMBERSHIP_H_
@@ -50,6 +54,12 @@ struct MembershipOptions {
   // An ALIVE member whose heartbeat has not risen for this long becomes
   // SUSPECT; a SUSPECT one that stays silent as long again becomes DEAD.
   absl::Duration suspect_after = absl::Seconds(3);
+  // The most rows the table holds, this node's included (at least 1). When
+  // it is full, an id not yet known takes the place of the DEAD or LEFT row
+  // whose state changed longest ago; a tombstone of an unknown id is then
+  // dropped, and a live one is refused (ResourceExhausted) while no row is
+  // DEAD or LEFT.
+  size_t max_members = 1024;
 };
 
 // OK when `id` can name a member: 1 to 128 bytes of printable ASCII without
@@ -71,8 +81,8 @@ struct MembershipChange {
 
 class Membership {
  public:
-  // InvalidArgument when self_id or self_address is empty or incarnation is
-  // negative.
+  // InvalidArgument when self_id or self_address is empty, incarnation is
+  // negative or max_members is 0.
   static absl::StatusOr<std::unique_ptr<Membership>> Create(
       const MembershipOptions& options, absl::Time now);
 
@@ -96,7 +106,8 @@ class Membership {
   // `now`. Entries with a bad id (CheckNodeId), an empty, overlong or
   // unprintable address or lineage, an unspecified state or negative
   // counters are skipped (InvalidArgument naming the first, after merging
-  // the rest).
+  // the rest), and so are new live members of a full table
+  // (ResourceExhausted: see max_members).
   // Appends what changed to `changes` when it is not null.
   absl::Status Merge(const std::vector<peer::v1::MemberEntry>& entries,
                      absl::Time now,
@@ -137,9 +148,10 @@ class Membership {
   const Row* FindLocked(const std::string& id) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   Row& SelfLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Merges one valid entry.
-  void MergeOneLocked(const peer::v1::MemberEntry& e, absl::Time now,
-                      std::vector<MembershipChange>* changes)
+  // Merges one valid entry; ResourceExhausted when it is a new live member
+  // and the table is full of live ones.
+  absl::Status MergeOneLocked(const peer::v1::MemberEntry& e, absl::Time now,
+                              std::vector<MembershipChange>* changes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const MembershipOptions options_;

@@ -493,6 +493,7 @@ absl::StatusOr<std::unique_ptr<Swarm>> Swarm::Start(
   mo.self_id = options.node_id;
   mo.self_address = s->transport_->address();
   mo.suspect_after = options.suspect_after;
+  mo.max_members = options.max_members;
   STARLING_ASSIGN_OR_RETURN(s->membership_,
                             Membership::Create(mo, absl::Now()));
   s->membership_->SetProgress(0, "", /*joining=*/true);
@@ -998,6 +999,14 @@ absl::Status Swarm::OnGossip(const GossipRequest& req, GossipResponse* resp) {
   std::vector<MembershipChange> changes;
   absl::Status s =
       membership_->Merge(ToVector(req.members()), absl::Now(), &changes);
+  if (absl::IsResourceExhausted(s)) {
+    // This node's table is full of live members: not the caller's fault,
+    // and it still gets this node's view.
+    if (!warned_table_full_.exchange(true)) {
+      STARLING_LOG(WARNING) << s.message();
+    }
+    s = absl::OkStatus();
+  }
   ReportChanges(changes);
   if (!changes.empty()) {
     absl::MutexLock lock(&coord_->mu);

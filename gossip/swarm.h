@@ -116,6 +116,8 @@ struct SwarmOptions {
   absl::Duration gossip_interval = absl::Milliseconds(200);
   absl::Duration suspect_after = absl::Seconds(3);
   absl::Duration round_deadline = absl::Seconds(60);
+  // The most members this node's table holds (MembershipOptions.max_members).
+  size_t max_members = 1024;
   // A file whose first line, when present, splits node ids into groups that
   // cannot reach each other ("n0,n1|n2,n3"): an emulated partition.
   std::string partition_file;
@@ -349,7 +351,8 @@ class Swarm {
   std::unique_ptr<Coordinator> coord_;
   std::unique_ptr<Inbox> inbox_;
   std::atomic<bool> stopping_{false};
-  std::atomic<bool> joined_{false};  // part of a swarm (see OnJoin)
+  std::atomic<bool> joined_{false};             // part of a swarm (see OnJoin)
+  std::atomic<bool> warned_table_full_{false};  // logged once (OnGossip)
   std::atomic<int64_t> control_bytes_{0};
   std::atomic<int64_t> push_sent_{0};
   std::atomic<int64_t> push_received_{0};

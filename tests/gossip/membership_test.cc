@@ -83,6 +83,11 @@ TEST(MembershipTest, CreateRejectsEmptyIdOrAddress) {
   o.incarnation = -1;
   EXPECT_EQ(Membership::Create(o, T(0)).status().code(),
             absl::StatusCode::kInvalidArgument);
+  o.incarnation = 0;
+  o.max_members = 0;
+  m = Membership::Create(o, T(0));
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("max_members"), std::string::npos);
 }
 
 TEST(MembershipTest, SelfRowIsAlwaysPresentAndIncarnationDefaultsToNow) {
@@ -429,6 +434,57 @@ TEST(MembershipTest, TombstonesAreNotResurrectedByOldAliveEntries) {
   EXPECT_EQ(StateOf(*a, "c"), MEMBER_LEFT);  // the first terminal state stays
   EXPECT_TRUE(changes.empty());
   EXPECT_EQ(Ids(a->Live()), std::vector<std::string>{"a"});
+}
+
+TEST(MembershipTest, AFullTableMakesRoomOnlyByEvictingTheOldestTombstone) {
+  MembershipOptions o;
+  o.self_id = "a";
+  o.self_address = "a:7000";
+  o.incarnation = 100;
+  o.suspect_after = absl::Seconds(3);
+  o.max_members = 3;
+  auto made = Membership::Create(o, T(0));
+  ASSERT_TRUE(made.ok()) << made.status();
+  Membership& a = **made;
+  ASSERT_TRUE(
+      a.Merge({Entry("b", 1, MEMBER_ALIVE), Entry("c", 1, MEMBER_ALIVE)}, T(0))
+          .ok());
+
+  // Full of live members: a newcomer is refused, naming it, and the rest of
+  // the same batch is still merged.
+  absl::Status s = a.Merge(
+      {Entry("d", 1, MEMBER_ALIVE), Entry("c", 1, MEMBER_ALIVE, 5)}, T(2));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("full"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("\"d\""), std::string::npos) << s;
+  EXPECT_EQ(Ids(a.Snapshot()), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(Row(a, "c").heartbeat(), 5);
+
+  // b falls silent first and dies at 7 s; c leaves at 8 s.
+  a.Tick(T(3.5));
+  a.Tick(T(7));
+  ASSERT_EQ(StateOf(a, "b"), MEMBER_DEAD);
+  ASSERT_TRUE(a.Merge({Entry("c", 1, MEMBER_LEFT, 6)}, T(8)).ok());
+
+  // A tombstone of a stranger guards nothing here: dropped, not swapped in.
+  std::vector<MembershipChange> changes;
+  ASSERT_TRUE(a.Merge({Entry("x", 1, MEMBER_DEAD)}, T(9), &changes).ok());
+  EXPECT_TRUE(changes.empty());
+  EXPECT_EQ(Ids(a.Snapshot()), (std::vector<std::string>{"a", "b", "c"}));
+
+  // Newcomers take the places of the oldest tombstones, b's then c's.
+  ASSERT_TRUE(a.Merge({Entry("d", 1, MEMBER_ALIVE)}, T(9), &changes).ok());
+  EXPECT_EQ(Ids(a.Snapshot()), (std::vector<std::string>{"a", "c", "d"}));
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_EQ(changes[0].id, "d");
+  EXPECT_EQ(changes[0].to, MEMBER_ALIVE);
+  ASSERT_TRUE(a.Merge({Entry("e", 1, MEMBER_SUSPECT)}, T(10)).ok());
+  EXPECT_EQ(Ids(a.Snapshot()), (std::vector<std::string>{"a", "d", "e"}));
+  EXPECT_EQ(a.Merge({Entry("f", 1, MEMBER_ALIVE)}, T(11)).code(),
+            absl::StatusCode::kResourceExhausted);
+  // The evicted tombstones stay out, and the table never grew past 3.
+  ASSERT_TRUE(a.Merge({Entry("b", 1, MEMBER_DEAD)}, T(12)).ok());
+  EXPECT_EQ(Ids(a.Snapshot()), (std::vector<std::string>{"a", "d", "e"}));
 }
 
 TEST(MembershipTest, WorseStateWinsAtTheSameIncarnation) {

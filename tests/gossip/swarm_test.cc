@@ -23,9 +23,9 @@
 namespace starling {
 namespace {
 
-std::unique_ptr<Swarm> StartSwarm(const std::string& id,
-                                  const std::vector<std::string>& seeds,
-                                  const std::string& listen = "127.0.0.1:0") {
+SwarmOptions TestOptions(const std::string& id,
+                         const std::vector<std::string>& seeds,
+                         const std::string& listen = "127.0.0.1:0") {
   SwarmOptions o;
   o.node_id = id;
   o.listen = listen;
@@ -35,9 +35,19 @@ std::unique_ptr<Swarm> StartSwarm(const std::string& id,
   o.identity.model = MakeFingerprint("mlp(x)", 10, "abc");
   o.gossip_interval = absl::Milliseconds(50);
   o.suspect_after = absl::Seconds(30);
+  return o;
+}
+
+std::unique_ptr<Swarm> Start(const SwarmOptions& o) {
   absl::StatusOr<std::unique_ptr<Swarm>> s = Swarm::Start(o);
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? std::move(s).value() : nullptr;
+}
+
+std::unique_ptr<Swarm> StartSwarm(const std::string& id,
+                                  const std::vector<std::string>& seeds,
+                                  const std::string& listen = "127.0.0.1:0") {
+  return Start(TestOptions(id, seeds, listen));
 }
 
 // StartSwarm, then JoinSwarm through `seeds` (null when either fails).
@@ -429,6 +439,46 @@ TEST(SwarmTest, ControlMessagesFromNonMembersChangeNothing) {
     EXPECT_FALSE(ack.accepted());
     EXPECT_EQ(ack.reason(), "n0 knows no member \"ghost\"");
   }
+}
+
+TEST(SwarmTest, AFullMemberTableRefusesJoinersButStillAnswersGossip) {
+  SwarmOptions o = TestOptions("n0", {});
+  o.max_members = 2;
+  std::unique_ptr<Swarm> a = Start(o);
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(a->JoinSwarm(absl::Now() + absl::Seconds(10)).ok());
+  std::unique_ptr<Swarm> b = StartJoined("n1", {a->address()});
+  ASSERT_NE(b, nullptr);
+
+  // The joiner hears why.
+  std::unique_ptr<Swarm> c = StartSwarm("n2", {a->address()});
+  ASSERT_NE(c, nullptr);
+  absl::Status joined = c->JoinSwarm(absl::Now() + absl::Seconds(2));
+  EXPECT_FALSE(joined.ok());
+  EXPECT_NE(joined.message().find("the table is full"), std::string::npos)
+      << joined;
+  EXPECT_NE(joined.message().find("\"n2\""), std::string::npos) << joined;
+
+  // A member gossiping an entry n0 has no room for still gets n0's view.
+  peer::v1::GossipRequest req;
+  req.set_run_id("barrier");
+  req.set_from("n1");
+  peer::v1::MemberEntry* e = req.add_members();
+  e->set_id("n3");
+  e->set_address("127.0.0.1:1");
+  e->set_incarnation(1);
+  e->set_state(peer::v1::MEMBER_ALIVE);
+  auto stub = peer::v1::Swarm::NewStub(
+      grpc::CreateChannel(a->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  peer::v1::GossipResponse resp;
+  grpc::Status s = stub->Gossip(&ctx, req, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  std::vector<std::string> ids;
+  for (const peer::v1::MemberEntry& m : resp.members()) ids.push_back(m.id());
+  EXPECT_EQ(ids, (std::vector<std::string>{"n0", "n1"}));
+  EXPECT_EQ(Seen(*a, "n3"), "");
 }
 
 }  // namespace
