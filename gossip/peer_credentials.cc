@@ -5,7 +5,9 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
+#include <openssl/x509v3.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -13,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/file_util.h"
 #include "core/logging.h"
 #include "core/status.h"
@@ -69,8 +72,40 @@ absl::StatusOr<std::vector<X509Ptr>> ParseCerts(const char* flag,
   return certs;
 }
 
+// The names a certificate gives its holder: the CN, then every DNS name of
+// its subjectAltName.
+std::vector<std::string> NamesOf(X509* cert) {
+  std::vector<std::string> names;
+  char cn[256];
+  const int n = X509_NAME_get_text_by_NID(X509_get_subject_name(cert),
+                                          NID_commonName, cn, sizeof(cn));
+  if (n > 0) names.emplace_back(cn, static_cast<size_t>(n));
+  auto* sans = static_cast<GENERAL_NAMES*>(
+      X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+  for (int i = 0; sans != nullptr && i < sk_GENERAL_NAME_num(sans); ++i) {
+    const GENERAL_NAME* g = sk_GENERAL_NAME_value(sans, i);
+    if (g->type != GEN_DNS) continue;
+    const ASN1_STRING* dns = g->d.dNSName;
+    names.emplace_back(
+        reinterpret_cast<const char*>(ASN1_STRING_get0_data(dns)),
+        static_cast<size_t>(ASN1_STRING_length(dns)));
+  }
+  GENERAL_NAMES_free(sans);
+  ERR_clear_error();
+  return names;
+}
+
+// "none", or the names quoted and joined.
+std::string ListNames(const std::vector<std::string>& names) {
+  if (names.empty()) return "none";
+  std::vector<std::string> quoted;
+  for (const std::string& n : names) quoted.push_back(QuoteForLog(n));
+  return absl::StrJoin(quoted, ", ");
+}
+
 // Checks that the key parses and matches the leaf, and that the leaf
 // chains to one of the CA certificates (through the chain file's others).
+// With bound ids, the leaf must also name this node.
 absl::Status CheckPems(const PeerSecurityOptions& o, const std::string& cert,
                        const std::string& key, const std::string& ca) {
   absl::StatusOr<std::vector<X509Ptr>> chain =
@@ -119,6 +154,19 @@ absl::Status CheckPems(const PeerSecurityOptions& o, const std::string& cert,
                absl::StrCat("does not verify against --tls_ca=", o.tls_ca, ": ",
                             X509_verify_cert_error_string(err)));
   }
+  if (o.tls_bind_node_ids && !o.node_id.empty()) {
+    const std::vector<std::string> names = NamesOf(chain->front().get());
+    if (std::find(names.begin(), names.end(), o.node_id) == names.end()) {
+      return Bad("tls_cert", o.tls_cert,
+                 absl::StrCat("names ", ListNames(names),
+                              " but not this "
+                              "node's id ",
+                              QuoteForLog(o.node_id),
+                              " (--tls_bind_node_ids: each member's "
+                              "certificate names its --node_id, as CN or as "
+                              "a DNS subjectAltName)"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -150,6 +198,12 @@ absl::StatusOr<std::optional<TlsFiles>> CheckOptions(
         absl::StrCat("--peer_rate_limit=", o.peer_rate_limit,
                      ": must be a number of calls per second >= 0"));
   }
+  if (o.tls_bind_node_ids && !o.tls_require_client_cert) {
+    return absl::InvalidArgumentError(
+        "--tls_bind_node_ids needs mutual TLS: pass "
+        "--tls_require_client_cert (with --tls_cert, --tls_key and --tls_ca), "
+        "so that every caller shows the certificate that names it");
+  }
   if (o.insecure) {
     if (o.asks_for_tls()) {
       return absl::InvalidArgumentError(
@@ -176,7 +230,8 @@ absl::StatusOr<std::optional<TlsFiles>> CheckOptions(
 
 bool PeerSecurityOptions::asks_for_tls() const {
   return !tls_cert.empty() || !tls_key.empty() || !tls_ca.empty() ||
-         tls_require_client_cert || !tls_server_name.empty();
+         tls_require_client_cert || !tls_server_name.empty() ||
+         tls_bind_node_ids;
 }
 
 absl::Status CheckPeerSecurity(const PeerSecurityOptions& o) {
@@ -207,6 +262,7 @@ absl::StatusOr<PeerCredentials> LoadPeerCredentials(
     c.server_name = o.tls_server_name;
     c.tls = true;
     c.mutual = o.tls_require_client_cert;
+    c.bind_node_ids = o.tls_bind_node_ids;
   }
   if (o.peer_rate_limit > 0) {
     c.rate_limit = std::make_shared<PeerRateLimiter>(o.peer_rate_limit,
@@ -239,6 +295,26 @@ grpc::Status PeerCredentials::Admit(grpc::CallbackServerContext* ctx,
   }
   if (join_auth == nullptr) return grpc::Status::OK;
   return join_auth->Admit(ctx, method);
+}
+
+grpc::Status PeerCredentials::CheckCaller(const grpc::ServerContextBase& ctx,
+                                          absl::string_view id,
+                                          absl::string_view what) const {
+  if (!bind_node_ids) return grpc::Status::OK;
+  std::vector<std::string> names;
+  if (std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context()) {
+    for (const char* property :
+         {GRPC_X509_CN_PROPERTY_NAME, GRPC_X509_SAN_PROPERTY_NAME}) {
+      for (const grpc::string_ref& v : auth->FindPropertyValues(property)) {
+        names.emplace_back(v.data(), v.size());
+        if (names.back() == id) return grpc::Status::OK;
+      }
+    }
+  }
+  return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                      absl::StrCat(what, " as member ", QuoteForLog(id),
+                                   " from a caller whose certificate names ",
+                                   ListNames(names), " (--tls_bind_node_ids)"));
 }
 
 }  // namespace starling

@@ -29,6 +29,14 @@ struct PeerSecurityOptions {
   // Name checked against every peer's certificate instead of the host part
   // of its address (one certificate for the whole swarm). Empty: the host.
   std::string tls_server_name;
+  // Members are who their certificates say: each member's certificate names
+  // its node id (as its CN or a DNS subjectAltName), and a call that speaks
+  // for a member (a join, gossip, round control, a push) is refused unless
+  // the caller's certificate names that member. Needs mutual TLS.
+  bool tls_bind_node_ids = false;
+  // This node's id, which its own tls_cert must name when ids are bound;
+  // empty: not checked (a parent that checks its children's flags).
+  std::string node_id;
   bool insecure = false;  // plaintext
   // The swarm secret every call must prove it knows; empty: no admission
   // check.
@@ -47,6 +55,7 @@ struct PeerCredentials {
   std::string server_name;  // SSL target name override, or empty
   bool tls = false;
   bool mutual = false;
+  bool bind_node_ids = false;  // see PeerSecurityOptions::tls_bind_node_ids
   // Null: calls are not signed and every caller is admitted.
   std::shared_ptr<JoinAuth> join_auth;
   // Null: no per-peer rate limit on incoming calls.
@@ -60,6 +69,11 @@ struct PeerCredentials {
   // it. Refusals are logged at most once a minute per peer host.
   grpc::Status Admit(grpc::CallbackServerContext* ctx,
                      absl::string_view method) const;
+  // OK unless ids are bound and the caller's certificate does not name
+  // member `id`: then PERMISSION_DENIED naming `what` (e.g. "gossip"), the
+  // id and the names the certificate carries.
+  grpc::Status CheckCaller(const grpc::ServerContextBase& ctx,
+                           absl::string_view id, absl::string_view what) const;
 };
 
 // Plaintext credentials, for in-process tools and tests (the node's own

@@ -102,6 +102,10 @@ class Swarm::Service final : public peer::v1::Swarm::CallbackService {
       reactor->Finish(a);
       return reactor;
     }
+    if (grpc::Status a = Caller(ctx, req->self().id(), "a join"); !a.ok()) {
+      reactor->Finish(a);
+      return reactor;
+    }
     reactor->Finish(ToGrpcStatus(swarm_->OnJoin(*req, resp)));
     return reactor;
   }
@@ -113,6 +117,10 @@ class Swarm::Service final : public peer::v1::Swarm::CallbackService {
       reactor->Finish(a);
       return reactor;
     }
+    if (grpc::Status a = Caller(ctx, req->from(), "gossip"); !a.ok()) {
+      reactor->Finish(a);
+      return reactor;
+    }
     reactor->Finish(ToGrpcStatus(swarm_->OnGossip(*req, resp)));
     return reactor;
   }
@@ -121,6 +129,10 @@ class Swarm::Service final : public peer::v1::Swarm::CallbackService {
                                     ControlAck* resp) override {
     auto* reactor = ctx->DefaultReactor();
     if (grpc::Status a = Admit(ctx, "Control"); !a.ok()) {
+      reactor->Finish(a);
+      return reactor;
+    }
+    if (grpc::Status a = Caller(ctx, req->from(), "a round message"); !a.ok()) {
       reactor->Finish(a);
       return reactor;
     }
@@ -147,6 +159,11 @@ class Swarm::Service final : public peer::v1::Swarm::CallbackService {
   grpc::Status Admit(grpc::CallbackServerContext* ctx,
                      absl::string_view method) {
     return swarm_->options_.credentials.Admit(ctx, method);
+  }
+  // Whether the caller may speak as member `id` (--tls_bind_node_ids).
+  grpc::Status Caller(grpc::CallbackServerContext* ctx, const std::string& id,
+                      absl::string_view what) {
+    return swarm_->options_.credentials.CheckCaller(*ctx, id, what);
   }
   Swarm* swarm_;
 };
@@ -287,6 +304,7 @@ class Swarm::Service::PushReader : public grpc::ServerReadReactor<PushChunk> {
  public:
   PushReader(Swarm* swarm, grpc::CallbackServerContext* ctx, PushAck* ack)
       : swarm_(swarm),
+        ctx_(ctx),
         ack_(ack),
         slot_(std::make_shared<PushSlot>()),
         assembler_(swarm->options_.identity.run_id,
@@ -332,6 +350,12 @@ class Swarm::Service::PushReader : public grpc::ServerReadReactor<PushChunk> {
       if (!push.ok()) {
         End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                          std::string(push.status().message())));
+        return;
+      }
+      if (grpc::Status a = swarm_->options_.credentials.CheckCaller(
+              *ctx_, push->from, "a push");
+          !a.ok()) {
+        End(a);
         return;
       }
       // Only another member's model is averaged in (and kept as a copy:
@@ -386,6 +410,7 @@ class Swarm::Service::PushReader : public grpc::ServerReadReactor<PushChunk> {
   }
 
   Swarm* swarm_;
+  grpc::CallbackServerContext* ctx_;  // valid until OnDone
   PushAck* ack_;
   std::shared_ptr<PushSlot> slot_;
   std::unique_ptr<StreamDeadlines::Watched> watch_;
@@ -636,7 +661,8 @@ absl::Status Swarm::JoinSwarm(absl::Time deadline) {
         joined_ = true;
         return absl::OkStatus();
       }
-      if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+          s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
         return absl::FailedPreconditionError(absl::StrCat(
             "peer ", seed, " refused this node: ", s.error_message()));
       }

@@ -65,6 +65,11 @@ ABSL_FLAG(bool, tls_require_client_cert, false,
 ABSL_FLAG(std::string, tls_server_name, "",
           "the name every peer's certificate must carry, instead of the host "
           "of its address (one certificate for the whole swarm)");
+ABSL_FLAG(bool, tls_bind_node_ids, false,
+          "diloco and gossip, with --tls_require_client_cert: each member's "
+          "certificate names its --node_id (as CN or a DNS subjectAltName), "
+          "and a join, gossip, round message or push sent under a member's "
+          "id is refused unless the caller's certificate names that id");
 ABSL_FLAG(bool, insecure, false,
           "plaintext peer traffic, without TLS: only on a network you trust "
           "(the node logs a warning); one of --insecure or --tls_cert/"
@@ -491,6 +496,7 @@ const std::vector<std::string>& NodeFlagNames() {
                                    "tls_ca",
                                    "tls_require_client_cert",
                                    "tls_server_name",
+                                   "tls_bind_node_ids",
                                    "insecure",
                                    "join_token_file",
                                    "peer_rate_limit",
@@ -2446,6 +2452,9 @@ PeerSecurityOptions PeerSecurityFromFlags() {
   security.tls_require_client_cert =
       absl::GetFlag(FLAGS_tls_require_client_cert);
   security.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  security.tls_bind_node_ids = absl::GetFlag(FLAGS_tls_bind_node_ids);
+  security.node_id = absl::GetFlag(FLAGS_node_id);
+  if (security.node_id.empty()) security.node_id = absl::GetFlag(FLAGS_listen);
   security.insecure = absl::GetFlag(FLAGS_insecure);
   security.join_token_file = absl::GetFlag(FLAGS_join_token_file);
   security.peer_rate_limit = absl::GetFlag(FLAGS_peer_rate_limit);
@@ -2490,6 +2499,12 @@ int RunNodeCommand() {
     run.links = std::make_shared<LinkEmulator>(*std::move(links));
   }
   const PeerSecurityOptions security = PeerSecurityFromFlags();
+  if (security.tls_bind_node_ids && run.algo == "ddp") {
+    return Fail(absl::InvalidArgumentError(
+                    "--tls_bind_node_ids: --algo=ddp has no node ids (ranks "
+                    "follow --peers); use it with diloco or gossip"),
+                2);
+  }
   if (absl::StatusOr<PeerCredentials> c = LoadPeerCredentials(security);
       !c.ok()) {
     return Fail(c.status(), 2);

@@ -945,8 +945,16 @@ int RunSimCommand() {
   PeerSecurityOptions security = PeerSecurityFromFlags();
   const bool plaintext = !security.asks_for_tls();
   if (plaintext) security.insecure = true;
+  security.node_id.clear();  // each node's is its own
   if (absl::Status s = CheckPeerSecurity(security); !s.ok()) {
     return Fail(s, 2);
+  }
+  if (security.tls_bind_node_ids) {
+    return Fail(absl::InvalidArgumentError(
+                    "--tls_bind_node_ids: starling sim gives every node the "
+                    "same --tls_cert, which cannot name each node's id; use "
+                    "it with starling node, one certificate per node"),
+                2);
   }
   if (config.out().empty()) {
     config.set_out(absl::StrCat(

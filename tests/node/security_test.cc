@@ -1,7 +1,8 @@
 // Security of `starling node` with real processes. TLS: a swarm over
 // mutual TLS with certificates made at test time by the openssl command
-// (none committed), intruders it refuses while it keeps training, and TLS
-// flags refused by name at start-up. Admission by the swarm secret
+// (none committed), intruders it refuses while it keeps training, TLS
+// flags refused by name at start-up, and ids bound to certificates
+// (--tls_bind_node_ids). Admission by the swarm secret
 // (--join_token_file): members that hold the token train together; a node
 // without it, one with a wrong token, a replayed call and a stale call are
 // all refused UNAUTHENTICATED while the swarm trains on, and the refusals
@@ -210,6 +211,136 @@ TEST_F(TlsTest, OneSwarmCertificateWithServerName) {
   EXPECT_EQ(FinalHash("n0"), FinalHash("n1"));
 }
 
+// With --tls_bind_node_ids a member is who its certificate says.
+class BoundIdsTest : public TlsTest {
+ protected:
+  // A node whose own certificate names another id stops at start-up. n0
+  // (running `algo`) refuses a join under the id n1 from a caller holding
+  // n2's certificate (valid, from the swarm's CA), and gossip, a round
+  // message and a push that n2 sends as n1; the real n1 then trains with
+  // n0. Waits for both to exit 0.
+  void ImpostorsAreRefused(const std::string& algo) {
+    ASSERT_TRUE(MakeCert(dir_, "n2", "swarm"));
+    const std::string bound = absl::StrCat(
+        " --algo=", algo, " --tls_require_client_cert --tls_bind_node_ids");
+    auto own = RunStarling(absl::StrCat(
+        Node("n1", 60), TlsFlags(dir_, "n2", "swarm-ca.pem"), bound));
+    EXPECT_EQ(own.exit_code, 2) << own.err;
+    EXPECT_NE(own.err.find("but not this node's id \"n1\""), std::string::npos)
+        << own.err;
+
+    pid_t n0 = SpawnStarling(
+        absl::StrCat(Node("n0", 300), " --min_members=2 --shard=0/2",
+                     TlsFlags(dir_, "n0", "swarm-ca.pem"), bound),
+        Log("n0"));
+    const std::string seed = ListenAddress(Log("n0"), absl::Seconds(60));
+    ASSERT_FALSE(seed.empty()) << ReadFile(Log("n0")).value_or("");
+    // The impostor does not bind ids itself: n0's check is what refuses it.
+    auto impostor = RunStarling(absl::StrCat(
+        Node("n1", 300), " --algo=", algo,
+        " --shard=1/2 --connect_timeout=20 --peers=", seed,
+        TlsFlags(dir_, "n2", "swarm-ca.pem"), " --tls_require_client_cert"));
+    EXPECT_NE(impostor.exit_code, 0) << impostor.err;
+    EXPECT_NE(impostor.err.find("refused this node: a join as member \"n1\" "
+                                "from a caller whose certificate names \"n2\""),
+              std::string::npos)
+        << impostor.err;
+
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = ReadFile(dir_ + "/swarm-ca.pem").value_or("");
+    tls.pem_cert_chain = ReadFile(dir_ + "/n2.pem").value_or("");
+    tls.pem_private_key = ReadFile(dir_ + "/n2.key").value_or("");
+    auto stub = peer::v1::Swarm::NewStub(
+        grpc::CreateChannel(seed, grpc::SslCredentials(tls)));
+    auto expect_refused = [](const grpc::Status& s, const std::string& what) {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+          << what << ": " << s.error_message();
+      EXPECT_NE(s.error_message().find(what + " as member \"n1\""),
+                std::string::npos)
+          << s.error_message();
+    };
+    auto deadline = [] {
+      return absl::ToChronoTime(absl::Now() + absl::Seconds(10));
+    };
+    for (const char* from : {"n1", "n2"}) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline());
+      peer::v1::GossipRequest req;
+      req.set_run_id("tls");
+      req.set_from(from);
+      peer::v1::GossipResponse resp;
+      grpc::Status s = stub->Gossip(&ctx, req, &resp);
+      if (std::string(from) == "n1") {
+        expect_refused(s, "gossip");
+      } else {
+        EXPECT_TRUE(s.ok()) << s.error_message();  // n2 may speak for itself
+      }
+    }
+    {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline());
+      peer::v1::ControlMessage ready;
+      ready.set_run_id("tls");
+      ready.set_from("n1");
+      ready.set_kind(peer::v1::ControlMessage::READY);
+      ready.set_round(1);
+      peer::v1::ControlAck ack;
+      expect_refused(stub->Control(&ctx, ready, &ack), "a round message");
+    }
+    if (algo == "gossip") {
+      // A well-formed push of the model's size ("N parameters" in the log).
+      const std::string log = ReadFile(Log("n0")).value_or("");
+      const size_t at = log.find(" parameters");
+      ASSERT_NE(at, std::string::npos) << log;
+      const size_t begin = log.rfind(' ', at - 1) + 1;
+      const int64_t n = std::stoll(log.substr(begin, at - begin));
+      std::vector<float> values(static_cast<size_t>(n), 0.01f);
+      peer::v1::PushChunk c;
+      c.set_run_id("tls");
+      c.set_from("n1");
+      c.set_sequence(1);
+      c.set_elements(n);
+      c.set_total_bytes(n * static_cast<int64_t>(sizeof(float)));
+      c.set_data(reinterpret_cast<const char*>(values.data()),
+                 values.size() * sizeof(float));
+      c.set_weight(0.5);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline());
+      peer::v1::PushAck ack;
+      auto writer = stub->Push(&ctx, &ack);
+      writer->Write(c);
+      writer->WritesDone();
+      expect_refused(writer->Finish(), "a push");
+    }
+
+    pid_t n1 = SpawnStarling(
+        absl::StrCat(Node("n1", 300), " --shard=1/2 --peers=", seed,
+                     TlsFlags(dir_, "n1", "swarm-ca.pem"), bound),
+        Log("n1"));
+    EXPECT_EQ(WaitUntil(n0, absl::Now() + absl::Seconds(120)), 0)
+        << ReadFile(Log("n0")).value_or("");
+    EXPECT_EQ(WaitUntil(n1, absl::Now() + absl::Seconds(60)), 0)
+        << ReadFile(Log("n1")).value_or("");
+  }
+};
+
+TEST_F(BoundIdsTest, DilocoRefusesCallsUnderAnotherMembersId) {
+  ImpostorsAreRefused("diloco");
+  EXPECT_FALSE(FinalHash("n0").empty());
+  EXPECT_EQ(FinalHash("n0"), FinalHash("n1"));
+  // ddp has ranks, not ids, to bind.
+  auto ddp = RunStarling(absl::StrCat(
+      Node("n0", 60), " --algo=ddp", TlsFlags(dir_, "n0", "swarm-ca.pem"),
+      " --tls_require_client_cert --tls_bind_node_ids"));
+  EXPECT_EQ(ddp.exit_code, 2) << ddp.err;
+  EXPECT_NE(ddp.err.find("--algo=ddp has no node ids"), std::string::npos)
+      << ddp.err;
+}
+
+TEST_F(BoundIdsTest, GossipRefusesCallsUnderAnotherMembersId) {
+  ImpostorsAreRefused("gossip");
+}
+
 // Ways to get the TLS flags wrong, made from the certificates in `d`, each
 // with the text its error must contain.
 std::vector<std::pair<std::string, std::string>> BadTlsFlags(
@@ -227,7 +358,9 @@ std::vector<std::pair<std::string, std::string>> BadTlsFlags(
       {absl::StrCat(" --tls_cert=", d, "/n0.key --tls_key=", d,
                     "/n0.key --tls_ca=", d, "/swarm-ca.pem"),
        "no PEM certificate"},
-      {absl::StrCat(" --insecure --tls_ca=", d, "/swarm-ca.pem"), "pick one"}};
+      {absl::StrCat(" --insecure --tls_ca=", d, "/swarm-ca.pem"), "pick one"},
+      {TlsFlags(d, "n0", "swarm-ca.pem") + " --tls_bind_node_ids",
+       "--tls_bind_node_ids needs mutual TLS"}};
 }
 
 // Every way to get the TLS flags wrong stops the node at start-up (exit 2)
@@ -264,6 +397,14 @@ TEST_F(TlsTest, SimChecksTlsFilesBeforeAnyNodeStarts) {
     EXPECT_EQ(r.err.find("failed (exit 2)"), std::string::npos) << r.err;
     EXPECT_FALSE(FileExists(out)) << flags;
   }
+  // One certificate for all cannot name each node.
+  auto bound = RunStarling(absl::StrCat(
+      sim, TlsFlags(dir_, "n0", "swarm-ca.pem"),
+      " --tls_require_client_cert --tls_bind_node_ids --out=", out));
+  EXPECT_EQ(bound.exit_code, 2) << bound.err;
+  EXPECT_NE(bound.err.find("use it with starling node"), std::string::npos)
+      << bound.err;
+  EXPECT_FALSE(FileExists(out));
   auto ok = RunStarling(absl::StrCat(sim, TlsFlags(dir_, "n0", "swarm-ca.pem"),
                                      " --tls_require_client_cert --out=", out));
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
