@@ -157,14 +157,13 @@ absl::Status CheckPems(const PeerSecurityOptions& o, const std::string& cert,
   if (o.tls_bind_node_ids && !o.node_id.empty()) {
     const std::vector<std::string> names = NamesOf(chain->front().get());
     if (std::find(names.begin(), names.end(), o.node_id) == names.end()) {
-      return Bad("tls_cert", o.tls_cert,
-                 absl::StrCat("names ", ListNames(names),
-                              " but not this "
-                              "node's id ",
-                              QuoteForLog(o.node_id),
-                              " (--tls_bind_node_ids: each member's "
-                              "certificate names its --node_id, as CN or as "
-                              "a DNS subjectAltName)"));
+      return Bad(
+          "tls_cert", o.tls_cert,
+          absl::StrCat("names ", ListNames(names), " but not this node's id ",
+                       QuoteForLog(o.node_id),
+                       " (--tls_bind_node_ids: each member's "
+                       "certificate names its --node_id, as CN or as "
+                       "a DNS subjectAltName)"));
     }
   }
   return absl::OkStatus();
@@ -303,8 +302,9 @@ grpc::Status PeerCredentials::CheckCaller(const grpc::ServerContextBase& ctx,
   if (!bind_node_ids) return grpc::Status::OK;
   std::vector<std::string> names;
   if (std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context()) {
+    // The CN and the DNS subjectAltNames, as NamesOf() reads them.
     for (const char* property :
-         {GRPC_X509_CN_PROPERTY_NAME, GRPC_X509_SAN_PROPERTY_NAME}) {
+         {GRPC_X509_CN_PROPERTY_NAME, GRPC_PEER_DNS_PROPERTY_NAME}) {
       for (const grpc::string_ref& v : auth->FindPropertyValues(property)) {
         names.emplace_back(v.data(), v.size());
         if (names.back() == id) return grpc::Status::OK;
