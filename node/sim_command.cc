@@ -173,6 +173,9 @@ class Progress {
   // (a joiner: from its first round) until the sim stops it.
   void SetCounted(size_t i, bool counted) { nodes_[i].counted = counted; }
 
+  // Whether a node has started training: the swarm formed.
+  bool formed() const { return formed_; }
+
   // Reads only what each node appended since the last poll.
   void Poll() {
     for (size_t i = 0; i < ids_.size(); ++i) {
@@ -217,6 +220,8 @@ class Progress {
           n.syncing = -1;  // a node that left mid-exchange waits no more
         } else if (kind == "eval") {
           val_ = n.val = Get(ev, "val_loss").number_value();
+        } else if (kind == "start" || kind == "resume") {
+          formed_ = true;  // its --min_members were there
         }
       });
     }
@@ -296,6 +301,7 @@ class Progress {
   int64_t round_ = 0;
   int64_t pushes_ = 0;  // all nodes' gossip pushes
   int members_ = 0;
+  bool formed_ = false;
   double val_ = NAN;  // the latest val_loss of any node
 };
 
@@ -1230,9 +1236,24 @@ int RunSimCommand() {
         break;
     }
     RecordFault(ev, t, skipped, &merge);
-    say(absl::StrFormat(
-        "starling sim: %.1fs: %s %s%s", t, FaultKindName(ev.kind), what,
-        skipped.empty() ? "" : absl::StrCat(" skipped (", skipped, ")")));
+    std::string note;
+    if (!skipped.empty()) {
+      note = absl::StrCat(" skipped (", skipped, ")");
+    } else if (elastic && i >= 0 && i < n &&
+               (ev.kind == FaultKind::kKill || ev.kind == FaultKind::kLeave)) {
+      progress.Poll();
+      if (!progress.formed()) {
+        const absl::CommandLineFlag* timeout =
+            absl::FindCommandLineFlag("connect_timeout");
+        note = absl::StrCat(
+            " before the swarm formed: the others wait for all ", n,
+            " starting nodes (--min_members) and fail after --connect_timeout=",
+            timeout != nullptr ? timeout->CurrentValue() : "?",
+            " s unless it comes back");
+      }
+    }
+    say(absl::StrFormat("starling sim: %.1fs: %s %s%s", t,
+                        FaultKindName(ev.kind), what, note));
   };
   auto stopping = [&] { return failed >= 0 || g_sim_signal.load() != 0; };
   // A restart or join still to come keeps the sim waiting.

@@ -126,6 +126,22 @@ TEST(SimTest, AFailingNodeStopsTheSimAndIsNamed) {
   EXPECT_NE(r.err.find("node.log"), std::string::npos) << r.err;
 }
 
+// A node that leaves before the swarm formed strands the others at the
+// start barrier: the sim says so when it makes the node leave, rather than
+// leave the user to match the others' timeout with --leave.
+TEST(SimTest, ALeaveBeforeTheSwarmFormedIsExplained) {
+  const std::string out = TempDir() + "/early-leave";
+  auto r = RunStarling(absl::StrCat("sim --nodes=2 --steps=20 ", TinyFlags(),
+                                    " --leave=n1@0.2s --connect_timeout=3",
+                                    " --out=", out));
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("leave n1 before the swarm formed: the others wait for "
+                       "all 2 starting nodes (--min_members) and fail after "
+                       "--connect_timeout=3 s"),
+            std::string::npos)
+      << r.err;
+}
+
 // A bad node flag stops the sim before it makes its run directory or starts
 // a node, naming the flag once (not once per child, after each data load).
 // The model is built there too: an unknown one, or a shape it refuses.
