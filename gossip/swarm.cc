@@ -352,12 +352,6 @@ class Swarm::Service::PushReader : public grpc::ServerReadReactor<PushChunk> {
                          std::string(push.status().message())));
         return;
       }
-      if (grpc::Status a = swarm_->options_.credentials.CheckCaller(
-              *ctx_, push->from, "a push");
-          !a.ok()) {
-        End(a);
-        return;
-      }
       // Only another member's model is averaged in (and kept as a copy:
       // one per made-up sender would grow without bound).
       if (push->from == swarm_->options_.node_id ||
@@ -384,6 +378,17 @@ class Swarm::Service::PushReader : public grpc::ServerReadReactor<PushChunk> {
     }
     watch_->Progress();
     swarm_->push_received_ += static_cast<int64_t>(chunk_.ByteSizeLong());
+    // The first chunk names the sender (the assembler holds the rest to
+    // it): an impostor is refused before its model streams in.
+    if (first_chunk_) {
+      first_chunk_ = false;
+      if (grpc::Status a = swarm_->options_.credentials.CheckCaller(
+              *ctx_, chunk_.from(), "a push");
+          !a.ok()) {
+        End(a);
+        return;
+      }
+    }
     if (absl::Status s = assembler_.Add(chunk_); !s.ok()) {
       End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                        std::string(s.message())));
@@ -416,6 +421,7 @@ class Swarm::Service::PushReader : public grpc::ServerReadReactor<PushChunk> {
   std::unique_ptr<StreamDeadlines::Watched> watch_;
   PushAssembler assembler_;
   PushChunk chunk_;
+  bool first_chunk_ = true;
   bool reserved_ = false;
 };
 

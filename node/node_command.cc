@@ -283,6 +283,12 @@ ABSL_FLAG(std::string, test_stall, "",
 namespace starling {
 namespace {
 
+// --node_id, or the --listen address when it is not given.
+std::string NodeIdFromFlags() {
+  std::string id = absl::GetFlag(FLAGS_node_id);
+  return id.empty() ? absl::GetFlag(FLAGS_listen) : id;
+}
+
 constexpr char kPseudoGrad[] = "pseudo_grad";
 // Each member's whole pack, for --aggregate / --norm_bound.
 constexpr char kPseudoGradWhole[] = "pseudo_grad_whole";
@@ -893,8 +899,7 @@ absl::StatusOr<SwarmOptions> SharedSwarmOptions(const NodeRun& run,
                                                 const std::string& algo) {
   SwarmOptions so;
   so.listen = absl::GetFlag(FLAGS_listen);
-  so.node_id = absl::GetFlag(FLAGS_node_id);
-  if (so.node_id.empty()) so.node_id = so.listen;
+  so.node_id = NodeIdFromFlags();
   if (!ValidHostPort(so.listen)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--listen=", so.listen, ": expected host:port"));
@@ -2453,8 +2458,7 @@ PeerSecurityOptions PeerSecurityFromFlags() {
       absl::GetFlag(FLAGS_tls_require_client_cert);
   security.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   security.tls_bind_node_ids = absl::GetFlag(FLAGS_tls_bind_node_ids);
-  security.node_id = absl::GetFlag(FLAGS_node_id);
-  if (security.node_id.empty()) security.node_id = absl::GetFlag(FLAGS_listen);
+  security.node_id = NodeIdFromFlags();
   security.insecure = absl::GetFlag(FLAGS_insecure);
   security.join_token_file = absl::GetFlag(FLAGS_join_token_file);
   security.peer_rate_limit = absl::GetFlag(FLAGS_peer_rate_limit);
@@ -2511,8 +2515,7 @@ int RunNodeCommand() {
   } else {
     run.credentials = *std::move(c);
   }
-  std::string log_node = absl::GetFlag(FLAGS_node_id);
-  if (log_node.empty()) log_node = absl::GetFlag(FLAGS_listen);
+  std::string log_node = NodeIdFromFlags();
   if (run.algo == "ddp") {
     // Check the member list before any slow setup.
     absl::StatusOr<StaticMembers> m =
