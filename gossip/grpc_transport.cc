@@ -233,22 +233,26 @@ class GrpcTransport::Service final
         deadlines_(deadlines),
         chunk_stream_deadline_(chunk_stream_deadline) {}
 
+  // `ids`: the members' node ids by rank, or empty (see InstallRound).
   void SetMailbox(std::shared_ptr<Mailbox> mailbox, int rank,
-                  std::string address, bool exact_round) {
+                  std::string address, bool exact_round,
+                  std::vector<std::string> ids) {
     absl::MutexLock lock(&mu_);
     mailbox_ = std::move(mailbox);
     exact_round_ = exact_round;
+    ids_ = std::make_shared<const std::vector<std::string>>(std::move(ids));
     // Early messages of this attempt go in now; older ones are moot.
     const int64_t current = mailbox_->round();
-    std::vector<Message> keep;
+    std::vector<Early> keep;
     early_bytes_ = 0;
-    for (Message& m : early_) {
-      if (m.round == current) {
-        absl::Status s = mailbox_->Deliver(std::move(m));
+    for (Early& e : early_) {
+      if (e.m.round == current) {
+        absl::Status s = CheckSender(*ids_, e.names, e.m);
+        if (s.ok()) s = mailbox_->Deliver(std::move(e.m));
         if (!s.ok()) STARLING_LOG(WARNING) << "rejected: " << s.message();
-      } else if (m.round > current) {
-        early_bytes_ += static_cast<int64_t>(m.payload.size());
-        keep.push_back(std::move(m));
+      } else if (e.m.round > current) {
+        early_bytes_ += static_cast<int64_t>(e.m.payload.size());
+        keep.push_back(std::move(e));
       }
     }
     early_.swap(keep);
@@ -300,10 +304,12 @@ class GrpcTransport::Service final
       grpc::CallbackServerContext* ctx, grpc::ByteBuffer* ack) override {
     std::shared_ptr<Mailbox> mailbox;
     bool exact;
+    std::shared_ptr<const std::vector<std::string>> ids;
     {
       absl::MutexLock lock(&mu_);
       mailbox = mailbox_;
       exact = exact_round_;
+      ids = ids_;
     }
     grpc::Status admitted = credentials_.Admit(ctx, "SendChunks");
     std::unique_ptr<StreamDeadlines::Watched> watch;
@@ -317,20 +323,45 @@ class GrpcTransport::Service final
                                 std::string(w.status().message()));
       }
     }
-    return new ChunkReader(this, std::move(mailbox), exact, ack, admitted,
-                           std::move(watch));
+    std::vector<std::string> names;
+    if (credentials_.bind_node_ids) names = PeerCredentials::CallerNames(*ctx);
+    return new ChunkReader(this, std::move(mailbox), exact, std::move(ids),
+                           std::move(names), ack, admitted, std::move(watch));
   }
 
  private:
+  // With ids bound (--tls_bind_node_ids): OK when a caller whose
+  // certificate carries `names` may send `m`, i.e. they name the member at
+  // m's rank among `ids`; PermissionDenied otherwise.
+  absl::Status CheckSender(const std::vector<std::string>& ids,
+                           const std::vector<std::string>& names,
+                           const Message& m) const {
+    if (!credentials_.bind_node_ids) return absl::OkStatus();
+    const std::string what = absl::StrCat("tensor chunks from rank ", m.from,
+                                          " of attempt ", m.round);
+    if (m.from < 0 || m.from >= static_cast<int>(ids.size())) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(what,
+                       ": this node knows no member id at that rank "
+                       "(--tls_bind_node_ids)"));
+    }
+    return FromGrpc(credentials_.CheckNames(names, ids[m.from], what));
+  }
+
   // Assembles one stream of chunks into a Message.
   class ChunkReader : public grpc::ServerReadReactor<grpc::ByteBuffer> {
    public:
     ChunkReader(Service* service, std::shared_ptr<Mailbox> mailbox,
-                bool exact_round, grpc::ByteBuffer* ack, grpc::Status admitted,
+                bool exact_round,
+                std::shared_ptr<const std::vector<std::string>> ids,
+                std::vector<std::string> names, grpc::ByteBuffer* ack,
+                grpc::Status admitted,
                 std::unique_ptr<StreamDeadlines::Watched> watch)
         : service_(service),
           mailbox_(std::move(mailbox)),
           exact_round_(exact_round),
+          ids_(std::move(ids)),
+          names_(std::move(names)),
           ack_(ack),
           watch_(std::move(watch)) {
       if (!admitted.ok()) {
@@ -515,6 +546,11 @@ class GrpcTransport::Service final
           return absl::UnavailableError(
               absl::StrCat("attempt ", m_.round, " is too far ahead"));
         }
+        // A sender of the installed attempt is checked before its first
+        // byte is taken; an early one when its attempt is installed.
+        if (!early_) {
+          STARLING_RETURN_IF_ERROR(service_->CheckSender(*ids_, names_, m_));
+        }
         m_.tensor = chunk_.tensor();
         m_.phase = static_cast<RingPhase>(chunk_.phase());
         m_.step = chunk_.step();
@@ -584,7 +620,7 @@ class GrpcTransport::Service final
       const int64_t bytes = expected_bytes_;
       absl::Status s = sink_ != nullptr
                            ? mailbox_->DeliverApplied(std::move(m_))
-                       : exact_round_ ? service_->Place(std::move(m_))
+                       : exact_round_ ? service_->Place(std::move(m_), names_)
                                       : mailbox_->Deliver(std::move(m_));
       if (!s.ok()) {
         STARLING_LOG(WARNING) << "rejected: " << s.message();
@@ -607,8 +643,10 @@ class GrpcTransport::Service final
       if (!absl::IsUnavailable(s)) {
         STARLING_LOG(WARNING) << "rejected: " << s.message();
       }
+      // A refused impostor (PermissionDenied) is not the member whose rank
+      // it claimed.
       if (!first_ && !absl::IsUnavailable(s) &&
-          !absl::IsFailedPrecondition(s)) {
+          !absl::IsFailedPrecondition(s) && !absl::IsPermissionDenied(s)) {
         mailbox_->RecordRejection(m_.from,
                                   blame ? s : absl::AbortedError(s.message()));
       }
@@ -618,6 +656,10 @@ class GrpcTransport::Service final
     Service* service_;
     std::shared_ptr<Mailbox> mailbox_;
     const bool exact_round_;
+    // The members' ids by rank when the stream began, and the names in the
+    // caller's certificate (empty unless ids are bound).
+    const std::shared_ptr<const std::vector<std::string>> ids_;
+    const std::vector<std::string> names_;
     grpc::ByteBuffer* ack_;
     std::unique_ptr<StreamDeadlines::Watched> watch_;
     grpc::ByteBuffer buffer_;
@@ -638,11 +680,14 @@ class GrpcTransport::Service final
  public:
   // Elastic rounds: delivers `m` to the installed attempt's mailbox, keeps
   // it if its attempt is a little ahead (at most kEarlyBytes in all), or
-  // refuses it as stale.
-  absl::Status Place(Message m) {
+  // refuses it as stale. `names`: its sender's, for CheckSender.
+  absl::Status Place(Message m, std::vector<std::string> names) {
     absl::MutexLock lock(&mu_);
     const int64_t current = mailbox_->round();
-    if (m.round == current) return mailbox_->Deliver(std::move(m));
+    if (m.round == current) {
+      STARLING_RETURN_IF_ERROR(CheckSender(*ids_, names, m));
+      return mailbox_->Deliver(std::move(m));
+    }
     if (m.round < current) {
       return absl::FailedPreconditionError(absl::StrCat(
           "attempt ", m.round, " is over; this node is at ", current));
@@ -652,7 +697,7 @@ class GrpcTransport::Service final
       return absl::UnavailableError("too many early messages; retry");
     }
     early_bytes_ += size;
-    early_.push_back(std::move(m));
+    early_.push_back(Early{std::move(m), std::move(names)});
     return absl::OkStatus();
   }
 
@@ -668,7 +713,14 @@ class GrpcTransport::Service final
   absl::Mutex mu_;
   std::shared_ptr<Mailbox> mailbox_ ABSL_GUARDED_BY(mu_);
   bool exact_round_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<Message> early_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const std::vector<std::string>> ids_ ABSL_GUARDED_BY(mu_) =
+      std::make_shared<const std::vector<std::string>>();
+  // A message of an attempt not installed yet, and its sender's names.
+  struct Early {
+    Message m;
+    std::vector<std::string> names;
+  };
+  std::vector<Early> early_ ABSL_GUARDED_BY(mu_);
   int64_t early_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int rank_ ABSL_GUARDED_BY(mu_) = 0;
   std::string address_ ABSL_GUARDED_BY(mu_);
@@ -768,7 +820,7 @@ absl::Status GrpcTransport::Connect(const std::vector<std::string>& members,
   o.rank = rank;
   o.world = static_cast<int>(members.size());
   mailbox_ = std::make_shared<Mailbox>(o);
-  service_->SetMailbox(mailbox_, rank, address_, /*exact_round=*/false);
+  service_->SetMailbox(mailbox_, rank, address_, /*exact_round=*/false, {});
   SetPeers(members, rank);
   HandshakeRequest req;
   req.set_protocol_version(kProtocolVersion);
@@ -847,13 +899,14 @@ void GrpcTransport::SetPeers(const std::vector<std::string>& members,
 }
 
 void GrpcTransport::InstallRound(const std::vector<std::string>& members,
-                                 int rank, const MailboxOptions& mailbox) {
+                                 int rank, const MailboxOptions& mailbox,
+                                 const std::vector<std::string>& ids) {
   MailboxOptions o = mailbox;
   o.rank = rank;
   o.world = static_cast<int>(members.size());
   elastic_ = true;
   mailbox_ = std::make_shared<Mailbox>(o);
-  service_->SetMailbox(mailbox_, rank, address_, /*exact_round=*/true);
+  service_->SetMailbox(mailbox_, rank, address_, /*exact_round=*/true, ids);
   SetPeers(members, rank);
 }
 

@@ -103,7 +103,8 @@ class GrpcTransport : public Transport {
   // Fixes the members (addresses by rank; members[rank] is this node) and
   // handshakes with every other member, retrying with backoff until
   // `deadline`. FailedPrecondition saying what differs when a peer refuses;
-  // Unavailable naming the address when a peer stays unreachable.
+  // Unavailable naming the address when a peer stays unreachable. Ranks
+  // have no ids here: with ids bound, every chunk is refused.
   absl::Status Connect(const std::vector<std::string>& members, int rank,
                        const MailboxOptions& mailbox, absl::Time deadline);
 
@@ -112,9 +113,14 @@ class GrpcTransport : public Transport {
   // then on the server takes chunks of exactly that sequence: older ones are
   // refused as stale, newer ones with Unavailable so that their sender
   // retries, and Send retries Unavailable until its deadline or until this
-  // mailbox is cancelled. Called by the one thread that runs collectives.
+  // mailbox is cancelled. `ids`: the members' node ids by rank; with ids
+  // bound (credentials.bind_node_ids) a chunk from rank r is taken only
+  // from a caller whose certificate names ids[r], and every chunk is
+  // refused when `ids` is empty. Called by the one thread that runs
+  // collectives.
   void InstallRound(const std::vector<std::string>& members, int rank,
-                    const MailboxOptions& mailbox);
+                    const MailboxOptions& mailbox,
+                    const std::vector<std::string>& ids);
 
   int rank() const override { return rank_; }
   int world() const override { return static_cast<int>(members_.size()); }

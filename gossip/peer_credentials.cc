@@ -296,10 +296,8 @@ grpc::Status PeerCredentials::Admit(grpc::CallbackServerContext* ctx,
   return join_auth->Admit(ctx, method);
 }
 
-grpc::Status PeerCredentials::CheckCaller(const grpc::ServerContextBase& ctx,
-                                          absl::string_view id,
-                                          absl::string_view what) const {
-  if (!bind_node_ids) return grpc::Status::OK;
+std::vector<std::string> PeerCredentials::CallerNames(
+    const grpc::ServerContextBase& ctx) {
   std::vector<std::string> names;
   if (std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context()) {
     // The CN and the DNS subjectAltNames, as NamesOf() reads them.
@@ -307,14 +305,30 @@ grpc::Status PeerCredentials::CheckCaller(const grpc::ServerContextBase& ctx,
          {GRPC_X509_CN_PROPERTY_NAME, GRPC_PEER_DNS_PROPERTY_NAME}) {
       for (const grpc::string_ref& v : auth->FindPropertyValues(property)) {
         names.emplace_back(v.data(), v.size());
-        if (names.back() == id) return grpc::Status::OK;
       }
     }
+  }
+  return names;
+}
+
+grpc::Status PeerCredentials::CheckNames(const std::vector<std::string>& names,
+                                         absl::string_view id,
+                                         absl::string_view what) const {
+  if (!bind_node_ids ||
+      std::find(names.begin(), names.end(), id) != names.end()) {
+    return grpc::Status::OK;
   }
   return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                       absl::StrCat(what, " as member ", QuoteForLog(id),
                                    " from a caller whose certificate names ",
                                    ListNames(names), " (--tls_bind_node_ids)"));
+}
+
+grpc::Status PeerCredentials::CheckCaller(const grpc::ServerContextBase& ctx,
+                                          absl::string_view id,
+                                          absl::string_view what) const {
+  if (!bind_node_ids) return grpc::Status::OK;
+  return CheckNames(CallerNames(ctx), id, what);
 }
 
 }  // namespace starling

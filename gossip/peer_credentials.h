@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -31,8 +32,9 @@ struct PeerSecurityOptions {
   std::string tls_server_name;
   // Members are who their certificates say: each member's certificate names
   // its node id (as its CN or a DNS subjectAltName), and a call that speaks
-  // for a member (a join, gossip, round control, a push) is refused unless
-  // the caller's certificate names that member. Needs mutual TLS.
+  // for a member (a join, gossip, round control, a push, ring tensor
+  // chunks) is refused unless the caller's certificate names that member.
+  // Needs mutual TLS.
   bool tls_bind_node_ids = false;
   // This node's id, which its own tls_cert must name when ids are bound;
   // empty: not checked (a parent that checks its children's flags).
@@ -74,6 +76,13 @@ struct PeerCredentials {
   // id and the names the certificate carries.
   grpc::Status CheckCaller(const grpc::ServerContextBase& ctx,
                            absl::string_view id, absl::string_view what) const;
+  // The names ids bind to in the caller's certificate: its CN and DNS
+  // subjectAltNames (none without TLS).
+  static std::vector<std::string> CallerNames(
+      const grpc::ServerContextBase& ctx);
+  // CheckCaller for a caller whose certificate carries `names`.
+  grpc::Status CheckNames(const std::vector<std::string>& names,
+                          absl::string_view id, absl::string_view what) const;
 };
 
 // Plaintext credentials, for in-process tools and tests (the node's own

@@ -1777,7 +1777,7 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
           if (rank >= static_cast<int>(members.size())) break;
           MailboxOptions mo = options_.mailbox;
           mo.first_round = round * kAttemptsPerRound + m.attempt();
-          transport_->InstallRound(addresses, rank, mo);
+          transport_->InstallRound(addresses, rank, mo, members);
           {
             absl::MutexLock lock(&inbox_->mu);
             inbox_->running_attempt = m.attempt();

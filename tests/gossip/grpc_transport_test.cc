@@ -1,5 +1,6 @@
-// Real gRPC on loopback (port 0): handshakes, the ring over sockets, and a
-// hostile peer whose bad chunks are refused without corrupting anything.
+// Real gRPC on loopback (port 0): handshakes, the ring over sockets, ring
+// chunks bound to their senders' certificates, and a hostile peer whose bad
+// chunks are refused without corrupting anything.
 #include "gossip/grpc_transport.h"
 
 #include <grpcpp/grpcpp.h>
@@ -15,9 +16,12 @@
 #include <thread>
 #include <vector>
 
+#include "core/file_util.h"
 #include "gossip/ring_allreduce.h"
 #include "gtest/gtest.h"
 #include "starling/peer/v1/peer.grpc.pb.h"
+#include "tests/core/certs.h"
+#include "tests/core/test_util.h"
 
 namespace starling {
 namespace {
@@ -330,6 +334,127 @@ TEST(GrpcTransportTest, JoinTokenAdmitsOnlyPeersThatProveIt) {
   EXPECT_EQ(unsigned_call.error_code(), grpc::StatusCode::UNAUTHENTICATED)
       << unsigned_call.error_message();
   EXPECT_GE((*token)->refused(), 2);
+}
+
+// With ids bound (--tls_bind_node_ids) a ring chunk is taken only from a
+// caller whose certificate names the member at the rank it claims. n2
+// holds a valid certificate of the swarm's CA: its chunks as rank 0 (n0)
+// are refused in the installed attempt without blaming n0, and dropped
+// when they arrive ahead of their attempt. The members' own rings over
+// mutual TLS give the right averages in both attempts.
+TEST(GrpcTransportTest, BoundIdsTakeRingChunksOnlyFromTheMemberAtTheirRank) {
+  const std::string dir = testing::TempDir();
+  ASSERT_TRUE(testing::MakeCa(dir, "swarm"));
+  for (const char* name : {"n0", "n1", "n2"}) {
+    ASSERT_TRUE(testing::MakeCert(dir, name, "swarm"));
+  }
+  std::vector<std::unique_ptr<GrpcTransport>> t;
+  std::vector<std::string> members;
+  const std::vector<std::string> ids = {"n0", "n1"};
+  for (const std::string& id : ids) {
+    PeerSecurityOptions security;
+    security.tls_cert = dir + "/" + id + ".pem";
+    security.tls_key = dir + "/" + id + ".key";
+    security.tls_ca = dir + "/swarm-ca.pem";
+    security.tls_require_client_cert = true;
+    security.tls_bind_node_ids = true;
+    security.node_id = id;
+    absl::StatusOr<PeerCredentials> credentials = LoadPeerCredentials(security);
+    ASSERT_TRUE(credentials.ok()) << credentials.status();
+    GrpcTransportOptions o;
+    o.chunk_bytes = 4096;
+    o.credentials = *credentials;
+    auto started = GrpcTransport::Start(o, Identity(2));
+    ASSERT_TRUE(started.ok()) << started.status();
+    members.push_back((*started)->address());
+    t.push_back(std::move(started).value());
+  }
+  auto install = [&](int64_t attempt) {
+    MailboxOptions mo = Mailboxes();
+    mo.first_round = attempt;
+    for (int r = 0; r < 2; ++r) t[r]->InstallRound(members, r, mo, ids);
+  };
+  // Both members average (1, 3) in `attempt`.
+  auto ring = [&](int64_t attempt) {
+    std::vector<std::vector<float>> v = {std::vector<float>(kElems - 1, 1.0f),
+                                         std::vector<float>(kElems - 1, 3.0f)};
+    std::vector<absl::Status> st(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        RingOptions o;
+        o.round = attempt;
+        o.step_timeout = absl::Seconds(20);
+        st[r] = RingWeightedAverage(*t[r], v[r], 1.0, o);
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(st[r].ok()) << "attempt " << attempt << ": " << st[r];
+      for (float x : v[r]) ASSERT_EQ(x, 2.0f) << "attempt " << attempt;
+    }
+  };
+
+  grpc::SslCredentialsOptions tls;
+  tls.pem_root_certs = ReadFile(dir + "/swarm-ca.pem").value_or("");
+  tls.pem_cert_chain = ReadFile(dir + "/n2.pem").value_or("");
+  tls.pem_private_key = ReadFile(dir + "/n2.key").value_or("");
+  auto impostor = peer::v1::Peer::NewStub(
+      grpc::CreateChannel(members[1], grpc::SslCredentials(tls)));
+  // One whole segment 0 of reduce-scatter step 0 of `attempt`, as `rank`,
+  // holding 1000s.
+  auto send = [&](int rank, int64_t attempt) {
+    const size_t seg = SegmentLength(kElems, 2, 0);
+    std::vector<float> v(seg, 1000.0f);
+    peer::v1::TensorChunk c;
+    c.set_run_id("test-run");
+    c.set_from_rank(rank);
+    c.set_round(attempt);
+    c.set_tensor("pseudo_grad");
+    c.set_phase(peer::v1::PHASE_REDUCE_SCATTER);
+    c.set_total_elements(kElems);
+    c.set_segment_bytes(static_cast<int64_t>(seg * 4));
+    c.set_data(Bytes(v));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
+    peer::v1::SendAck ack;
+    auto w = impostor->SendChunks(&ctx, &ack);
+    (void)w->Write(c);
+    (void)w->WritesDone();
+    return w->Finish();
+  };
+
+  install(7);
+  grpc::Status as_n0 = send(0, 7);
+  EXPECT_EQ(as_n0.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << as_n0.error_message();
+  EXPECT_NE(as_n0.error_message().find(
+                "tensor chunks from rank 0 of attempt 7 as member \"n0\" from "
+                "a caller whose certificate names \"n2\""),
+            std::string::npos)
+      << as_n0.error_message();
+  grpc::Status no_rank = send(5, 7);
+  EXPECT_EQ(no_rank.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << no_rank.error_message();
+  EXPECT_NE(no_rank.error_message().find("no member id at that rank"),
+            std::string::npos)
+      << no_rank.error_message();
+  // n0 is not blamed for the impostor's chunks: a wait for its message
+  // times out rather than failing at once.
+  absl::StatusOr<Message> blamed =
+      t[1]->mailbox().Take(0, 7, "pseudo_grad", RingPhase::kReduceScatter, 0,
+                           absl::Now() + absl::Milliseconds(200));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(blamed.status())) << blamed.status();
+  ring(7);
+
+  // Ahead of its attempt the sender is not checked yet: kept, then dropped
+  // when attempt 8 is installed. Delivered, its 1000s would be in the
+  // average, or the real rank 0's segment refused as a duplicate.
+  grpc::Status early = send(0, 8);
+  EXPECT_TRUE(early.ok()) << early.error_message();
+  install(8);
+  ring(8);
 }
 
 TEST(GrpcTransportTest, MismatchMessageNamesEveryField) {

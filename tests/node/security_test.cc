@@ -23,6 +23,7 @@
 #include "gossip/join_auth.h"
 #include "gtest/gtest.h"
 #include "starling/peer/v1/swarm.grpc.pb.h"
+#include "tests/core/certs.h"
 #include "tests/core/run_util.h"
 
 namespace starling {
@@ -30,53 +31,15 @@ namespace {
 
 using ::starling::testing::Field;
 using ::starling::testing::ListenAddress;
+using ::starling::testing::MakeCa;
+using ::starling::testing::MakeCert;
 using ::starling::testing::ReadJson;
 using ::starling::testing::RunStarling;
+using ::starling::testing::Sh;
 using ::starling::testing::SpawnStarling;
 using ::starling::testing::TempDir;
 using ::starling::testing::TinyTextFlags;
 using ::starling::testing::WaitUntil;
-
-// Runs a shell command in `dir`; fails the test (and returns false) when
-// it exits non-zero.
-bool Sh(const std::string& dir, const std::string& command) {
-  const std::string cmd =
-      absl::StrCat("cd ", dir, " && ", command, " >>openssl.log 2>&1");
-  const int status = std::system(cmd.c_str());
-  if (status != 0) {
-    ADD_FAILURE() << command << " failed:\n"
-                  << ReadFile(dir + "/openssl.log").value_or("");
-    return false;
-  }
-  return true;
-}
-
-// A CA (NAME-ca.pem, NAME-ca.key) in `dir`.
-bool MakeCa(const std::string& dir, const std::string& name) {
-  return Sh(dir,
-            absl::StrCat("openssl req -x509 -newkey ec -pkeyopt "
-                         "ec_paramgen_curve:prime256v1 -nodes -days 2 -subj "
-                         "/CN=",
-                         name, "-ca -keyout ", name, "-ca.key -out ", name,
-                         "-ca.pem"));
-}
-
-// A certificate NAME.pem (key NAME.key) signed by CA's key, valid for
-// 127.0.0.1 and localhost, for servers and clients alike.
-bool MakeCert(const std::string& dir, const std::string& name,
-              const std::string& ca) {
-  return WriteFileAtomic(dir + "/" + name + ".ext",
-                         "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-             .ok() &&
-         Sh(dir, absl::StrCat("openssl req -newkey ec -pkeyopt "
-                              "ec_paramgen_curve:prime256v1 -nodes -subj /CN=",
-                              name, " -keyout ", name, ".key -out ", name,
-                              ".csr")) &&
-         Sh(dir, absl::StrCat("openssl x509 -req -days 2 -in ", name,
-                              ".csr -CA ", ca, "-ca.pem -CAkey ", ca,
-                              "-ca.key -CAcreateserial -extfile ", name,
-                              ".ext -out ", name, ".pem"));
-}
 
 std::string TlsFlags(const std::string& dir, const std::string& name,
                      const std::string& ca_file) {
