@@ -2,7 +2,9 @@
 // SetProgress(joining = false), then WaitForMembers. A member counts for the
 // others only once it is ready, and still counts after it leaves, so that a
 // slow joiner and a fast finisher cannot strand each other. And the state a
-// member serves to joiners (ServeState, FetchState).
+// member serves to joiners (ServeState, FetchState). Also: the member
+// table's cap, control messages from strangers, and the copies of lossy
+// senders' pushes, dropped when a sender leaves.
 #include "gossip/swarm.h"
 
 #include <grpcpp/grpcpp.h>
@@ -16,7 +18,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "compression/tensor_policy.h"
 #include "core/flat_params.h"
+#include "gossip/push_sum.h"
 #include "gtest/gtest.h"
 #include "starling/peer/v1/swarm.grpc.pb.h"
 
@@ -479,6 +483,81 @@ TEST(SwarmTest, AFullMemberTableRefusesJoinersButStillAnswersGossip) {
   for (const peer::v1::MemberEntry& m : resp.members()) ids.push_back(m.id());
   EXPECT_EQ(ids, (std::vector<std::string>{"n0", "n1"}));
   EXPECT_EQ(Seen(*a, "n3"), "");
+}
+
+// A receiver keeps a copy of each lossy sender's last push, which the
+// sender's next push is relative to, and drops it once the sender has left
+// or died: copies would otherwise grow with churn. A sender back under the
+// same id then has its relative push refused (FailedPrecondition: it
+// pushes in full next), where before it left the same kind of push was
+// taken.
+TEST(SwarmTest, ALeftSendersCopyIsDroppedSoItsRelativePushIsRefused) {
+  PolicyOptions po;
+  po.main = "int8";
+  absl::StatusOr<std::unique_ptr<PolicyCodec>> codec =
+      PolicyCodec::Create({10}, po);
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  auto options = [&](const std::string& id,
+                     const std::vector<std::string>& seeds) {
+    SwarmOptions o = TestOptions(id, seeds);
+    o.identity.compression = "int8";
+    o.push_codec = codec->get();
+    o.push_elements = 10;
+    return o;
+  };
+  auto joined = [&](const std::string& id,
+                    const std::vector<std::string>& seeds) {
+    std::unique_ptr<Swarm> s = Start(options(id, seeds));
+    if (s == nullptr) return s;
+    absl::Status j = s->JoinSwarm(absl::Now() + absl::Seconds(10));
+    EXPECT_TRUE(j.ok()) << id << ": " << j;
+    s->SetProgress(0, "", /*joining=*/false);
+    return s;
+  };
+  std::unique_ptr<Swarm> a = joined("a", {});
+  ASSERT_NE(a, nullptr);
+  std::unique_ptr<Swarm> b = joined("b", {a->address()});
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(SeenWithin(*a, "b", "alive"));
+  ASSERT_TRUE(SeenWithin(*b, "a", "alive"));
+
+  PushSum sum;
+  std::vector<float> y(10);
+  for (int i = 0; i < 10; ++i) y[i] = 0.1f * static_cast<float>(i + 1);
+  PublicCopy copy;  // b's last push to a, as both hold it
+  // Pushes y (relative to `copy` once there is one) from `from` to a.
+  auto push = [&](Swarm& from) {
+    absl::StatusOr<PushShare> share =
+        sum.Share(absl::MakeSpan(y), codec->get(), &copy);
+    EXPECT_TRUE(share.ok()) << share.status();
+    if (!share.ok()) return share.status();
+    int64_t sequence = 0;
+    absl::Status s = from.Push("a", *share, absl::Seconds(10), &sequence);
+    if (s.ok()) {
+      copy = PublicCopy{sequence, share->sent};
+    } else {
+      sum.Restore(*share, absl::MakeSpan(y));
+    }
+    return s;
+  };
+  absl::Status absolute = push(*b);  // a keeps a copy
+  ASSERT_TRUE(absolute.ok()) << absolute;
+  ASSERT_GT(copy.sequence, 0);
+  absl::Status relative = push(*b);
+  ASSERT_TRUE(relative.ok()) << relative;
+  EXPECT_EQ(a->TakePushes().size(), 2u);
+
+  b->Leave();
+  ASSERT_TRUE(SeenWithin(*a, "b", "left"));
+  b->Shutdown();
+  std::unique_ptr<Swarm> back = joined("b", {a->address()});
+  ASSERT_NE(back, nullptr);
+  ASSERT_TRUE(SeenWithin(*back, "a", "alive"));
+  absl::Status refused = push(*back);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  EXPECT_NE(refused.message().find("holds no copy of it"), std::string::npos)
+      << refused;
+  EXPECT_TRUE(a->TakePushes().empty());
 }
 
 }  // namespace
