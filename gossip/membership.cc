@@ -250,6 +250,14 @@ absl::Status Membership::MergeOneLocked(
   };
   auto it = find();
   if (it == rows_.end() || it->entry.id() != e.id()) {
+    auto evicted = std::find_if(evicted_.begin(), evicted_.end(),
+                                [&](const std::pair<std::string, int64_t>& t) {
+                                  return t.first == e.id();
+                                });
+    if (evicted != evicted_.end()) {
+      if (e.incarnation() <= evicted->second) return absl::OkStatus();  // stale
+      evicted_.erase(evicted);  // a new life of that member
+    }
     if (rows_.size() >= options_.max_members) {
       // Full: a tombstone of a stranger guards nothing here, and a live
       // newcomer takes the place of the oldest tombstone, if there is one.
@@ -267,6 +275,8 @@ absl::Status Membership::MergeOneLocked(
                          " members, none dead or left); ", QuoteForLog(e.id()),
                          " is not admitted"));
       }
+      if (evicted_.size() >= options_.max_members) evicted_.pop_front();
+      evicted_.emplace_back(oldest->entry.id(), oldest->entry.incarnation());
       rows_.erase(oldest);
       it = find();
     }

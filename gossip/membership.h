@@ -26,15 +26,19 @@
 // The table is bounded (Options.max_members): a new member evicts the
 // tombstone whose state changed longest ago, and is refused when every row
 // is live, so that ids gossiped by a misbehaving peer or years of churn
-// cannot grow it without end.
+// cannot grow it without end. An evicted tombstone's id and incarnation
+// are kept (as many as the table holds), so that stale gossip does not
+// bring it back.
 //
 // Thread-safe: one absl::Mutex guards the table; no callbacks.
 #ifndef STARLING_GOSSIP_MEMBERSHIP_H_
 #define STARLING_GOSSIP_MEMBERSHIP_H_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -157,6 +161,11 @@ class Membership {
   const MembershipOptions options_;
   mutable absl::Mutex mu_;
   std::vector<Row> rows_ ABSL_GUARDED_BY(mu_);  // sorted by id; self included
+  // Tombstones evicted from a full table, oldest first, at most
+  // max_members: id and incarnation. An entry about one of them at that
+  // incarnation or older is stale gossip and is dropped; were it taken, a
+  // member known dead would come back as live until declared dead again.
+  std::deque<std::pair<std::string, int64_t>> evicted_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace starling

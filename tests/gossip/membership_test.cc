@@ -485,6 +485,25 @@ TEST(MembershipTest, AFullTableMakesRoomOnlyByEvictingTheOldestTombstone) {
   // The evicted tombstones stay out, and the table never grew past 3.
   ASSERT_TRUE(a.Merge({Entry("b", 1, MEMBER_DEAD)}, T(12)).ok());
   EXPECT_EQ(Ids(a.Snapshot()), (std::vector<std::string>{"a", "d", "e"}));
+
+  // e dies, so there is room for a newcomer again. Stale gossip that still
+  // has b or c alive at the incarnation they died at does not bring them
+  // back; b at a new incarnation (it restarted) takes e's place.
+  a.Tick(T(13.5));
+  a.Tick(T(17));
+  ASSERT_EQ(StateOf(a, "e"), MEMBER_DEAD);
+  ASSERT_EQ(StateOf(a, "d"), MEMBER_DEAD);
+  changes.clear();
+  ASSERT_TRUE(a.Merge({Entry("b", 1, MEMBER_ALIVE, 50),
+                       Entry("c", 1, MEMBER_SUSPECT, 50)},
+                      T(18), &changes)
+                  .ok());
+  EXPECT_TRUE(changes.empty());
+  EXPECT_EQ(Ids(a.Snapshot()), (std::vector<std::string>{"a", "d", "e"}));
+  ASSERT_TRUE(a.Merge({Entry("b", 2, MEMBER_ALIVE)}, T(19), &changes).ok());
+  EXPECT_EQ(Ids(a.Snapshot()), (std::vector<std::string>{"a", "b", "d"}));
+  EXPECT_EQ(StateOf(a, "b"), MEMBER_ALIVE);
+  EXPECT_EQ(changes.size(), 1u);
 }
 
 TEST(MembershipTest, WorseStateWinsAtTheSameIncarnation) {
