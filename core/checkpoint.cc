@@ -2,8 +2,10 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "core/file_util.h"
 #include "core/flat_params.h"
 
@@ -52,17 +54,33 @@ std::string CheckpointPathInRunDir(const std::string& run_dir) {
 }
 
 absl::Status WriteCheckpoint(const std::string& path, const Checkpoint& ckpt) {
-  std::string out(kMagic, sizeof(kMagic));
-  Put<uint32_t>(&out, kVersion);
-  Put<uint32_t>(&out, static_cast<uint32_t>(ckpt.sections.size()));
+  // The small framing goes into `heads`, one per section (plus the file's
+  // own); the sections' bytes are written from where they are, never
+  // copied into one buffer: a checkpoint holds the model several times
+  // over (weights, optimizer state, outer state).
+  std::vector<std::string> heads;
+  heads.reserve(ckpt.sections.size() + 2);
+  heads.emplace_back(kMagic, sizeof(kMagic));
+  Put<uint32_t>(&heads.back(), kVersion);
+  Put<uint32_t>(&heads.back(), static_cast<uint32_t>(ckpt.sections.size()));
+  std::vector<absl::string_view> parts = {heads.back()};
+  size_t size = heads.back().size();
   for (const auto& [name, bytes] : ckpt.sections) {
-    Put<uint32_t>(&out, static_cast<uint32_t>(name.size()));
-    out += name;
-    Put<uint64_t>(&out, bytes.size());
-    out += bytes;
+    heads.emplace_back();
+    std::string& head = heads.back();
+    Put<uint32_t>(&head, static_cast<uint32_t>(name.size()));
+    head += name;
+    Put<uint64_t>(&head, bytes.size());
+    parts.push_back(head);
+    parts.push_back(bytes);
+    size += head.size() + bytes.size();
   }
-  Put<uint64_t>(&out, HashBytes(out.data(), out.size()));
-  return WriteFileAtomic(path, out);
+  BytesHasher hasher(size);
+  for (absl::string_view part : parts) hasher.Update(part.data(), part.size());
+  heads.emplace_back();
+  Put<uint64_t>(&heads.back(), hasher.Finish());
+  parts.push_back(heads.back());
+  return WriteFileAtomic(path, parts);
 }
 
 absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {

@@ -108,10 +108,18 @@ absl::StatusOr<std::string> ReadFileFrom(const std::string& path,
 }
 
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view data) {
+  return WriteFileAtomic(path, absl::MakeConstSpan(&data, 1));
+}
+
+absl::Status WriteFileAtomic(const std::string& path,
+                             absl::Span<const absl::string_view> parts) {
   std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("cannot create", tmp);
-  absl::Status st = WriteAll(fd, data, tmp);
+  absl::Status st;
+  for (absl::string_view part : parts) {
+    if (st.ok()) st = WriteAll(fd, part, tmp);
+  }
   if (st.ok() && ::fsync(fd) != 0) st = Errno("fsync", tmp);
   if (::close(fd) != 0 && st.ok()) st = Errno("close", tmp);
   if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace starling {
 
@@ -27,6 +28,10 @@ absl::StatusOr<std::string> ReadFileFrom(const std::string& path,
 
 // Internal on any I/O failure; the target is untouched in that case.
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view data);
+// The same for the concatenation of `parts`, written one after another
+// without being joined in memory.
+absl::Status WriteFileAtomic(const std::string& path,
+                             absl::Span<const absl::string_view> parts);
 
 // Appends `line` plus '\n' with one write(2) (O_APPEND) and no fsync.
 absl::Status AppendLine(const std::string& path, absl::string_view line);

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -50,25 +51,54 @@ absl::Status Unflatten(absl::Span<const float> flat,
   return absl::OkStatus();
 }
 
-uint64_t HashBytes(const void* data, size_t size) {
-  // Word-at-a-time multiply/rotate mixing with an avalanche finish
-  // (constants from xxHash64).
-  constexpr uint64_t kP1 = 0x9E3779B185EBCA87ULL;
-  constexpr uint64_t kP2 = 0xC2B2AE3D27D4EB4FULL;
-  constexpr uint64_t kP3 = 0x165667B19E3779F9ULL;
-  auto rotl = [](uint64_t x, int r) { return (x << r) | (x >> (64 - r)); };
+// Word-at-a-time multiply/rotate mixing with an avalanche finish
+// (constants from xxHash64).
+namespace {
+constexpr uint64_t kP1 = 0x9E3779B185EBCA87ULL;
+constexpr uint64_t kP2 = 0xC2B2AE3D27D4EB4FULL;
+constexpr uint64_t kP3 = 0x165667B19E3779F9ULL;
+inline uint64_t Rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+inline uint64_t Mix(uint64_t h, uint64_t w) {
+  h ^= Rotl(w * kP2, 31) * kP1;
+  return Rotl(h, 27) * kP1 + kP3;
+}
+}  // namespace
+
+BytesHasher::BytesHasher(size_t size)
+    : h_(kP3 ^ (static_cast<uint64_t>(size) * kP1)) {}
+
+void BytesHasher::Update(const void* data, size_t size) {
   const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t h = kP3 ^ (static_cast<uint64_t>(size) * kP1);
+  if (pending_size_ > 0) {
+    const size_t take = std::min(size, 8 - pending_size_);
+    std::memcpy(pending_ + pending_size_, p, take);
+    pending_size_ += take;
+    p += take;
+    size -= take;
+    if (pending_size_ < 8) return;
+    uint64_t w;
+    std::memcpy(&w, pending_, 8);
+    h_ = Mix(h_, w);
+    pending_size_ = 0;
+  }
+  uint64_t h = h_;  // in a register: p may alias any byte, h_ included
   size_t i = 0;
   for (; i + 8 <= size; i += 8) {
     uint64_t w;
     std::memcpy(&w, p + i, 8);
-    h ^= rotl(w * kP2, 31) * kP1;
-    h = rotl(h, 27) * kP1 + kP3;
+    h = Mix(h, w);
   }
-  for (; i < size; ++i) {
-    h ^= static_cast<uint64_t>(p[i]) * kP3;
-    h = rotl(h, 11) * kP1;
+  h_ = h;
+  std::memcpy(pending_, p + i, size - i);
+  pending_size_ = size - i;
+}
+
+uint64_t BytesHasher::Finish() {
+  uint64_t h = h_;
+  for (size_t i = 0; i < pending_size_; ++i) {
+    h ^= static_cast<uint64_t>(pending_[i]) * kP3;
+    h = Rotl(h, 11) * kP1;
   }
   h ^= h >> 33;
   h *= kP2;
@@ -76,6 +106,12 @@ uint64_t HashBytes(const void* data, size_t size) {
   h *= kP3;
   h ^= h >> 32;
   return h;
+}
+
+uint64_t HashBytes(const void* data, size_t size) {
+  BytesHasher hasher(size);
+  hasher.Update(data, size);
+  return hasher.Finish();
 }
 
 std::string FlatHash(absl::Span<const float> flat) {

@@ -32,6 +32,22 @@ absl::Status Unflatten(absl::Span<const float> flat,
 // machines of the same endianness.
 uint64_t HashBytes(const void* data, size_t size);
 
+// HashBytes of bytes fed in pieces, for data never held in one buffer: the
+// pieces' concatenation, whose total `size` is given up front, hashes to
+// the same value. Not thread-safe.
+class BytesHasher {
+ public:
+  explicit BytesHasher(size_t size);
+  void Update(const void* data, size_t size);
+  // The hash, once exactly the announced size has been fed.
+  uint64_t Finish();
+
+ private:
+  uint64_t h_;
+  unsigned char pending_[8];  // bytes of a word not yet complete
+  size_t pending_size_ = 0;
+};
+
 // Hash of a flat fp32 buffer, as 16 lowercase hex digits.
 std::string FlatHash(absl::Span<const float> flat);
 

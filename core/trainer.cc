@@ -125,10 +125,14 @@ AvailableMemory AvailableMemoryNow() {
   return out;
 }
 
+// Straight into the string, without a stream's buffer and its copy.
 std::string ArchiveToString(torch::serialize::OutputArchive& archive) {
-  std::ostringstream os;
-  archive.save_to(os);
-  return os.str();
+  std::string out;
+  archive.save_to([&out](const void* data, size_t size) {
+    out.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  return out;
 }
 
 double Seconds(std::chrono::steady_clock::time_point since) {
@@ -624,10 +628,10 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(
   return r;
 }
 
-absl::Status Trainer::SaveCheckpoint(
-    const std::string& path, const std::map<std::string, std::string>& extra) {
+absl::Status Trainer::SaveCheckpoint(const std::string& path,
+                                     std::map<std::string, std::string> extra) {
   Checkpoint ckpt;
-  ckpt.sections = extra;
+  ckpt.sections = std::move(extra);
   TrainerState st = state_;
   std::ostringstream rng;
   rng << sampler_.rng;

@@ -123,10 +123,10 @@ class Trainer {
   const DriftSchedule& drift() const { return drift_; }
 
   // Writes model, optimizer, trainer state, sampler and RNG state atomically,
-  // plus the caller's `extra` sections (e.g. outer-optimizer state).
-  absl::Status SaveCheckpoint(
-      const std::string& path,
-      const std::map<std::string, std::string>& extra = {});
+  // plus the caller's `extra` sections (e.g. outer-optimizer state; moved
+  // in, as they may be as large as the model).
+  absl::Status SaveCheckpoint(const std::string& path,
+                              std::map<std::string, std::string> extra = {});
   // Restores everything SaveCheckpoint wrote and returns all sections in
   // `sections` when non-null. FailedPrecondition naming the field when the
   // checkpoint came from an incompatible configuration; DataLoss when the

@@ -763,7 +763,8 @@ struct NodeRun {
       extra["gossip_weight"] = absl::StrFormat("%.17g", gossip_weight);
     }
     const absl::Time start = absl::Now();
-    STARLING_RETURN_IF_ERROR(trainer->SaveCheckpoint(ckpt_path, extra));
+    STARLING_RETURN_IF_ERROR(
+        trainer->SaveCheckpoint(ckpt_path, std::move(extra)));
     if (ops->metrics) {
       ops->metrics->Checkpoint(absl::ToDoubleSeconds(absl::Now() - start),
                                absl::Now());

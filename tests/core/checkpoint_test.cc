@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/file_util.h"
+#include "core/flat_params.h"
 #include "gtest/gtest.h"
 #include "tests/core/test_util.h"
 
@@ -30,6 +31,36 @@ TEST(CheckpointTest, RoundTrip) {
   absl::StatusOr<Checkpoint> r = ReadCheckpoint(path);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->sections, c.sections);
+}
+
+// The file is the layout checkpoint.cc documents, byte for byte, so that
+// checkpoints of earlier builds stay readable and the other way round:
+// "STARCKPT", u32 version 1, u32 section count, then per section (by name)
+// u32 name length, the name, u64 size and the bytes, then u64 HashBytes of
+// all of that.
+TEST(CheckpointTest, TheFileIsTheDocumentedLayout) {
+  const std::string path = testing::TempDir() + "/c.ckpt";
+  Checkpoint c;
+  c.sections["zeta"] = std::string(1001, 'z');
+  c.sections["alpha"] = "abc";
+  ASSERT_TRUE(WriteCheckpoint(path, c).ok());
+  auto put32 = [](std::string* s, uint32_t v) {
+    s->append(reinterpret_cast<const char*>(&v), 4);
+  };
+  auto put64 = [](std::string* s, uint64_t v) {
+    s->append(reinterpret_cast<const char*>(&v), 8);
+  };
+  std::string want = "STARCKPT";
+  put32(&want, 1);
+  put32(&want, 2);
+  for (const auto& [name, bytes] : c.sections) {
+    put32(&want, static_cast<uint32_t>(name.size()));
+    want += name;
+    put64(&want, bytes.size());
+    want += bytes;
+  }
+  put64(&want, HashBytes(want.data(), want.size()));
+  EXPECT_EQ(ReadFile(path).value_or(""), want);
 }
 
 TEST(CheckpointTest, MissingFileIsNotFound) {
