@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -58,8 +59,9 @@ absl::Status WriteCheckpoint(const std::string& path, const Checkpoint& ckpt) {
   // own); the sections' bytes are written from where they are, never
   // copied into one buffer: a checkpoint holds the model several times
   // over (weights, optimizer state, outer state).
-  std::vector<std::string> heads;
-  heads.reserve(ckpt.sections.size() + 2);
+  // A deque: `parts` points into its strings, which emplace_back never
+  // moves (a short string's bytes live inside the object).
+  std::deque<std::string> heads;
   heads.emplace_back(kMagic, sizeof(kMagic));
   Put<uint32_t>(&heads.back(), kVersion);
   Put<uint32_t>(&heads.back(), static_cast<uint32_t>(ckpt.sections.size()));
