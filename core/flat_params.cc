@@ -69,6 +69,9 @@ BytesHasher::BytesHasher(size_t size)
     : h_(kP3 ^ (static_cast<uint64_t>(size) * kP1)) {}
 
 void BytesHasher::Update(const void* data, size_t size) {
+  // An empty span may carry a null pointer, and memcpy's arguments must
+  // never be null, even for zero bytes.
+  if (size == 0) return;
   const auto* p = static_cast<const unsigned char*>(data);
   if (pending_size_ > 0) {
     const size_t take = std::min(size, 8 - pending_size_);
