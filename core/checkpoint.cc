@@ -1,5 +1,6 @@
 #include "core/checkpoint.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -9,6 +10,7 @@
 #include "absl/strings/string_view.h"
 #include "core/file_util.h"
 #include "core/flat_params.h"
+#include "core/status.h"
 
 namespace starling {
 namespace {
@@ -24,29 +26,6 @@ template <typename T>
 void Put(std::string* out, T v) {
   out->append(reinterpret_cast<const char*>(&v), sizeof(T));
 }
-
-class Reader {
- public:
-  explicit Reader(const std::string& data) : data_(data) {}
-  template <typename T>
-  bool Get(T* v) {
-    if (data_.size() - pos_ < sizeof(T)) return false;
-    std::memcpy(v, data_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  bool GetBytes(uint64_t n, std::string* out) {
-    if (data_.size() - pos_ < n) return false;
-    out->assign(data_.data() + pos_, n);
-    pos_ += n;
-    return true;
-  }
-  size_t pos() const { return pos_; }
-
- private:
-  const std::string& data_;
-  size_t pos_ = 0;
-};
 
 }  // namespace
 
@@ -86,42 +65,79 @@ absl::Status WriteCheckpoint(const std::string& path, const Checkpoint& ckpt) {
 }
 
 absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
-  absl::StatusOr<std::string> data = ReadFile(path);
-  if (!data.ok()) return data.status();
+  // Streamed: each section is read straight into its string and every byte
+  // is hashed as it goes by, so the file is never held twice in memory. A
+  // framing error met on the way is reported only once the rest of the file
+  // has been hashed: a damaged file is a checksum mismatch whichever field
+  // the damage hit, and a size field is trusted only up to the file's end.
+  STARLING_ASSIGN_OR_RETURN(FileReader file, FileReader::Open(path));
   auto corrupt = [&](absl::string_view why) {
     return absl::DataLossError(
         absl::StrCat("checkpoint ", path, " is unreadable: ", why));
   };
-  if (data->size() < sizeof(kMagic) + 16 ||
-      std::memcmp(data->data(), kMagic, sizeof(kMagic)) != 0) {
+  char magic[sizeof(kMagic)];
+  if (file.size() < sizeof(kMagic) + 16 ||
+      !file.Read(magic, sizeof(magic)).ok() ||
+      std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) {
     return corrupt("not a Starling checkpoint (bad magic)");
   }
-  size_t body = data->size() - sizeof(uint64_t);
-  uint64_t stored;
-  std::memcpy(&stored, data->data() + body, sizeof(stored));
-  if (stored != HashBytes(data->data(), body)) {
-    return corrupt("checksum mismatch (truncated or corrupted file)");
-  }
-  Reader r(*data);
-  std::string magic;
-  uint32_t version = 0, n = 0;
-  r.GetBytes(sizeof(kMagic), &magic);
-  if (!r.Get(&version) || version != kVersion) {
-    return corrupt(absl::StrCat("unsupported version ", version));
-  }
-  if (!r.Get(&n)) return corrupt("missing section count");
+  const uint64_t body = file.size() - sizeof(uint64_t);
+  BytesHasher hasher(body);
+  hasher.Update(magic, sizeof(magic));
+  uint64_t pos = sizeof(magic);
+  absl::Status io;
+  auto get_bytes = [&](void* dst, uint64_t n) {
+    if (!io.ok() || n > body - pos) return false;
+    io = file.Read(dst, n);
+    if (!io.ok()) return false;
+    hasher.Update(dst, n);
+    pos += n;
+    return true;
+  };
+  auto get = [&](auto* v) { return get_bytes(v, sizeof(*v)); };
+  // Sizes `out` only once the file is known to hold that many bytes more.
+  auto get_string = [&](uint64_t n, std::string* out) {
+    if (n > body - pos) return false;
+    out->resize(n);
+    return get_bytes(out->data(), n);
+  };
+
   Checkpoint ckpt;
-  for (uint32_t i = 0; i < n; ++i) {
+  std::string framing;  // the first framing error, reported after the hash
+  uint32_t version = 0, n = 0;
+  if (!get(&version) || version != kVersion) {
+    framing = absl::StrCat("unsupported version ", version);
+  } else if (!get(&n)) {
+    framing = "missing section count";
+  }
+  for (uint32_t i = 0; framing.empty() && i < n; ++i) {
     uint32_t name_len = 0;
     uint64_t size = 0;
     std::string name, bytes;
-    if (!r.Get(&name_len) || !r.GetBytes(name_len, &name) || !r.Get(&size) ||
-        r.pos() + size > body || !r.GetBytes(size, &bytes)) {
-      return corrupt(absl::StrCat("section ", i, " is out of bounds"));
+    if (!get(&name_len) || !get_string(name_len, &name) || !get(&size) ||
+        !get_string(size, &bytes)) {
+      framing = absl::StrCat("section ", i, " is out of bounds");
+      break;
     }
     ckpt.sections[name] = std::move(bytes);
   }
-  if (r.pos() != body) return corrupt("trailing bytes after the sections");
+  if (framing.empty() && pos != body) {
+    framing = "trailing bytes after the sections";
+  }
+  if (!framing.empty()) {
+    ckpt.sections.clear();
+    std::string rest(std::min<uint64_t>(body - pos, 1 << 20), '\0');
+    while (io.ok() && pos < body) {
+      get_bytes(rest.data(), std::min<uint64_t>(body - pos, rest.size()));
+    }
+  }
+  uint64_t stored = 0;
+  if (io.ok()) io = file.Read(&stored, sizeof(stored));
+  if (!io.ok()) return io;
+  if (stored != hasher.Finish()) {
+    return corrupt("checksum mismatch (truncated or corrupted file)");
+  }
+  if (!framing.empty()) return corrupt(framing);
   return ckpt;
 }
 

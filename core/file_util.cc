@@ -66,7 +66,7 @@ bool FileExists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
+absl::StatusOr<FileReader> FileReader::Open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) {
@@ -81,12 +81,46 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, " is not a regular file"));
   }
-  // To the end, not to st_size: files of /proc report size 0, and a log
+  return FileReader(path, fd, static_cast<uint64_t>(st.st_size));
+}
+
+FileReader::FileReader(FileReader&& other) noexcept
+    : path_(std::move(other.path_)), fd_(other.fd_), size_(other.size_) {
+  other.fd_ = -1;
+}
+
+FileReader::~FileReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::Status FileReader::Read(void* dst, size_t n) {
+  auto* out = static_cast<char*>(dst);
+  while (n > 0) {
+    ssize_t got = ::read(fd_, out, n);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot read ", path_, ": ", std::strerror(errno)));
+    }
+    if (got == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot read ", path_, ": it ended ", n,
+                       " bytes early (it shrank while being read)"));
+    }
+    out += got;
+    n -= static_cast<size_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  absl::StatusOr<FileReader> file = FileReader::Open(path);
+  if (!file.ok()) return file.status();
+  // To the end, not to size(): files of /proc report size 0, and a log
   // being appended to may have grown since fstat.
   std::string data;
   absl::Status read =
-      ReadToEnd(fd, 0, static_cast<size_t>(st.st_size), path, &data);
-  ::close(fd);
+      ReadToEnd(file->fd_, 0, static_cast<size_t>(file->size()), path, &data);
   if (!read.ok()) return read;
   return data;
 }

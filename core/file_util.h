@@ -1,13 +1,17 @@
-// Whole-file reads and crash-safe whole-file writes.
+// Whole-file reads (or piece by piece, FileReader) and crash-safe whole-file
+// writes.
 // WriteFileAtomic writes a temp file in the same directory, fsyncs it, renames
 // it over the target and fsyncs the directory: a crash at any point leaves
 // either the old file or the new one, never a torn one.
-// Thread-safe (no shared state); concurrent writers to one path race benignly
-// (last rename wins).
+// The free functions are thread-safe (no shared state); concurrent writers to
+// one path race benignly (last rename wins). A FileReader is used by one
+// thread at a time.
 #ifndef STARLING_CORE_FILE_UTIL_H_
 #define STARLING_CORE_FILE_UTIL_H_
 
+#include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -20,6 +24,33 @@ namespace starling {
 // 0). NotFound if `path` does not exist; InvalidArgument if it is not a
 // readable regular file.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
+
+// A regular file read front to back in pieces the caller sizes, for a file
+// too large to hold twice (a checkpoint's sections are read straight into
+// their own strings). Move-only; one thread at a time.
+class FileReader {
+ public:
+  // NotFound if `path` does not exist; InvalidArgument if it is not a
+  // readable regular file.
+  static absl::StatusOr<FileReader> Open(const std::string& path);
+  FileReader(FileReader&& other) noexcept;
+  FileReader& operator=(FileReader&&) = delete;
+  ~FileReader();
+
+  // The file's size when it was opened.
+  uint64_t size() const { return size_; }
+  // Reads the next `n` bytes into `dst`. InvalidArgument naming the file on
+  // a read error or when the file ends first.
+  absl::Status Read(void* dst, size_t n);
+
+ private:
+  friend absl::StatusOr<std::string> ReadFile(const std::string& path);
+  FileReader(std::string path, int fd, uint64_t size)
+      : path_(std::move(path)), fd_(fd), size_(size) {}
+  std::string path_;
+  int fd_;
+  uint64_t size_;
+};
 
 // The bytes of `path` from byte `offset` to its end (empty when the file is
 // shorter), for following a growing file. NotFound if it does not exist.

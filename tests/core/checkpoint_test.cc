@@ -4,7 +4,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/file_util.h"
@@ -83,6 +85,25 @@ TEST(FileUtilTest, ReadFileReadsProcFilesWhole) {
   EXPECT_TRUE(absl::IsInvalidArgument(ReadFile(testing::TempDir()).status()));
 }
 
+TEST(FileUtilTest, FileReaderReadsPiecesAndNamesAnEarlyEnd) {
+  const std::string path = testing::TempDir() + "/f";
+  ASSERT_TRUE(WriteFileAtomic(path, "0123456789").ok());
+  absl::StatusOr<FileReader> file = FileReader::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->size(), 10u);
+  std::string a(3, '\0'), b(7, '\0');
+  ASSERT_TRUE(file->Read(a.data(), 3).ok());
+  ASSERT_TRUE(file->Read(b.data(), 7).ok());
+  EXPECT_EQ(a + b, "0123456789");
+  absl::Status past = file->Read(a.data(), 1);
+  EXPECT_TRUE(absl::IsInvalidArgument(past)) << past;
+  EXPECT_NE(past.message().find(path), std::string::npos) << past;
+  EXPECT_TRUE(absl::IsNotFound(
+      FileReader::Open(testing::TempDir() + "/none").status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(FileReader::Open(testing::TempDir()).status()));
+}
+
 TEST(CheckpointTest, FlippedByteIsDataLossNamingTheFile) {
   std::string path = testing::TempDir() + "/c.ckpt";
   ASSERT_TRUE(WriteCheckpoint(path, Make(1, 5000)).ok());
@@ -102,6 +123,65 @@ TEST(CheckpointTest, TruncatedFileIsDataLoss) {
     ASSERT_TRUE(WriteFileAtomic(path, bytes.substr(0, keep)).ok());
     EXPECT_TRUE(absl::IsDataLoss(ReadCheckpoint(path).status())) << keep;
   }
+}
+
+// A file whose checksum matches but whose framing does not hold together
+// (as a buggy or hostile writer could make) is DataLoss naming the field,
+// and a size field is not believed past the file's end: a section that
+// claims 2^62 bytes allocates nothing. Damage under a stale checksum is
+// a checksum mismatch whichever field it hit, even when the framing is read
+// (streamed) before the checksum.
+TEST(CheckpointTest, BadFramingUnderAMatchingChecksumIsNamed) {
+  const std::string path = testing::TempDir() + "/c.ckpt";
+  Checkpoint c;
+  c.sections["alpha"] = "abc";
+  c.sections["beta"] = std::string(3000, 'b');
+  ASSERT_TRUE(WriteCheckpoint(path, c).ok());
+  const std::string good = *ReadFile(path);
+  // Offsets: magic 0, version 8, count 12, alpha's name_len 16, name 20,
+  // size 25, bytes 33.
+  auto with = [&](size_t offset, const std::string& bytes, bool rehash) {
+    std::string f = good.substr(0, good.size() - 8);
+    f.replace(offset, bytes.size(), bytes);
+    uint64_t h;
+    std::memcpy(&h, good.data() + good.size() - 8, 8);
+    if (rehash) h = HashBytes(f.data(), f.size());
+    f.append(reinterpret_cast<const char*>(&h), 8);
+    EXPECT_TRUE(WriteFileAtomic(path, f).ok());
+    return ReadCheckpoint(path).status();
+  };
+  auto u32 = [](uint32_t v) {
+    return std::string(reinterpret_cast<const char*>(&v), 4);
+  };
+  auto u64 = [](uint64_t v) {
+    return std::string(reinterpret_cast<const char*>(&v), 8);
+  };
+  struct Case {
+    size_t offset;
+    std::string bytes;
+    std::string why;
+  };
+  for (const Case& k : std::vector<Case>{
+           {8, u32(2), "unsupported version 2"},
+           {12, u32(3), "section 2 is out of bounds"},
+           {12, u32(1), "trailing bytes after the sections"},
+           {16, u32(1u << 31), "section 0 is out of bounds"},
+           {25, u64(uint64_t{1} << 62), "section 0 is out of bounds"},
+           {25, u64(4), "section 1 is out of bounds"},
+       }) {
+    SCOPED_TRACE(k.why);
+    absl::Status st = with(k.offset, k.bytes, /*rehash=*/true);
+    EXPECT_TRUE(absl::IsDataLoss(st)) << st;
+    EXPECT_EQ(st.message(),
+              absl::StrCat("checkpoint ", path, " is unreadable: ", k.why));
+    st = with(k.offset, k.bytes, /*rehash=*/false);
+    EXPECT_TRUE(absl::IsDataLoss(st)) << st;
+    EXPECT_NE(st.message().find("checksum mismatch"), std::string::npos) << st;
+  }
+  ASSERT_TRUE(WriteFileAtomic(path, good).ok());
+  absl::StatusOr<Checkpoint> r = ReadCheckpoint(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->sections, c.sections);
 }
 
 TEST(CheckpointTest, ForeignFileIsDataLoss) {
