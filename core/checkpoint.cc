@@ -76,9 +76,12 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
         absl::StrCat("checkpoint ", path, " is unreadable: ", why));
   };
   char magic[sizeof(kMagic)];
-  if (file.size() < sizeof(kMagic) + 16 ||
-      !file.Read(magic, sizeof(magic)).ok() ||
-      std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) {
+  if (file.size() < sizeof(kMagic) + 16) {
+    return corrupt("not a Starling checkpoint (bad magic)");
+  }
+  // A read error is itself (naming the file), not a foreign file.
+  STARLING_RETURN_IF_ERROR(file.Read(magic, sizeof(magic)));
+  if (std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) {
     return corrupt("not a Starling checkpoint (bad magic)");
   }
   const uint64_t body = file.size() - sizeof(uint64_t);
