@@ -83,13 +83,15 @@ absl::Status Validate(const MemberEntry& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("negative heartbeat ", e.heartbeat()));
   }
-  if (e.round() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("negative round ", e.round()));
+  if (e.round() < 0 || e.round() > kMaxRound) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "round ", e.round(), " is out of range [0, ", kMaxRound, "]"));
   }
-  if (e.early_sync() < 0) {
+  // A member asks for the sync of the round after its own.
+  if (e.early_sync() < 0 || e.early_sync() > kMaxRound + 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("negative early_sync ", e.early_sync()));
+        absl::StrCat("early_sync ", e.early_sync(), " is out of range [0, ",
+                     kMaxRound + 1, "]"));
   }
   return absl::OkStatus();
 }

@@ -66,6 +66,12 @@ struct MembershipOptions {
   size_t max_members = 1024;
 };
 
+// The highest round an entry, a round message or a swarm state may name.
+// Far beyond any real run (a round a second for 34,000 years), and low
+// enough that arithmetic on rounds (a round's mailbox sequence is round *
+// 2^20 + attempt) cannot overflow, whatever number a peer sends.
+constexpr int64_t kMaxRound = int64_t{1} << 40;
+
 // OK when `id` can name a member: 1 to 128 bytes of printable ASCII without
 // spaces or the separators of --hosts and the sim's specs (',', '|', '@').
 // InvalidArgument saying what is wrong otherwise. A node's own --node_id and

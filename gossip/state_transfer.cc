@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +14,7 @@
 #include "compression/zstd_stage.h"
 #include "core/flat_params.h"
 #include "core/status.h"
+#include "gossip/membership.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "The state layout is little-endian; port the loads and stores."
@@ -213,9 +215,16 @@ absl::StatusOr<SwarmState> DecodeSwarmState(absl::string_view bytes) {
     return absl::DataLossError(
         absl::StrCat("swarm state: ", r.remaining(), " trailing bytes"));
   }
-  if (s.round < 0 || s.step < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "swarm state: negative round ", s.round, " or step ", s.step));
+  if (s.round < 0 || s.round > kMaxRound) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("swarm state: round ", s.round, " is out of range [0, ",
+                     kMaxRound, "]"));
+  }
+  // The trainer counts steps in an int.
+  if (s.step < 0 || s.step > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("swarm state: step ", s.step, " is out of range [0, ",
+                     std::numeric_limits<int>::max(), "]"));
   }
   for (size_t i = 0; i < s.theta.size(); ++i) {
     if (!std::isfinite(s.theta[i])) {

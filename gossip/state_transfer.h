@@ -33,7 +33,8 @@ struct SwarmState {
 std::string EncodeSwarmState(const SwarmState& s);
 // DataLoss naming the field when `bytes` is truncated, has a bad magic or
 // version, or sizes that do not add up; InvalidArgument when `lineage` does
-// not match FlatHash(theta) or theta holds NaN/Inf.
+// not match FlatHash(theta), theta holds NaN/Inf, the round is outside
+// [0, kMaxRound] (gossip/membership.h) or the step outside [0, INT_MAX].
 absl::StatusOr<SwarmState> DecodeSwarmState(absl::string_view bytes);
 
 // The donor side: the encoded state, zstd-compressed once.

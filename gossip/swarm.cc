@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -36,7 +37,31 @@ using peer::v1::PushChunk;
 using peer::v1::StateChunk;
 using peer::v1::StateRequest;
 
-constexpr int64_t kAttemptsPerRound = 1024;
+static_assert(kMaxRound <=
+                  std::numeric_limits<int64_t>::max() / kAttemptsPerRound - 1,
+              "round * kAttemptsPerRound + attempt must fit an int64");
+// Round messages (COMMIT, ABORT, STALE, PLAN) a member holds for its
+// training thread, which takes them when it is in a round.
+constexpr size_t kMaxInboxMessages = 4096;
+
+// Why a round message's numbers are out of the range the protocol
+// produces, or "" when they are in it. A peer's number out of range would
+// overflow the arithmetic on rounds and attempts (see kAttemptsPerRound).
+std::string OutOfRange(const ControlMessage& m) {
+  if (m.round() < 0 || m.round() > kMaxRound) {
+    return absl::StrCat("round ", m.round(), " is out of range [0, ", kMaxRound,
+                        "]");
+  }
+  if (m.attempt() < 0 || m.attempt() >= kAttemptsPerRound) {
+    return absl::StrCat("attempt ", m.attempt(), " is out of range [0, ",
+                        kAttemptsPerRound - 1, "]");
+  }
+  if (m.last_attempt() < 0 || m.last_attempt() > kMaxClaimedAttempt) {
+    return absl::StrCat("last_attempt ", m.last_attempt(),
+                        " is out of range [0, ", kMaxClaimedAttempt, "]");
+  }
+  return "";
+}
 
 std::vector<MemberEntry> ToVector(
     const google::protobuf::RepeatedPtrField<MemberEntry>& r) {
@@ -440,6 +465,8 @@ struct Swarm::Coordinator {
   std::map<std::string, std::string> ready ABSL_GUARDED_BY(mu);  // id->addr
   absl::Time first_ready ABSL_GUARDED_BY(mu);
   int attempt ABSL_GUARDED_BY(mu) = 0;
+  // Every attempt number of this round is taken (logged once).
+  bool out_of_attempts ABSL_GUARDED_BY(mu) = false;
   bool running ABSL_GUARDED_BY(mu) = false;
   absl::Time plan_started ABSL_GUARDED_BY(mu);
   bool replan_now ABSL_GUARDED_BY(mu) = false;
@@ -1314,6 +1341,13 @@ std::vector<absl::StatusOr<ControlAck>> Swarm::SendControls(
 ControlAck Swarm::OnControl(const ControlMessage& m) {
   ControlAck ack;
   ack.set_accepted(true);
+  if (std::string bad = OutOfRange(m); !bad.empty()) {
+    ack.set_accepted(false);
+    ack.set_reason(absl::StrCat(options_.node_id,
+                                " refused a round message from ",
+                                QuoteForLog(m.from()), ": ", bad));
+    return ack;
+  }
   switch (m.kind()) {
     case ControlMessage::READY:
     case ControlMessage::DONE:
@@ -1387,6 +1421,7 @@ ControlAck Swarm::OnControl(const ControlMessage& m) {
             c.replan_now = false;
             c.hold_after_abort = false;
             c.attempt = 0;
+            c.out_of_attempts = false;
             c.aborted = 0;
             c.next_plan_at = absl::InfinitePast();
             c.first_ready = absl::Now();
@@ -1443,7 +1478,10 @@ ControlAck Swarm::OnControl(const ControlMessage& m) {
     case ControlMessage::PLAN: {
       absl::MutexLock lock(&inbox_->mu);
       std::string coordinator = CoordinatorId();
-      if (m.round() != inbox_->round) {
+      if (inbox_->messages.size() >= kMaxInboxMessages) {
+        ack.set_accepted(false);
+        ack.set_reason(InboxFull());
+      } else if (m.round() != inbox_->round) {
         ack.set_accepted(false);
         ack.set_reason(absl::StrCat(options_.node_id,
                                     " is not waiting for round ", m.round(),
@@ -1463,8 +1501,23 @@ ControlAck Swarm::OnControl(const ControlMessage& m) {
       }
       return ack;
     }
-    default: {
+    case ControlMessage::COMMIT:
+    case ControlMessage::ABORT:
+    case ControlMessage::STALE: {
+      // Coordinators send these; a member heeds them only from the one it
+      // follows (SyncRound), but holds them from any member until then.
+      if (!membership_->Get(m.from()).ok()) {
+        ack.set_accepted(false);
+        ack.set_reason(absl::StrCat(options_.node_id, " knows no member ",
+                                    QuoteForLog(m.from())));
+        return ack;
+      }
       absl::MutexLock lock(&inbox_->mu);
+      if (inbox_->messages.size() >= kMaxInboxMessages) {
+        ack.set_accepted(false);
+        ack.set_reason(InboxFull());
+        return ack;
+      }
       if (m.kind() == ControlMessage::ABORT &&
           inbox_->running_mailbox != nullptr && m.round() == inbox_->round &&
           m.attempt() == inbox_->running_attempt &&
@@ -1476,7 +1529,18 @@ ControlAck Swarm::OnControl(const ControlMessage& m) {
       inbox_->messages.push_back(m);
       return ack;
     }
+    default:
+      ack.set_accepted(false);
+      ack.set_reason(absl::StrCat(
+          options_.node_id, " refused a round message of unknown kind ",
+          static_cast<int>(m.kind()), " from ", QuoteForLog(m.from())));
+      return ack;
   }
+}
+
+std::string Swarm::InboxFull() const {
+  return absl::StrCat(options_.node_id, " holds ", kMaxInboxMessages,
+                      " round messages its training thread has not taken yet");
 }
 
 void Swarm::CoordinatorLoop() {
@@ -1602,8 +1666,18 @@ void Swarm::CoordinatorLoop() {
           }
         }
         const bool due = absl::Now() - c.first_ready >= options_.round_deadline;
-        if (!c.ready.empty() && (waiting == 0 || due || c.replan_now) &&
-            absl::Now() >= c.next_plan_at) {
+        const bool plan_now = !c.ready.empty() &&
+                              (waiting == 0 || due || c.replan_now) &&
+                              absl::Now() >= c.next_plan_at;
+        if (plan_now && c.attempt + 1 >= kAttemptsPerRound) {
+          if (!c.out_of_attempts) {
+            c.out_of_attempts = true;
+            STARLING_LOG(ERROR)
+                << "round " << c.round << ": every attempt number up to "
+                << c.attempt << " is taken; this coordinator plans no more "
+                << "attempts of it";
+          }
+        } else if (plan_now) {
           ++c.attempt;
           c.plan.clear();
           c.plan_addresses.clear();

@@ -30,7 +30,9 @@
 //     coordinator committed r and died before telling all, or this node was
 //     stopped while the rest went on) answers its ready members STALE
 //     instead of running r among them. The members run the ring all-reduce over
-//     exactly that set (mailbox sequence r * 1024 + attempt) and report DONE.
+//     exactly that set (mailbox sequence r * 2^20 + attempt) and report DONE.
+//     Round messages whose round or attempt numbers are out of the range
+//     the protocol produces (kMaxRound in membership.h) are refused.
 //  4. When every member of the attempt is DONE the coordinator sends COMMIT
 //     and only then does a member apply the outer step. If a member of the
 //     attempt becomes SUSPECT, DEAD or LEFT, shows up at a higher
@@ -99,6 +101,17 @@
 #include "gossip/state_transfer.h"
 
 namespace starling {
+
+// A round's attempts number 1 to kAttemptsPerRound - 1, so that the
+// mailbox sequence of (round, attempt), round * kAttemptsPerRound + attempt,
+// never reaches the next round's. Only a round stuck for weeks (retries
+// back off to 5 s) could run out; its coordinator then stops planning it
+// and says so.
+constexpr int kAttemptsPerRound = 1 << 20;
+// The highest attempt a READY may say its sender has seen: the coordinator
+// plans above it, and a member claiming the last attempt numbers would
+// leave it none.
+constexpr int kMaxClaimedAttempt = kAttemptsPerRound / 2;
 
 struct SwarmOptions {
   std::string node_id;  // unique in the swarm
@@ -311,6 +324,8 @@ class Swarm {
   absl::Status OnGossip(const peer::v1::GossipRequest& req,
                         peer::v1::GossipResponse* resp);
   peer::v1::ControlAck OnControl(const peer::v1::ControlMessage& m);
+  // The reason a round message is refused when the member inbox is full.
+  std::string InboxFull() const;
 
   void GossipLoop();
   void CoordinatorLoop();

@@ -578,6 +578,27 @@ TEST(MembershipTest, RejectsInvalidEntriesAndMergesTheRest) {
   EXPECT_NE(s.message().find("empty id"), std::string::npos) << s;
   s = a->Merge({negative}, T(0));
   EXPECT_NE(s.message().find("incarnation"), std::string::npos) << s;
+
+  // Rounds a peer names must leave room for arithmetic on them.
+  MemberEntry far = Entry("u", 1, MEMBER_ALIVE);
+  far.set_round(kMaxRound + 1);
+  s = a->Merge({far}, T(0));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("round 1099511627777 is out of range [0, "
+                             "1099511627776]"),
+            std::string::npos)
+      << s;
+  far.set_round(-1);
+  EXPECT_EQ(a->Merge({far}, T(0)).code(), absl::StatusCode::kInvalidArgument);
+  far.set_round(kMaxRound);
+  far.set_early_sync(kMaxRound + 2);
+  s = a->Merge({far}, T(0));
+  EXPECT_NE(s.message().find("early_sync 1099511627778 is out of range"),
+            std::string::npos)
+      << s;
+  far.set_early_sync(kMaxRound + 1);
+  EXPECT_TRUE(a->Merge({far}, T(0)).ok());
+  EXPECT_EQ(a->Get("u")->round(), kMaxRound);
 }
 
 TEST(MembershipTest, RefusesIdsAndAddressesAPeerCouldAbuse) {

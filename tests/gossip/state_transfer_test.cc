@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "core/flat_params.h"
+#include "gossip/membership.h"
 #include "gtest/gtest.h"
 
 namespace starling {
@@ -386,6 +387,25 @@ TEST(StateTransferTest, RejectsLineageMismatchAndNonFiniteTheta) {
   negative.round = -1;
   EXPECT_EQ(DecodeSwarmState(EncodeSwarmState(negative)).status().code(),
             absl::StatusCode::kInvalidArgument);
+
+  // A donor's round and step go into arithmetic and into the trainer's int
+  // step counter: out of range, they are refused, named.
+  SwarmState far = s;
+  far.round = kMaxRound + 1;
+  got = DecodeSwarmState(EncodeSwarmState(far));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(got.status().message(),
+            "swarm state: round 1099511627777 is out of range [0, "
+            "1099511627776]");
+  far.round = kMaxRound;
+  far.step = int64_t{std::numeric_limits<int>::max()} + 1;
+  got = DecodeSwarmState(EncodeSwarmState(far));
+  EXPECT_EQ(got.status().message(),
+            "swarm state: step 2147483648 is out of range [0, 2147483647]");
+  far.step = std::numeric_limits<int>::max();
+  got = DecodeSwarmState(EncodeSwarmState(far));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->round, kMaxRound);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <functional>
 #include <future>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -442,6 +443,99 @@ TEST(SwarmTest, ControlMessagesFromNonMembersChangeNothing) {
   for (const peer::v1::ControlAck& ack : acks) {
     EXPECT_FALSE(ack.accepted());
     EXPECT_EQ(ack.reason(), "n0 knows no member \"ghost\"");
+  }
+}
+
+TEST(SwarmTest, RoundMessagesWithNumbersOutOfRangeAreRefused) {
+  // A member's round or attempt number out of the protocol's range is
+  // refused, naming it: the coordinator adopts a READY's round and
+  // last_attempt, and a member turns a PLAN's numbers into its mailbox
+  // sequence, where INT32_MAX + 1 or 2^62 * 2^20 would overflow.
+  std::unique_ptr<Swarm> a = StartReady("n0", {}, 0);
+  ASSERT_NE(a, nullptr);
+  std::unique_ptr<Swarm> b = StartReady("n1", {a->address()}, 0);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(SeenWithin(*a, "n1", "alive"));
+  ASSERT_TRUE(SeenWithin(*b, "n0", "alive"));
+  using K = peer::v1::ControlMessage;
+  auto send = [](const std::string& address, const std::string& from,
+                 K::Kind kind, int64_t round, int attempt, int last_attempt) {
+    auto stub = peer::v1::Swarm::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    K m;
+    m.set_run_id("barrier");
+    m.set_from(from);
+    m.set_kind(kind);
+    m.set_round(round);
+    m.set_attempt(attempt);
+    m.set_last_attempt(last_attempt);
+    peer::v1::ControlAck ack;
+    grpc::Status s = stub->Control(&ctx, m, &ack);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return ack;
+  };
+  const int kMaxInt = std::numeric_limits<int>::max();
+  const std::string to_n0 = "n0 refused a round message from \"n1\": ";
+  const std::string to_n1 = "n1 refused a round message from \"n0\": ";
+  struct Case {
+    bool to_b;
+    K::Kind kind;
+    int64_t round;
+    int attempt;
+    int last_attempt;
+    std::string reason;
+  };
+  const std::vector<Case> cases = {
+      {false, K::READY, kMaxRound + 1, 0, 0,
+       to_n0 + "round 1099511627777 is out of range [0, 1099511627776]"},
+      {false, K::READY, std::numeric_limits<int64_t>::max(), 0, 0,
+       to_n0 + "round 9223372036854775807 is out of range [0, " +
+           "1099511627776]"},
+      {false, K::READY, -1, 0, 0,
+       to_n0 + "round -1 is out of range [0, 1099511627776]"},
+      {false, K::READY, 0, -1, 0,
+       to_n0 + "attempt -1 is out of range [0, 1048575]"},
+      {false, K::READY, 0, 0, kMaxClaimedAttempt + 1,
+       to_n0 + "last_attempt 524289 is out of range [0, 524288]"},
+      {false, K::READY, 0, 0, kMaxInt,
+       to_n0 + "last_attempt 2147483647 is out of range [0, 524288]"},
+      {false, K::DONE, 0, kAttemptsPerRound, 0,
+       to_n0 + "attempt 1048576 is out of range [0, 1048575]"},
+      {false, static_cast<K::Kind>(99), 0, 1, 0,
+       "n0 refused a round message of unknown kind 99 from \"n1\""},
+      {true, K::PLAN, 0, std::numeric_limits<int>::min(), 0,
+       to_n1 + "attempt -2147483648 is out of range [0, 1048575]"},
+      {true, K::COMMIT, kMaxRound + 5, 1, 0,
+       to_n1 + "round 1099511627781 is out of range [0, 1099511627776]"},
+  };
+  for (const Case& c : cases) {
+    peer::v1::ControlAck ack = c.to_b
+                                   ? send(b->address(), "n0", c.kind, c.round,
+                                          c.attempt, c.last_attempt)
+                                   : send(a->address(), "n1", c.kind, c.round,
+                                          c.attempt, c.last_attempt);
+    EXPECT_FALSE(ack.accepted()) << c.reason;
+    EXPECT_EQ(ack.reason(), c.reason);
+  }
+  // Only members' COMMIT, ABORT and STALE are held for the training thread.
+  peer::v1::ControlAck ghost = send(b->address(), "ghost", K::COMMIT, 0, 1, 0);
+  EXPECT_FALSE(ghost.accepted());
+  EXPECT_EQ(ghost.reason(), "n1 knows no member \"ghost\"");
+
+  // The highest claim allowed is taken: the round runs at the attempt
+  // after it, and both members commit it.
+  peer::v1::ControlAck claim =
+      send(a->address(), "n1", K::READY, 0, 0, kMaxClaimedAttempt);
+  EXPECT_TRUE(claim.accepted()) << claim.reason();
+  BothRounds r = RoundOnBoth(*a, NoOp, *b, NoOp, Never);
+  ASSERT_TRUE(r.a.ok()) << r.a.status();
+  ASSERT_TRUE(r.b.ok()) << r.b.status();
+  for (const Swarm::RoundResult* res : {&*r.a, &*r.b}) {
+    EXPECT_EQ(res->outcome, Swarm::Outcome::kCommitted);
+    EXPECT_EQ(res->attempt, kMaxClaimedAttempt + 1);
+    EXPECT_EQ(res->members, (std::vector<std::string>{"n0", "n1"}));
   }
 }
 
