@@ -524,8 +524,22 @@ TEST(SwarmTest, RoundMessagesWithNumbersOutOfRangeAreRefused) {
   EXPECT_FALSE(ghost.accepted());
   EXPECT_EQ(ghost.reason(), "n1 knows no member \"ghost\"");
 
+  // A member holds a bounded number of round messages between rounds.
+  int held = 0;
+  peer::v1::ControlAck full;
+  for (int i = 0; i < 5000; ++i) {
+    full = send(b->address(), "n0", K::STALE, 7, 1, 0);
+    if (!full.accepted()) break;
+    ++held;
+  }
+  EXPECT_EQ(held, 4096);
+  EXPECT_EQ(full.reason(),
+            "n1 holds 4096 round messages its training thread has not taken "
+            "yet");
+
   // The highest claim allowed is taken: the round runs at the attempt
-  // after it, and both members commit it.
+  // after it, and both members commit it (round 0: the held messages of
+  // round 7 are dropped when it starts).
   peer::v1::ControlAck claim =
       send(a->address(), "n1", K::READY, 0, 0, kMaxClaimedAttempt);
   EXPECT_TRUE(claim.accepted()) << claim.reason();
