@@ -77,15 +77,21 @@ absl::StatusOr<double> PushSum::Absorb(absl::Span<float> y,
         absl::StrCat("push-sum absorb: ", y_s.size(),
                      " values received, the model has ", y.size()));
   }
-  if (!(w_s > 0) || !std::isfinite(w_s)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "push-sum absorb: weight ", w_s, " must be finite and > 0"));
+  if (!(w_s > 0 && w_s <= kMaxPushWeight)) {
+    return absl::InvalidArgumentError(absl::StrCat("push-sum absorb: weight ",
+                                                   w_s, " is not in (0, ",
+                                                   kMaxPushWeight, "]"));
   }
   if (int64_t bad = FirstNonFinite(y_s); bad >= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("push-sum absorb: value ", bad, " is not finite"));
   }
   const double total = weight_ + w_s;
+  if (!std::isfinite(total)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push-sum absorb: weight ", w_s, " added to this node's ",
+                     weight_, " is not finite"));
+  }
   const double a = weight_ / total, b = w_s / total;
   double dist2 = 0;
   for (size_t i = 0; i < y.size(); ++i) {
@@ -211,9 +217,9 @@ absl::StatusOr<ReceivedPush> PushAssembler::Finish() {
   r.wire_bytes = bytes();
   r.codec = header_.codec();
   r.base_sequence = header_.base_sequence();
-  if (!(r.weight > 0) || !std::isfinite(r.weight)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("push weight ", r.weight, " must be finite and > 0"));
+  if (!(r.weight > 0 && r.weight <= kMaxPushWeight)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push weight ", r.weight, " is not in (0, ", kMaxPushWeight, "]"));
   }
   r.values.resize(static_cast<size_t>(elements_));
   if (header_.codec().empty()) {

@@ -45,6 +45,12 @@ struct PublicCopy {
   std::vector<float> values;
 };
 
+// The largest push-sum weight a push may carry. Σw over a swarm stays its
+// node count, so no honest push comes near it; a peer's larger weight is
+// refused, since sums of such weights would overflow to Inf, and a weight
+// of Inf makes the next average Inf / Inf = NaN.
+constexpr double kMaxPushWeight = 1 << 20;
+
 class PushSum {
  public:
   explicit PushSum(double weight = 1.0) : weight_(weight) {}
@@ -64,7 +70,8 @@ class PushSum {
   void Restore(const PushShare& share, absl::Span<float> y);
   // y ← (w·y + w_s·y_s)/(w + w_s), w ← w + w_s. Returns ‖y − y_s‖² before
   // the update. InvalidArgument naming the problem for a size mismatch,
-  // w_s ≤ 0 or non-finite, or a non-finite y_s (y unchanged then).
+  // w_s not in (0, kMaxPushWeight], a non-finite y_s, or a sum of weights
+  // that overflows (y unchanged then).
   absl::StatusOr<double> Absorb(absl::Span<float> y,
                                 absl::Span<const float> y_s, double w_s);
 
@@ -120,8 +127,8 @@ class PushAssembler {
   // offset out of order, total size over the limit, a header that changes
   // mid-stream, a weight on a later chunk.
   absl::Status Add(const peer::v1::PushChunk& chunk);
-  // InvalidArgument for a truncated stream, a weight that is not > 0 and
-  // finite, values that do not decode or are not finite.
+  // InvalidArgument for a truncated stream, a weight not in
+  // (0, kMaxPushWeight], values that do not decode or are not finite.
   absl::StatusOr<ReceivedPush> Finish();
   int64_t bytes() const { return static_cast<int64_t>(data_.size()); }
 

@@ -157,6 +157,33 @@ TEST(PushSumTest, AbsorbRejectsBadInputAndChangesNothing) {
           .status()));
   EXPECT_EQ(y, orig);
   EXPECT_DOUBLE_EQ(ps.weight(), 1.0);
+
+  // A finite weight past kMaxPushWeight is refused too: a second push of
+  // 1e308 used to take this node's weight to Inf and y to 0 (1e308 / Inf),
+  // and the next one, Inf / Inf, made every value of y NaN.
+  auto huge =
+      ps.Absorb(absl::MakeSpan(y), std::vector<float>{1.0f, 1.0f}, 1e308);
+  EXPECT_TRUE(absl::IsInvalidArgument(huge.status()));
+  EXPECT_EQ(huge.status().message(),
+            "push-sum absorb: weight 1e+308 is not in (0, 1.04858e+06]");
+  EXPECT_EQ(y, orig);
+  ps.set_weight(std::numeric_limits<double>::infinity());
+  auto overflow = ps.Absorb(absl::MakeSpan(y), std::vector<float>{1.0f, 1.0f},
+                            kMaxPushWeight);
+  ps.set_weight(1.0);
+  EXPECT_TRUE(absl::IsInvalidArgument(overflow.status()));
+  EXPECT_NE(overflow.status().message().find("is not finite"),
+            std::string::npos)
+      << overflow.status();
+  EXPECT_EQ(y, orig);
+  // The largest weight allowed is taken, and many of them keep y finite.
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_TRUE(ps.Absorb(absl::MakeSpan(y), std::vector<float>{3.0f, 3.0f},
+                          kMaxPushWeight)
+                    .ok());
+  }
+  EXPECT_NEAR(y[0], 3.0f, 1e-5);
+  EXPECT_NEAR(y[1], 3.0f, 1e-5);
 }
 
 // ---- Reassembly.
@@ -244,7 +271,8 @@ TEST(PushAssemblerTest, RejectsNaNValuesAndBadWeights) {
   EXPECT_NE(r.status().message().find("value 40"), std::string::npos)
       << r.status();
   for (double w : {0.0, -1.0, std::numeric_limits<double>::infinity(),
-                   std::numeric_limits<double>::quiet_NaN()}) {
+                   std::numeric_limits<double>::quiet_NaN(),
+                   kMaxPushWeight * 1.0001, 1e308}) {
     PushShare ok = RawShare(v, 0.5);
     ok.weight = w;
     auto chunks = MakePushChunks("run", "n1", 1, ok, 100, 64);
