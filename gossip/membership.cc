@@ -63,7 +63,14 @@ absl::Status CheckToken(absl::string_view what, absl::string_view text,
   return absl::OkStatus();
 }
 
-absl::Status Validate(const MemberEntry& e) {
+// How far ahead of this node's clock an incarnation may be. A member's
+// incarnation is its wall clock in milliseconds when it started, plus one
+// per refutation, so a real one is never far ahead. A forged one is: and
+// one at INT64_MAX - 1 left its member no higher incarnation to refute it
+// with (Validate refuses INT64_MAX), evicting it for good, restarts too.
+constexpr int64_t kMaxIncarnationLeadMs = int64_t{24} * 3600 * 1000;
+
+absl::Status Validate(const MemberEntry& e, absl::Time now) {
   STARLING_RETURN_IF_ERROR(CheckNodeId(e.id()));
   STARLING_RETURN_IF_ERROR(CheckToken("address", e.address(), 512));
   if (!e.lineage().empty()) {
@@ -74,10 +81,17 @@ absl::Status Validate(const MemberEntry& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("unspecified or unknown state ", e.state()));
   }
-  if (e.incarnation() < 0 ||
-      e.incarnation() == std::numeric_limits<int64_t>::max()) {
+  if (e.incarnation() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("bad incarnation ", e.incarnation()));
+  }
+  const int64_t now_ms = absl::ToUnixMillis(now);
+  if (e.incarnation() > kMaxIncarnationLeadMs &&
+      e.incarnation() - kMaxIncarnationLeadMs > now_ms) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "incarnation ", e.incarnation(),
+        " is more than a day ahead of this node's clock (", now_ms,
+        " ms since 1970; an incarnation is its member's start time in ms)"));
   }
   if (e.heartbeat() < 0) {
     return absl::InvalidArgumentError(
@@ -227,7 +241,7 @@ absl::Status Membership::Merge(const std::vector<MemberEntry>& entries,
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < entries.size(); ++i) {
     const MemberEntry& e = entries[i];
-    absl::Status s = Validate(e);
+    absl::Status s = Validate(e, now);
     if (!s.ok()) {
       if (first.ok()) {
         first = absl::InvalidArgumentError(
@@ -301,7 +315,8 @@ absl::Status Membership::MergeOneLocked(
                         (e.incarnation() == cur.incarnation() &&
                          e.state() != peer::v1::MEMBER_ALIVE);
     if (!refute) return absl::OkStatus();
-    cur.set_incarnation(e.incarnation() + 1);  // Validate caps incarnation
+    // Validate keeps incarnations far from INT64_MAX.
+    cur.set_incarnation(e.incarnation() + 1);
     Record(changes, e.id(), e.state(), peer::v1::MEMBER_ALIVE,
            cur.incarnation());
     return absl::OkStatus();

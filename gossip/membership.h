@@ -19,7 +19,10 @@
 //    that entry's and stays ALIVE (a node that has left refutes nothing).
 //    Gossip never edits this node's address, heartbeat or progress.
 //    A stale entry (older incarnation) changes nothing, so an old or forged
-//    death notice cannot evict a live node.
+//    death notice cannot evict a live node. An entry whose incarnation is
+//    more than a day ahead of this node's clock is refused (incarnations
+//    are start times in ms), so a forged one cannot take a member's
+//    incarnation out of the range it can still refute from.
 // DEAD and LEFT entries stay as tombstones so gossip cannot resurrect them; a
 // restarted node comes back with a higher incarnation (Options.incarnation
 // defaults to the wall clock in milliseconds, which grows across restarts).

@@ -1,10 +1,12 @@
 #include "gossip/membership.h"
 
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace starling {
@@ -306,6 +308,41 @@ TEST(MembershipTest, GossipedSuspicionIsRefutedOnlyByANewIncarnation) {
   EXPECT_EQ(StateOf(*c, "b"), MEMBER_ALIVE);
   ASSERT_TRUE(a->Merge(c->Snapshot(), T(14)).ok());
   EXPECT_EQ(StateOf(*a, "b"), MEMBER_ALIVE);
+}
+
+TEST(MembershipTest, AForgedFarFutureIncarnationIsRefusedAndANearOneRefuted) {
+  // A member's incarnation is its start time in ms. A death notice at
+  // INT64_MAX - 1 used to be taken, and the victim's refutation at INT64_MAX
+  // refused: evicted for good. An incarnation more than a day ahead of the
+  // receiver's clock is refused now; one within a day is refuted as usual.
+  auto a = Make("a"), b = Make("b");
+  ASSERT_TRUE(a->Merge(b->Snapshot(), T(0)).ok());
+  ASSERT_TRUE(b->Merge(a->Snapshot(), T(0)).ok());
+  const int64_t now_ms = absl::ToUnixMillis(T(0));
+  const int64_t day_ms = int64_t{24} * 3600 * 1000;
+  for (int64_t forged :
+       {std::numeric_limits<int64_t>::max() - 1,
+        std::numeric_limits<int64_t>::max(), now_ms + day_ms + 1}) {
+    absl::Status s = a->Merge({Entry("b", forged, MEMBER_DEAD)}, T(0));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << forged;
+    EXPECT_NE(s.message().find(absl::StrCat(
+                  "incarnation ", forged,
+                  " is more than a day ahead of this node's clock (", now_ms,
+                  " ms since 1970")),
+              std::string::npos)
+        << s;
+    EXPECT_EQ(StateOf(*a, "b"), MEMBER_ALIVE);
+    EXPECT_EQ(Row(*a, "b").incarnation(), 100);
+  }
+  // At the edge: taken, then refuted by b, whose refutation a takes.
+  const int64_t edge = now_ms + day_ms;
+  ASSERT_TRUE(a->Merge({Entry("b", edge, MEMBER_DEAD)}, T(0)).ok());
+  EXPECT_EQ(StateOf(*a, "b"), MEMBER_DEAD);
+  ASSERT_TRUE(b->Merge(a->Snapshot(), T(0.1)).ok());
+  EXPECT_EQ(Row(*b, "b").incarnation(), edge + 1);
+  ASSERT_TRUE(a->Merge(b->Snapshot(), T(0.2)).ok());
+  EXPECT_EQ(StateOf(*a, "b"), MEMBER_ALIVE);
+  EXPECT_EQ(Row(*a, "b").incarnation(), edge + 1);
 }
 
 TEST(MembershipTest, RefutesADeathRumourAboutItself) {

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -695,13 +696,16 @@ TEST(ElasticTest, MismatchedJoinerIsRefusedOnBothSides) {
 }
 
 // A forged death notice at an old incarnation (and one in the current
-// incarnation, which the victim refutes) does not evict a live member.
+// incarnation, which the victim refutes) does not evict a live member; nor
+// does one at INT64_MAX - 1, which left the victim no incarnation to refute
+// it with until incarnations more than a day ahead were refused.
 TEST(ElasticTest, ForgedOrStaleDeathNoticeDoesNotEvict) {
   Swarm s("forged", 600, 10);
   s.StartThree();
   ASSERT_TRUE(WaitForText(s.Events("n0"), "\"round\":2", absl::Seconds(60)));
   auto stub = s.StubTo("n0");
-  for (int64_t incarnation : {int64_t{1}, int64_t{0}}) {
+  for (int64_t incarnation :
+       {int64_t{1}, int64_t{0}, std::numeric_limits<int64_t>::max() - 1}) {
     peer::v1::GossipRequest req;
     req.set_run_id("forged");
     req.set_from("mallory");
