@@ -197,8 +197,13 @@ absl::Status ResolveTrainConfig(TrainConfig* c) {
     return absl::InvalidArgumentError(
         absl::StrCat("--", flag, "=", value, ": ", want));
   };
-  if (c->batch() < 1) return bad("batch", c->batch(), "must be >= 1");
-  if (c->steps() < 1) return bad("steps", c->steps(), "must be >= 1");
+  // 0 picked the default above.
+  if (c->batch() < 1) {
+    return bad("batch", c->batch(), "must be >= 1 (0 = the default)");
+  }
+  if (c->steps() < 1) {
+    return bad("steps", c->steps(), "must be >= 1 (0 = the default)");
+  }
   if (!(c->lr() > 0) || !std::isfinite(c->lr())) {
     return bad("lr", c->lr(), "must be a positive number");
   }

@@ -1389,6 +1389,10 @@ ControlAck Swarm::OnControl(const ControlMessage& m) {
              m.lineage() > c.lineage) ||
             m.round() < c.round) {
           reply(ControlMessage::STALE);
+        } else if (std::string alone = AloneAhead(m, c.round); !alone.empty()) {
+          ack.set_accepted(false);
+          ack.set_reason(std::move(alone));
+          return ack;
         } else {
           if (m.round() > c.round || m.lineage() != c.lineage) {
             // A newer round (or a better lineage of this one): whoever is
@@ -1536,6 +1540,26 @@ ControlAck Swarm::OnControl(const ControlMessage& m) {
           static_cast<int>(m.kind()), " from ", QuoteForLog(m.from())));
       return ack;
   }
+}
+
+std::string Swarm::AloneAhead(const ControlMessage& ready,
+                              int64_t coordinated) const {
+  // A READY for the round after this coordinator's (or an earlier one) is
+  // the usual progression. One further ahead is real when members went on
+  // under another coordinator while this one was away, and then this node
+  // or another member is there too (this node, once it has caught up).
+  // Taken on one member's word, it would move the coordinator to any round
+  // that member names: every honest READY would then hear STALE and find
+  // nobody ahead to catch up from, for good.
+  if (ready.round() <= coordinated + 1) return "";
+  int64_t self_round = -1;
+  for (const MemberEntry& e : membership_->Live()) {
+    if (e.id() == options_.node_id) self_round = e.round();
+    if (e.id() != ready.from() && e.round() >= ready.round()) return "";
+  }
+  return absl::StrCat(options_.node_id, " is at round ", self_round,
+                      " and no member but ", QuoteForLog(ready.from()),
+                      " is at round ", ready.round(), " yet");
 }
 
 std::string Swarm::InboxFull() const {

@@ -324,6 +324,10 @@ class Swarm {
   absl::Status OnGossip(const peer::v1::GossipRequest& req,
                         peer::v1::GossipResponse* resp);
   peer::v1::ControlAck OnControl(const peer::v1::ControlMessage& m);
+  // Why a READY is too far ahead of the round `coordinated` for this
+  // coordinator to move to it (no other member is there), or "".
+  std::string AloneAhead(const peer::v1::ControlMessage& ready,
+                         int64_t coordinated) const;
   // The reason a round message is refused when the member inbox is full.
   std::string InboxFull() const;
 

@@ -553,6 +553,43 @@ TEST(SwarmTest, RoundMessagesWithNumbersOutOfRangeAreRefused) {
   }
 }
 
+TEST(SwarmTest, AReadyFarAheadOfEveryOtherMemberDoesNotMoveTheCoordinator) {
+  // n1 says it is ready for round 1000 while n0 and n1 are at round 0.
+  // Taken on its word, the coordinator moved to round 1000: the members'
+  // READY for round 0 then heard STALE, again and again, with nobody ahead
+  // to catch up from. Now the READY is refused until another member is
+  // there, and round 0 commits.
+  std::unique_ptr<Swarm> a = StartReady("n0", {}, 0);
+  ASSERT_NE(a, nullptr);
+  std::unique_ptr<Swarm> b = StartReady("n1", {a->address()}, 0);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(SeenWithin(*a, "n1", "alive"));
+  ASSERT_TRUE(SeenWithin(*b, "n0", "alive"));
+  auto stub = peer::v1::Swarm::NewStub(
+      grpc::CreateChannel(a->address(), grpc::InsecureChannelCredentials()));
+  peer::v1::ControlMessage ready;
+  ready.set_run_id("barrier");
+  ready.set_from("n1");
+  ready.set_kind(peer::v1::ControlMessage::READY);
+  ready.set_round(1000);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  peer::v1::ControlAck ack;
+  grpc::Status s = stub->Control(&ctx, ready, &ack);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(ack.accepted());
+  EXPECT_EQ(ack.reason(),
+            "n0 is at round 0 and no member but \"n1\" is at round 1000 yet");
+
+  BothRounds r = RoundOnBoth(*a, NoOp, *b, NoOp, Never);
+  ASSERT_TRUE(r.a.ok()) << r.a.status();
+  ASSERT_TRUE(r.b.ok()) << r.b.status();
+  for (const Swarm::RoundResult* res : {&*r.a, &*r.b}) {
+    EXPECT_EQ(res->outcome, Swarm::Outcome::kCommitted);
+    EXPECT_EQ(res->members, (std::vector<std::string>{"n0", "n1"}));
+  }
+}
+
 TEST(SwarmTest, AFullMemberTableRefusesJoinersButStillAnswersGossip) {
   SwarmOptions o = TestOptions("n0", {});
   o.max_members = 2;
