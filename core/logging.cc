@@ -61,6 +61,29 @@ const char* LevelWord(LogLevel level) {
   return "?";
 }
 
+// `text` with its control characters escaped (\n, \r, \t, \xNN), so that
+// a message carrying a peer's words (an error a peer sent back, a reason it
+// gave) stays one line and cannot forge the lines after it. UTF-8 passes.
+std::string OneLine(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char ch : text) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c != 0x7f) {
+      out.push_back(ch);
+    } else if (c == '\n') {
+      out.append("\\n");
+    } else if (c == '\r') {
+      out.append("\\r");
+    } else if (c == '\t') {
+      out.append("\\t");
+    } else {
+      absl::StrAppendFormat(&out, "\\x%02x", c);
+    }
+  }
+  return out;
+}
+
 void WriteRaw(const std::string& line) {
   absl::MutexLock lock(&StderrMutex());
   std::string out = line;
@@ -165,7 +188,7 @@ void LogEvent(LogLevel level, absl::string_view event,
   for (const auto& [k, v] : fields) {
     if (k == "peer") absl::StrAppend(&line, " ", k, "=", v);
   }
-  absl::StrAppend(&line, " ", message);
+  absl::StrAppend(&line, " ", OneLine(message));
   WriteRaw(line);
 }
 
@@ -192,7 +215,7 @@ LogMessage::~LogMessage() {
     return;
   }
   WriteRaw(absl::StrCat(LevelName(level_), " ", TextTime(), " ", source_, "]",
-                        TextContext(), " ", stream_.str()));
+                        TextContext(), " ", OneLine(stream_.str())));
 }
 
 std::string QuoteForLog(absl::string_view text, size_t max_bytes) {

@@ -42,7 +42,9 @@ using LogFields = std::vector<std::pair<std::string, std::string>>;
 
 // One event line. Text: "<level> <time> node=N round=R step=S [peer=P]
 // <message>"; JSON: {"time","level","node","round","step","event","msg",
-// k: v...}.
+// k: v...}. Text lines (these and STARLING_LOG's) escape the message's
+// control characters (\n, \r, \t, \xNN): a message that carries a peer's
+// words stays one line.
 void LogEvent(LogLevel level, absl::string_view event,
               absl::string_view message, const LogFields& fields = {});
 
