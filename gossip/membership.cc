@@ -73,9 +73,7 @@ constexpr int64_t kMaxIncarnationLeadMs = int64_t{24} * 3600 * 1000;
 absl::Status Validate(const MemberEntry& e, absl::Time now) {
   STARLING_RETURN_IF_ERROR(CheckNodeId(e.id()));
   STARLING_RETURN_IF_ERROR(CheckToken("address", e.address(), 512));
-  if (!e.lineage().empty()) {
-    STARLING_RETURN_IF_ERROR(CheckToken("lineage", e.lineage(), 128));
-  }
+  STARLING_RETURN_IF_ERROR(CheckLineage(e.lineage()));
   if (e.state() == peer::v1::MEMBER_STATE_UNSPECIFIED ||
       !peer::v1::MemberState_IsValid(e.state())) {
     return absl::InvalidArgumentError(
@@ -130,6 +128,11 @@ absl::Status CheckNodeId(absl::string_view id) {
         absl::StrCat("id ", QuoteForLog(id), " holds ',', '|' or '@'"));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckLineage(absl::string_view lineage) {
+  if (lineage.empty()) return absl::OkStatus();
+  return CheckToken("lineage", lineage, 128);
 }
 
 const char* MemberStateName(peer::v1::MemberState s) {

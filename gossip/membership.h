@@ -81,6 +81,11 @@ constexpr int64_t kMaxRound = int64_t{1} << 40;
 // every id a peer gossips must pass it.
 absl::Status CheckNodeId(absl::string_view id);
 
+// OK when `lineage` (the hash of a θ_global) is empty or 1 to 128 bytes of
+// printable ASCII without spaces; InvalidArgument saying what is wrong
+// otherwise. Every lineage a peer sends must pass it.
+absl::Status CheckLineage(absl::string_view lineage);
+
 // "alive", "suspect", "dead", "left" or "unknown": for logs and events.
 const char* MemberStateName(peer::v1::MemberState s);
 

@@ -44,9 +44,10 @@ static_assert(kMaxRound <=
 // training thread, which takes them when it is in a round.
 constexpr size_t kMaxInboxMessages = 4096;
 
-// Why a round message's numbers are out of the range the protocol
-// produces, or "" when they are in it. A peer's number out of range would
-// overflow the arithmetic on rounds and attempts (see kAttemptsPerRound).
+// Why a round message's numbers (or its lineage) are out of the range the
+// protocol produces, or "" when they are in it. A peer's number out of
+// range would overflow the arithmetic on rounds and attempts (see
+// kAttemptsPerRound).
 std::string OutOfRange(const ControlMessage& m) {
   if (m.round() < 0 || m.round() > kMaxRound) {
     return absl::StrCat("round ", m.round(), " is out of range [0, ", kMaxRound,
@@ -59,6 +60,10 @@ std::string OutOfRange(const ControlMessage& m) {
   if (m.last_attempt() < 0 || m.last_attempt() > kMaxClaimedAttempt) {
     return absl::StrCat("last_attempt ", m.last_attempt(),
                         " is out of range [0, ", kMaxClaimedAttempt, "]");
+  }
+  // The coordinator puts a READY's lineage into every plan of the round.
+  if (absl::Status s = CheckLineage(m.lineage()); !s.ok()) {
+    return std::string(s.message());
   }
   return "";
 }

@@ -510,6 +510,7 @@ TEST(SwarmTest, RoundMessagesWithNumbersOutOfRangeAreRefused) {
       {true, K::COMMIT, kMaxRound + 5, 1, 0,
        to_n1 + "round 1099511627781 is out of range [0, 1099511627776]"},
   };
+  const std::string long_lineage(129, 'f');
   for (const Case& c : cases) {
     peer::v1::ControlAck ack = c.to_b
                                    ? send(b->address(), "n0", c.kind, c.round,
@@ -518,6 +519,22 @@ TEST(SwarmTest, RoundMessagesWithNumbersOutOfRangeAreRefused) {
                                           c.attempt, c.last_attempt);
     EXPECT_FALSE(ack.accepted()) << c.reason;
     EXPECT_EQ(ack.reason(), c.reason);
+  }
+  // A READY's lineage goes into every plan: it must be a short token.
+  for (const std::string& lineage : {long_lineage, std::string("ab\ncd")}) {
+    auto stub = peer::v1::Swarm::NewStub(
+        grpc::CreateChannel(a->address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    K m;
+    m.set_run_id("barrier");
+    m.set_from("n1");
+    m.set_kind(K::READY);
+    m.set_lineage(lineage);
+    peer::v1::ControlAck ack;
+    ASSERT_TRUE(stub->Control(&ctx, m, &ack).ok());
+    EXPECT_FALSE(ack.accepted());
+    EXPECT_EQ(ack.reason().rfind(to_n0 + "lineage ", 0), 0u) << ack.reason();
   }
   // Only members' COMMIT, ABORT and STALE are held for the training thread.
   peer::v1::ControlAck ghost = send(b->address(), "ghost", K::COMMIT, 0, 1, 0);
