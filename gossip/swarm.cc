@@ -1556,7 +1556,11 @@ std::string Swarm::AloneAhead(const ControlMessage& ready,
   // Taken on one member's word, it would move the coordinator to any round
   // that member names: every honest READY would then hear STALE and find
   // nobody ahead to catch up from, for good.
-  if (ready.round() <= coordinated + 1) return "";
+  // This node's own progress needs nobody to vouch for it (one that
+  // resumes alone from its checkpoint at round 5, say).
+  if (ready.round() <= coordinated + 1 || ready.from() == options_.node_id) {
+    return "";
+  }
   int64_t self_round = -1;
   for (const MemberEntry& e : membership_->Live()) {
     if (e.id() == options_.node_id) self_round = e.round();

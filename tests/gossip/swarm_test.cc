@@ -605,6 +605,16 @@ TEST(SwarmTest, AReadyFarAheadOfEveryOtherMemberDoesNotMoveTheCoordinator) {
     EXPECT_EQ(res->outcome, Swarm::Outcome::kCommitted);
     EXPECT_EQ(res->members, (std::vector<std::string>{"n0", "n1"}));
   }
+
+  // A node alone, resumed at round 5, vouches for itself.
+  std::unique_ptr<Swarm> alone = StartReady("solo", {}, 5);
+  ASSERT_NE(alone, nullptr);
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  absl::StatusOr<Swarm::RoundResult> solo = alone->SyncRound(
+      5, "", NoOp, [give_up] { return absl::Now() > give_up; });
+  ASSERT_TRUE(solo.ok()) << solo.status();
+  EXPECT_EQ(solo->outcome, Swarm::Outcome::kCommitted);
+  EXPECT_EQ(solo->members, (std::vector<std::string>{"solo"}));
 }
 
 TEST(SwarmTest, AFullMemberTableRefusesJoinersButStillAnswersGossip) {
