@@ -40,6 +40,8 @@ using peer::v1::StateRequest;
 static_assert(kMaxRound <=
                   std::numeric_limits<int64_t>::max() / kAttemptsPerRound - 1,
               "round * kAttemptsPerRound + attempt must fit an int64");
+// How long a coordinator stays at a round no member vouches for.
+constexpr absl::Duration kUnvouchedGrace = absl::Seconds(5);
 // Round messages (COMMIT, ABORT, STALE, PLAN) a member holds for its
 // training thread, which takes them when it is in a round.
 constexpr size_t kMaxInboxMessages = 4096;
@@ -472,6 +474,8 @@ struct Swarm::Coordinator {
   int attempt ABSL_GUARDED_BY(mu) = 0;
   // Every attempt number of this round is taken (logged once).
   bool out_of_attempts ABSL_GUARDED_BY(mu) = false;
+  // Since when no member vouches for `round` (see CoordinatorLoop).
+  absl::Time unvouched_since ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
   bool running ABSL_GUARDED_BY(mu) = false;
   absl::Time plan_started ABSL_GUARDED_BY(mu);
   bool replan_now ABSL_GUARDED_BY(mu) = false;
@@ -1547,6 +1551,16 @@ ControlAck Swarm::OnControl(const ControlMessage& m) {
   }
 }
 
+bool Swarm::Vouched(int64_t round,
+                    const std::map<std::string, MemberEntry>& live) const {
+  int others = 0;
+  for (const auto& [id, e] : live) {
+    if (e.round() < round) continue;
+    if (id == options_.node_id || ++others >= 2) return true;
+  }
+  return false;
+}
+
 std::string Swarm::AloneAhead(const ControlMessage& ready,
                               int64_t coordinated) const {
   // A READY for the round after this coordinator's (or an earlier one) is
@@ -1656,6 +1670,30 @@ void Swarm::CoordinatorLoop() {
       // models for one round). Only the coordinator decides this: any other
       // node's ready set is left over from a time it was taken for the
       // coordinator.
+      // A round that neither this node nor two other members have reached
+      // (AloneAhead's rule): a READY took this coordinator there on the word
+      // of gossiped rounds that have changed since (a false entry, say).
+      // After kUnvouchedGrace of that it forgets the round and the READYs
+      // for it; members that really are there resend theirs every 2 s.
+      if (!c.running && c.round > c.committed &&
+          CoordinatorId() == options_.node_id && !Vouched(c.round, live)) {
+        if (c.unvouched_since == absl::InfiniteFuture()) {
+          c.unvouched_since = absl::Now();
+        } else if (absl::Now() - c.unvouched_since > kUnvouchedGrace) {
+          STARLING_LOG(WARNING)
+              << "round " << c.round << ": neither this node nor two "
+              << "other members are at it any more (" << c.ready.size()
+              << " ready for it); back to round " << c.committed + 1;
+          c.round = c.committed;
+          c.lineage.clear();
+          c.ready.clear();
+          c.excluded.clear();
+          c.banned.clear();
+          c.unvouched_since = absl::InfiniteFuture();
+        }
+      } else {
+        c.unvouched_since = absl::InfiniteFuture();
+      }
       const MemberEntry* ahead = nullptr;
       if (!c.running && !c.ready.empty() && c.round > c.committed &&
           CoordinatorId() == options_.node_id) {

@@ -324,6 +324,10 @@ class Swarm {
   absl::Status OnGossip(const peer::v1::GossipRequest& req,
                         peer::v1::GossipResponse* resp);
   peer::v1::ControlAck OnControl(const peer::v1::ControlMessage& m);
+  // Whether this node, or two other members of `live`, are at `round` or
+  // past it.
+  bool Vouched(int64_t round,
+               const std::map<std::string, peer::v1::MemberEntry>& live) const;
   // Why a READY is too far ahead of the round `coordinated` for this
   // coordinator to move to it (no other member is there), or "".
   std::string AloneAhead(const peer::v1::ControlMessage& ready,

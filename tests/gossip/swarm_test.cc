@@ -617,6 +617,61 @@ TEST(SwarmTest, AReadyFarAheadOfEveryOtherMemberDoesNotMoveTheCoordinator) {
   EXPECT_EQ(solo->members, (std::vector<std::string>{"solo"}));
 }
 
+TEST(SwarmTest, ACoordinatorMovedByAFalseEntryComesBack) {
+  // n1 gossips a made-up member "ghost" at round 1000, which vouches for
+  // n1's READY for round 1000: the coordinator moves there. Once the
+  // entry is gone (here: ghost is declared dead), no member but n1 is at
+  // round 1000, and the coordinator goes back to round 0 within 5 s.
+  // Before, it stayed at round 1000 for good: the members' round 0 ended
+  // stale.
+  std::unique_ptr<Swarm> a = StartReady("n0", {}, 0);
+  ASSERT_NE(a, nullptr);
+  std::unique_ptr<Swarm> b = StartReady("n1", {a->address()}, 0);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(SeenWithin(*a, "n1", "alive"));
+  ASSERT_TRUE(SeenWithin(*b, "n0", "alive"));
+  auto stub = peer::v1::Swarm::NewStub(
+      grpc::CreateChannel(a->address(), grpc::InsecureChannelCredentials()));
+  const int64_t incarnation = absl::ToUnixMillis(absl::Now());
+  auto gossip_ghost = [&](peer::v1::MemberState state) {
+    peer::v1::GossipRequest req;
+    req.set_run_id("barrier");
+    req.set_from("n1");
+    peer::v1::MemberEntry* e = req.add_members();
+    e->set_id("ghost");
+    e->set_address("127.0.0.1:1");
+    e->set_incarnation(incarnation);
+    e->set_state(state);
+    e->set_round(1000);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    peer::v1::GossipResponse resp;
+    grpc::Status s = stub->Gossip(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  };
+  gossip_ghost(peer::v1::MEMBER_ALIVE);
+  peer::v1::ControlMessage ready;
+  ready.set_run_id("barrier");
+  ready.set_from("n1");
+  ready.set_kind(peer::v1::ControlMessage::READY);
+  ready.set_round(1000);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  peer::v1::ControlAck ack;
+  ASSERT_TRUE(stub->Control(&ctx, ready, &ack).ok());
+  EXPECT_TRUE(ack.accepted()) << ack.reason();
+  gossip_ghost(peer::v1::MEMBER_DEAD);
+  absl::SleepFor(absl::Seconds(8));
+
+  BothRounds r = RoundOnBoth(*a, NoOp, *b, NoOp, Never);
+  ASSERT_TRUE(r.a.ok()) << r.a.status();
+  ASSERT_TRUE(r.b.ok()) << r.b.status();
+  for (const Swarm::RoundResult* res : {&*r.a, &*r.b}) {
+    EXPECT_EQ(res->outcome, Swarm::Outcome::kCommitted);
+    EXPECT_EQ(res->members, (std::vector<std::string>{"n0", "n1"}));
+  }
+}
+
 TEST(SwarmTest, AFullMemberTableRefusesJoinersButStillAnswersGossip) {
   SwarmOptions o = TestOptions("n0", {});
   o.max_members = 2;
