@@ -36,6 +36,13 @@ class Service;
 
 namespace starling {
 
+// Elastic rounds (gossip/swarm.h) number the mailbox sequence of a round's
+// attempt as round * kAttemptsPerRound + attempt. The transport holds a
+// message that arrives before its attempt is installed when it is at most
+// kEarlyRounds rounds ahead.
+constexpr int kAttemptsPerRound = 1 << 20;
+constexpr int64_t kEarlyRounds = 4;
+
 constexpr uint32_t kProtocolVersion = 1;
 
 // What a node tells its peers about itself; peers must match it exactly.

@@ -102,12 +102,11 @@
 
 namespace starling {
 
-// A round's attempts number 1 to kAttemptsPerRound - 1, so that the
-// mailbox sequence of (round, attempt), round * kAttemptsPerRound + attempt,
-// never reaches the next round's. Only a round stuck for weeks (retries
-// back off to 5 s) could run out; its coordinator then stops planning it
-// and says so.
-constexpr int kAttemptsPerRound = 1 << 20;
+// A round's attempts number 1 to kAttemptsPerRound - 1 (grpc_transport.h),
+// so that the mailbox sequence of (round, attempt), round *
+// kAttemptsPerRound + attempt, never reaches the next round's. Only a round
+// stuck for weeks (retries back off to 5 s) could run out; its coordinator
+// then stops planning it and says so.
 // The highest attempt a READY may say its sender has seen: the coordinator
 // plans above it, and a member claiming the last attempt numbers would
 // leave it none.
