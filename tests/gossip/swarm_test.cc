@@ -554,9 +554,11 @@ TEST(SwarmTest, RoundMessagesWithNumbersOutOfRangeAreRefused) {
             "n1 holds 4096 round messages its training thread has not taken "
             "yet");
 
-  // The highest claim allowed is taken: the round runs at the attempt
+  // The highest claim allowed is taken: the round runs at an attempt
   // after it, and both members commit it (round 0: the held messages of
-  // round 7 are dropped when it starts).
+  // round 7 are dropped when it starts). Not necessarily the first one
+  // after it: the claim made n1 ready, so the coordinator may plan as soon
+  // as n0 is, before n1 waits for round 0 and can take the plan.
   peer::v1::ControlAck claim =
       send(a->address(), "n1", K::READY, 0, 0, kMaxClaimedAttempt);
   EXPECT_TRUE(claim.accepted()) << claim.reason();
@@ -565,9 +567,11 @@ TEST(SwarmTest, RoundMessagesWithNumbersOutOfRangeAreRefused) {
   ASSERT_TRUE(r.b.ok()) << r.b.status();
   for (const Swarm::RoundResult* res : {&*r.a, &*r.b}) {
     EXPECT_EQ(res->outcome, Swarm::Outcome::kCommitted);
-    EXPECT_EQ(res->attempt, kMaxClaimedAttempt + 1);
+    EXPECT_GT(res->attempt, kMaxClaimedAttempt);
+    EXPECT_LT(res->attempt, kMaxClaimedAttempt + 10);
     EXPECT_EQ(res->members, (std::vector<std::string>{"n0", "n1"}));
   }
+  EXPECT_EQ(r.a->attempt, r.b->attempt);
 }
 
 TEST(SwarmTest, AReadyFarAheadOfEveryOtherMemberDoesNotMoveTheCoordinator) {
