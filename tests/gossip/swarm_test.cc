@@ -122,6 +122,30 @@ absl::Status NoOp(Transport&, int64_t, const std::vector<std::string>&) {
 }
 bool Never() { return false; }
 
+// Sends round message `m` to the Swarm service at `address` as run
+// "barrier" (a member, or someone forging one), and returns the ack.
+peer::v1::ControlAck SendControlTo(const std::string& address,
+                                   peer::v1::ControlMessage m) {
+  auto stub = peer::v1::Swarm::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  m.set_run_id("barrier");
+  peer::v1::ControlAck ack;
+  grpc::Status s = stub->Control(&ctx, m, &ack);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return ack;
+}
+
+// A READY from `from` for `round`.
+peer::v1::ControlMessage Ready(const std::string& from, int64_t round) {
+  peer::v1::ControlMessage m;
+  m.set_from(from);
+  m.set_kind(peer::v1::ControlMessage::READY);
+  m.set_round(round);
+  return m;
+}
+
 bool Ready(std::future<absl::Status>& f) {
   return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
 }
@@ -460,21 +484,11 @@ TEST(SwarmTest, RoundMessagesWithNumbersOutOfRangeAreRefused) {
   using K = peer::v1::ControlMessage;
   auto send = [](const std::string& address, const std::string& from,
                  K::Kind kind, int64_t round, int attempt, int last_attempt) {
-    auto stub = peer::v1::Swarm::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    K m;
-    m.set_run_id("barrier");
-    m.set_from(from);
+    K m = Ready(from, round);
     m.set_kind(kind);
-    m.set_round(round);
     m.set_attempt(attempt);
     m.set_last_attempt(last_attempt);
-    peer::v1::ControlAck ack;
-    grpc::Status s = stub->Control(&ctx, m, &ack);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return ack;
+    return SendControlTo(address, m);
   };
   const int kMaxInt = std::numeric_limits<int>::max();
   const std::string to_n0 = "n0 refused a round message from \"n1\": ";
@@ -522,17 +536,9 @@ TEST(SwarmTest, RoundMessagesWithNumbersOutOfRangeAreRefused) {
   }
   // A READY's lineage goes into every plan: it must be a short token.
   for (const std::string& lineage : {long_lineage, std::string("ab\ncd")}) {
-    auto stub = peer::v1::Swarm::NewStub(
-        grpc::CreateChannel(a->address(), grpc::InsecureChannelCredentials()));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    K m;
-    m.set_run_id("barrier");
-    m.set_from("n1");
-    m.set_kind(K::READY);
+    K m = Ready("n1", 0);
     m.set_lineage(lineage);
-    peer::v1::ControlAck ack;
-    ASSERT_TRUE(stub->Control(&ctx, m, &ack).ok());
+    peer::v1::ControlAck ack = SendControlTo(a->address(), m);
     EXPECT_FALSE(ack.accepted());
     EXPECT_EQ(ack.reason().rfind(to_n0 + "lineage ", 0), 0u) << ack.reason();
   }
@@ -586,18 +592,7 @@ TEST(SwarmTest, AReadyFarAheadOfEveryOtherMemberDoesNotMoveTheCoordinator) {
   ASSERT_NE(b, nullptr);
   ASSERT_TRUE(SeenWithin(*a, "n1", "alive"));
   ASSERT_TRUE(SeenWithin(*b, "n0", "alive"));
-  auto stub = peer::v1::Swarm::NewStub(
-      grpc::CreateChannel(a->address(), grpc::InsecureChannelCredentials()));
-  peer::v1::ControlMessage ready;
-  ready.set_run_id("barrier");
-  ready.set_from("n1");
-  ready.set_kind(peer::v1::ControlMessage::READY);
-  ready.set_round(1000);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  peer::v1::ControlAck ack;
-  grpc::Status s = stub->Control(&ctx, ready, &ack);
-  ASSERT_TRUE(s.ok()) << s.error_message();
+  peer::v1::ControlAck ack = SendControlTo(a->address(), Ready("n1", 1000));
   EXPECT_FALSE(ack.accepted());
   EXPECT_EQ(ack.reason(),
             "n0 is at round 0 and no member but \"n1\" is at round 1000 yet");
@@ -654,15 +649,7 @@ TEST(SwarmTest, ACoordinatorMovedByAFalseEntryComesBack) {
     EXPECT_TRUE(s.ok()) << s.error_message();
   };
   gossip_ghost(peer::v1::MEMBER_ALIVE);
-  peer::v1::ControlMessage ready;
-  ready.set_run_id("barrier");
-  ready.set_from("n1");
-  ready.set_kind(peer::v1::ControlMessage::READY);
-  ready.set_round(1000);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  peer::v1::ControlAck ack;
-  ASSERT_TRUE(stub->Control(&ctx, ready, &ack).ok());
+  peer::v1::ControlAck ack = SendControlTo(a->address(), Ready("n1", 1000));
   EXPECT_TRUE(ack.accepted()) << ack.reason();
   gossip_ghost(peer::v1::MEMBER_DEAD);
   absl::SleepFor(absl::Seconds(8));
