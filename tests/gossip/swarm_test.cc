@@ -412,17 +412,7 @@ TEST(SwarmTest, ControlMessagesFromNonMembersChangeNothing) {
   ASSERT_NE(b, nullptr);
   ASSERT_TRUE(SeenWithin(*a, "n1", "alive"));
   ASSERT_TRUE(SeenWithin(*b, "n0", "alive"));
-  auto forge = [](const std::string& address, peer::v1::ControlMessage m) {
-    auto stub = peer::v1::Swarm::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    m.set_run_id("barrier");
-    peer::v1::ControlAck ack;
-    grpc::Status s = stub->Control(&ctx, m, &ack);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return ack;
-  };
+  const auto forge = SendControlTo;
   auto message = [](peer::v1::ControlMessage::Kind kind,
                     const std::string& from, int64_t round) {
     peer::v1::ControlMessage m;
