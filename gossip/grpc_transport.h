@@ -118,8 +118,10 @@ class GrpcTransport : public Transport {
   // Elastic rounds: replaces the members and the mailbox for one attempt of
   // a round (mailbox.first_round is the attempt's sequence number). From
   // then on the server takes chunks of exactly that sequence: older ones are
-  // refused as stale, newer ones with Unavailable so that their sender
-  // retries, and Send retries Unavailable until its deadline or until this
+  // refused as stale; newer ones up to kEarlyRounds rounds ahead are held
+  // (up to 1 GiB in all) and delivered when their attempt is installed;
+  // those further ahead are refused with Unavailable so that their sender
+  // retries. Send retries Unavailable until its deadline or until this
   // mailbox is cancelled. `ids`: the members' node ids by rank; with ids
   // bound (credentials.bind_node_ids) a chunk from rank r is taken only
   // from a caller whose certificate names ids[r], and every chunk is
