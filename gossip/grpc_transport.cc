@@ -43,6 +43,19 @@ std::chrono::system_clock::time_point ToChrono(absl::Time t) {
   return absl::ToChronoTime(t);
 }
 
+// OK when message `m` belongs to the plan of the attempt that `o` installs.
+// A chunk of another plan under the same sequence number (another
+// coordinator's attempt, numbered alike) is refused as not this node's
+// attempt: FailedPrecondition, never blamed on the member at that rank here.
+absl::Status CheckPlan(const Message& m, const MailboxOptions& o) {
+  if (m.plan == o.plan) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("message from rank ", m.from, " of attempt ", m.round,
+                   " belongs to another plan of that attempt (",
+                   absl::Hex(m.plan), "; this node runs ", absl::Hex(o.plan),
+                   "): another coordinator numbered its attempt alike"));
+}
+
 // TensorChunk's `data` field key on the wire.
 constexpr uint32_t kDataTag =
     google::protobuf::internal::WireFormatLite::MakeTag(
@@ -247,7 +260,8 @@ class GrpcTransport::Service final
     early_bytes_ = 0;
     for (Early& e : early_) {
       if (e.m.round == current) {
-        absl::Status s = CheckSender(*ids_, e.names, e.m);
+        absl::Status s = CheckPlan(e.m, mailbox_->options());
+        if (s.ok()) s = CheckSender(*ids_, e.names, e.m);
         if (s.ok()) s = mailbox_->Deliver(std::move(e.m));
         if (!s.ok()) STARLING_LOG(WARNING) << "rejected: " << s.message();
       } else if (e.m.round > current) {
@@ -546,9 +560,11 @@ class GrpcTransport::Service final
           return absl::UnavailableError(
               absl::StrCat("attempt ", m_.round, " is too far ahead"));
         }
+        m_.plan = chunk_.plan();
         // A sender of the installed attempt is checked before its first
         // byte is taken; an early one when its attempt is installed.
         if (!early_) {
+          STARLING_RETURN_IF_ERROR(CheckPlan(m_, o));
           STARLING_RETURN_IF_ERROR(service_->CheckSender(*ids_, names_, m_));
         }
         m_.tensor = chunk_.tensor();
@@ -685,6 +701,7 @@ class GrpcTransport::Service final
     absl::MutexLock lock(&mu_);
     const int64_t current = mailbox_->round();
     if (m.round == current) {
+      STARLING_RETURN_IF_ERROR(CheckPlan(m, mailbox_->options()));
       STARLING_RETURN_IF_ERROR(CheckSender(*ids_, names, m));
       return mailbox_->Deliver(std::move(m));
     }
@@ -975,6 +992,7 @@ absl::Status GrpcTransport::SendOnce(int to, const Message& m,
   chunk.set_segment(m.segment);
   chunk.set_total_elements(m.total_elements);
   chunk.set_segment_bytes(static_cast<int64_t>(payload.size()));
+  if (mailbox_ != nullptr) chunk.set_plan(mailbox_->options().plan);
   ChunkSerializer chunks(std::move(chunk), payload,
                          static_cast<size_t>(chunk_bytes));
   const bool crash_after_first = m.phase == RingPhase::kReduceScatter;

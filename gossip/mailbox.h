@@ -42,6 +42,7 @@ struct Message {
   int step = 0;
   int segment = 0;
   int64_t total_elements = 0;  // of the whole flat tensor
+  uint64_t plan = 0;           // the sender's plan (MailboxOptions.plan)
   std::string payload;         // little-endian fp32 values of the segment
   // Set by the mailbox only (never from the wire): the values went straight
   // into the collective's buffer through a Sink, and `payload` is empty.
@@ -112,6 +113,9 @@ struct MailboxOptions {
   // The round this node starts at (a resumed run starts past 0), so that
   // peers that start sending before this node has caught up are not refused.
   int64_t first_round = 0;
+  // Elastic rounds: the digest of the attempt's plan (see TensorChunk.plan);
+  // the transport refuses chunks of another plan. 0 elsewhere.
+  uint64_t plan = 0;
 };
 
 // An upper bound on the payload bytes of one message of `tensor` under

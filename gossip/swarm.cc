@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "core/file_util.h"
+#include "core/flat_params.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "gossip/crash_point.h"
@@ -68,6 +69,18 @@ std::string OutOfRange(const ControlMessage& m) {
     return std::string(s.message());
   }
   return "";
+}
+
+// The digest of a PLAN: its coordinator, round, attempt, members and their
+// incarnations, as every member of it computes alike (MailboxOptions.plan).
+uint64_t PlanDigest(const ControlMessage& plan) {
+  std::string text =
+      absl::StrCat(plan.from(), "\n", plan.round(), "\n", plan.attempt());
+  for (int i = 0; i < plan.members_size(); ++i) {
+    absl::StrAppend(&text, "\n", plan.members(i), "@",
+                    i < plan.incarnations_size() ? plan.incarnations(i) : -1);
+  }
+  return HashBytes(text.data(), text.size());
 }
 
 std::vector<MemberEntry> ToVector(
@@ -1922,6 +1935,7 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
           if (rank >= static_cast<int>(members.size())) break;
           MailboxOptions mo = options_.mailbox;
           mo.first_round = round * kAttemptsPerRound + m.attempt();
+          mo.plan = PlanDigest(m);
           transport_->InstallRound(addresses, rank, mo, members);
           {
             absl::MutexLock lock(&inbox_->mu);

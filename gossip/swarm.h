@@ -31,6 +31,10 @@
 //     stopped while the rest went on) answers its ready members STALE
 //     instead of running r among them. The members run the ring all-reduce over
 //     exactly that set (mailbox sequence r * 2^20 + attempt) and report DONE.
+//     Two coordinators may number an attempt alike (one took over before it
+//     heard of the other's plan), so every chunk also carries the digest of
+//     its plan (PlanDigest: coordinator, members, incarnations), and a
+//     member refuses, without blame, a chunk of a plan it does not run.
 //     Round messages whose round or attempt numbers are out of the range
 //     the protocol produces (kMaxRound in membership.h) are refused.
 //  4. When every member of the attempt is DONE the coordinator sends COMMIT
