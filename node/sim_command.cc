@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/flags/commandlineflag.h"
@@ -456,6 +457,43 @@ NodeRecord ReadNode(const std::string& dir, const std::string& id) {
   return n;
 }
 
+// Whether the members' model hashes agreed, in words: "yes", or where they
+// did not. `split`: the rounds whose nodes logged different hashes (sorted);
+// `final_agree`: every node that ran to the end holds the same model (none
+// when no node did). A partition's sides train apart (split rounds) and end
+// on one model.
+std::string AgreementText(const std::vector<int64_t>& split,
+                          std::optional<bool> final_agree) {
+  if (split.empty() && final_agree.value_or(true)) return "yes";
+  std::string out = "NO";
+  if (!split.empty()) {
+    std::vector<std::string> ranges;
+    size_t shown = 0;
+    for (size_t i = 0; i < split.size(); ++i) {
+      size_t j = i;
+      while (j + 1 < split.size() && split[j + 1] == split[j] + 1) ++j;
+      if (ranges.size() < 4) {
+        ranges.push_back(i == j ? absl::StrCat(split[i])
+                                : absl::StrCat(split[i], "-", split[j]));
+        shown = j + 1;
+      }
+      i = j;
+    }
+    absl::StrAppend(&out, " in round", split.size() > 1 ? "s " : " ",
+                    absl::StrJoin(ranges, ", "));
+    if (shown < split.size()) {
+      absl::StrAppend(&out, " and ", split.size() - shown, " more");
+    }
+    if (!final_agree.has_value()) return out;
+    absl::StrAppend(&out, ";");
+  } else {
+    absl::StrAppend(&out, ":");
+  }
+  absl::StrAppend(&out, *final_agree ? " the final models agree"
+                                     : " the final models differ");
+  return out;
+}
+
 // Merges the nodes' outputs into the sim's summary.json and report.html.
 // Nodes may have joined late, left, or been killed (no summary.json): rounds
 // are merged by round number over every node that logged them.
@@ -542,6 +580,7 @@ absl::Status MergeOutputs(const MergeInput& in, const TrainConfig& config,
   }
   JsonArray rounds;
   bool all_agree = true;
+  std::vector<int64_t> split;  // rounds whose hashes differ
   double cumulative = 0;
   std::vector<std::string> last_members;
   for (const auto& [round, seen] : by_round) {
@@ -577,6 +616,7 @@ absl::Status MergeOutputs(const MergeInput& in, const TrainConfig& config,
     }
     const bool agree = votes.size() == 1;
     all_agree = all_agree && agree;
+    if (!agree) split.push_back(round);
     cumulative += bytes;
     last_members.clear();
     for (const Value& m : ref->members.list_value().values()) {
@@ -635,12 +675,14 @@ absl::Status MergeOutputs(const MergeInput& in, const TrainConfig& config,
 
   // The final model: every node that ran to the end holds the same one.
   std::string final_hash;
+  bool final_agree = true;
   for (const NodeRecord& n : recs) {
     if (!n.has_summary || n.steps() != max_steps) continue;
     const std::string h = Get(n.final_figures(), "model_hash").string_value();
     if (final_hash.empty()) final_hash = h;
-    all_agree = all_agree && h == final_hash;
+    final_agree = final_agree && h == final_hash;
   }
+  all_agree = all_agree && final_agree;
   static const Struct* empty = new Struct();
   const Struct& fe = evaluated ? evaluated->final_figures() : *empty;
   JsonObject fin;
@@ -680,11 +722,17 @@ absl::Status MergeOutputs(const MergeInput& in, const TrainConfig& config,
   } else {
     fin.AddNull("comm_reduction");
   }
+  JsonArray split_rounds;
+  for (int64_t r : split) split_rounds.Push(r);
   JsonArray members_at_end;
   for (const std::string& m : last_members) members_at_end.Push(m);
   fin.Add("utilization", node_wall > 0 ? compute / node_wall : 0.0)
       .Add("model_hash", final_hash)
       .Add("all_hashes_agree", all_agree)
+      .AddRaw("final_models_agree", final_hash.empty() ? "null"
+                                    : final_agree      ? "true"
+                                                       : "false")
+      .Add("split_rounds", split_rounds)
       .Add("rounds", static_cast<int64_t>(by_round.size()))
       .Add("members_at_end", members_at_end)
       .Add("wall_seconds", in.wall);
@@ -753,10 +801,12 @@ absl::Status MergeOutputs(const MergeInput& in, const TrainConfig& config,
       {"utilization (compute / wall)",
        absl::StrFormat("%.1f%%",
                        node_wall > 0 ? 100 * compute / node_wall : 0)},
-      {"model hashes agree every round", absl::GetFlag(FLAGS_algo) == "gossip"
-                                             ? "n/a (gossip)"
-                                         : all_agree ? "yes"
-                                                     : "NO"},
+      {"model hashes agree every round",
+       absl::GetFlag(FLAGS_algo) == "gossip"
+           ? "n/a (gossip)"
+           : AgreementText(split, final_hash.empty()
+                                      ? std::nullopt
+                                      : std::optional<bool>(final_agree))},
       {"wall time", FormatDuration(in.wall)},
   };
   if (!report.consensus.empty()) {
@@ -1430,6 +1480,11 @@ int RunSimCommand() {
   absl::StatusOr<Struct> summary = ReadJsonFile(dir + "/summary.json");
   if (summary.ok()) {
     const Struct& fin = Get(*summary, "final").struct_value();
+    std::vector<int64_t> split;
+    for (const Value& v : Get(fin, "split_rounds").list_value().values()) {
+      split.push_back(static_cast<int64_t>(v.number_value()));
+    }
+    const Value& final_agree = Get(fin, "final_models_agree");
     WriteStderrLine(absl::StrFormat(
         "done: val_loss %s | sent %s (per-step all-reduce: %s, %.1fx less) | "
         "hashes agree: %s | %s\n  report: %s/report.html",
@@ -1439,8 +1494,10 @@ int RunSimCommand() {
         Get(fin, "comm_reduction").number_value(),
         absl::GetFlag(FLAGS_algo) == "gossip"
             ? "n/a (gossip: each node keeps its own model)"
-        : Get(fin, "all_hashes_agree").bool_value() ? "yes"
-                                                    : "NO",
+            : AgreementText(split,
+                            final_agree.kind_case() == Value::kBoolValue
+                                ? std::optional<bool>(final_agree.bool_value())
+                                : std::nullopt),
         FormatDuration(wall), dir));
   }
   return 0;

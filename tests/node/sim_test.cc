@@ -142,6 +142,54 @@ TEST(SimTest, ALeaveBeforeTheSwarmFormedIsExplained) {
       << r.err;
 }
 
+// --partition cuts the sim's nodes into two sides for a while: each side
+// trains on by itself (rounds of two members, whose hashes differ between
+// the sides), and after the heal one lineage wins and every node ends on
+// its model. The summary and the last line say which rounds split and that
+// the final models agree. (The run lasts well past the heal: sides that
+// finish apart end on two models. The suspect timeout is long enough that
+// a loaded machine does not declare a live member of the same side dead.)
+TEST(SimTest, APartitionsSidesTrainApartThenEndOnOneModel) {
+  const std::string out = TempDir() + "/partition";
+  auto r = RunStarling(
+      absl::StrCat("sim --nodes=4 --steps=3000 --inner_steps=10 ", TinyFlags(),
+                   " --suspect_timeout=2 --connect_timeout=30",
+                   " '--partition=n0,n1|n2,n3@3s-11s' --out=", out));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto summary = ReadJson(out + "/summary.json");
+  const auto& fin = Field(summary, "final").struct_value();
+  EXPECT_FALSE(Field(fin, "all_hashes_agree").bool_value());
+  EXPECT_TRUE(Field(fin, "final_models_agree").bool_value());
+  const auto& split = Field(fin, "split_rounds").list_value();
+  ASSERT_GT(split.values_size(), 0);
+  // Split rounds are those the sides ran apart, each without the other.
+  for (const auto& v : Field(summary, "rounds").list_value().values()) {
+    const auto& round = v.struct_value();
+    if (Field(round, "hashes_agree").bool_value()) continue;
+    EXPECT_LT(Field(round, "members").list_value().values_size(), 4)
+        << "round " << Field(round, "round").number_value();
+  }
+  const std::string hash = Field(fin, "model_hash").string_value();
+  for (const auto& v : Field(summary, "nodes").list_value().values()) {
+    EXPECT_EQ(Field(v.struct_value(), "status").string_value(), "finished");
+    EXPECT_EQ(Field(v.struct_value(), "model_hash").string_value(), hash);
+  }
+  const auto& faults = Field(summary, "faults").list_value();
+  ASSERT_EQ(faults.values_size(), 2);
+  EXPECT_EQ(Field(faults.values(0).struct_value(), "kind").string_value(),
+            "partition_start");
+  EXPECT_EQ(Field(faults.values(1).struct_value(), "kind").string_value(),
+            "partition_end");
+  const int first = static_cast<int>(split.values(0).number_value());
+  EXPECT_NE(
+      r.err.find(absl::StrCat("hashes agree: NO in round",
+                              split.values_size() > 1 ? "s " : " ", first)),
+      std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("; the final models agree |"), std::string::npos)
+      << r.err;
+}
+
 // A bad node flag stops the sim before it makes its run directory or starts
 // a node, naming the flag once (not once per child, after each data load).
 // The model is built there too: an unknown one, or a shape it refuses.
