@@ -120,6 +120,29 @@ std::string Bytes(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
 }
 
+// Streams one whole segment 0 of reduce-scatter step 0 of attempt (mailbox
+// sequence) `seq` through `stub`, as `rank` of a 2-member ring, holding
+// 1000s; returns the server's status.
+grpc::Status SendThousands(peer::v1::Peer::Stub& stub, int rank, int64_t seq) {
+  const size_t seg = SegmentLength(kElems, 2, 0);
+  peer::v1::TensorChunk c;
+  c.set_run_id("test-run");
+  c.set_from_rank(rank);
+  c.set_round(seq);
+  c.set_tensor("pseudo_grad");
+  c.set_phase(peer::v1::PHASE_REDUCE_SCATTER);
+  c.set_total_elements(kElems);
+  c.set_segment_bytes(static_cast<int64_t>(seg * 4));
+  c.set_data(Bytes(std::vector<float>(seg, 1000.0f)));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  peer::v1::SendAck ack;
+  auto w = stub.SendChunks(&ctx, &ack);
+  (void)w->Write(c);
+  (void)w->WritesDone();
+  return w->Finish();
+}
+
 // Rank 0's reduce-scatter message (round 0, step 0) of segment 0 of
 // "pseudo_grad", holding `values`.
 Message SegmentZeroFromRankZero(const std::vector<float>& values) {
@@ -401,28 +424,8 @@ TEST(GrpcTransportTest, BoundIdsTakeRingChunksOnlyFromTheMemberAtTheirRank) {
   tls.pem_private_key = ReadFile(dir + "/n2.key").value_or("");
   auto impostor = peer::v1::Peer::NewStub(
       grpc::CreateChannel(members[1], grpc::SslCredentials(tls)));
-  // One whole segment 0 of reduce-scatter step 0 of `attempt`, as `rank`,
-  // holding 1000s.
   auto send = [&](int rank, int64_t attempt) {
-    const size_t seg = SegmentLength(kElems, 2, 0);
-    std::vector<float> v(seg, 1000.0f);
-    peer::v1::TensorChunk c;
-    c.set_run_id("test-run");
-    c.set_from_rank(rank);
-    c.set_round(attempt);
-    c.set_tensor("pseudo_grad");
-    c.set_phase(peer::v1::PHASE_REDUCE_SCATTER);
-    c.set_total_elements(kElems);
-    c.set_segment_bytes(static_cast<int64_t>(seg * 4));
-    c.set_data(Bytes(v));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(10));
-    peer::v1::SendAck ack;
-    auto w = impostor->SendChunks(&ctx, &ack);
-    (void)w->Write(c);
-    (void)w->WritesDone();
-    return w->Finish();
+    return SendThousands(*impostor, rank, attempt);
   };
 
   install(7);
@@ -474,26 +477,7 @@ TEST(GrpcTransportTest, AChunkUpToFourRoundsAheadIsHeldForItsAttempt) {
   auto stub = peer::v1::Peer::NewStub(
       grpc::CreateChannel(s.members[1], grpc::InsecureChannelCredentials()));
   const size_t seg = SegmentLength(kElems, 2, 0);
-  auto send = [&](int64_t seq) {
-    std::vector<float> v(seg, 1000.0f);
-    peer::v1::TensorChunk c;
-    c.set_run_id("test-run");
-    c.set_from_rank(0);
-    c.set_round(seq);
-    c.set_tensor("pseudo_grad");
-    c.set_phase(peer::v1::PHASE_REDUCE_SCATTER);
-    c.set_total_elements(kElems);
-    c.set_segment_bytes(static_cast<int64_t>(seg * 4));
-    c.set_data(Bytes(v));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(10));
-    peer::v1::SendAck ack;
-    auto w = stub->SendChunks(&ctx, &ack);
-    (void)w->Write(c);
-    (void)w->WritesDone();
-    return w->Finish();
-  };
+  auto send = [&](int64_t seq) { return SendThousands(*stub, 0, seq); };
   constexpr int64_t kRound = kAttemptsPerRound;
   const int64_t now = 3 * kRound + 2;  // round 3, attempt 2
   install(now);
@@ -539,13 +523,8 @@ TEST(GrpcTransportTest, AChunkOfAnotherPlanOfTheSameAttemptIsNotTaken) {
   };
   const size_t seg = SegmentLength(kElems, 2, 0);
   auto send = [&](int64_t seq, float value) {
-    Message m;
-    m.from = 0;
+    Message m = SegmentZeroFromRankZero(std::vector<float>(seg, value));
     m.round = seq;
-    m.tensor = "pseudo_grad";
-    m.phase = RingPhase::kReduceScatter;
-    m.total_elements = kElems;
-    m.payload = Bytes(std::vector<float>(seg, value));
     return s.nodes[0]->Send(1, m, absl::Now() + absl::Seconds(10));
   };
   auto take = [&](int64_t seq, absl::Duration wait) {

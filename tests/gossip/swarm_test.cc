@@ -97,6 +97,16 @@ bool SeenWithin(const Swarm& s, const std::string& id,
   return Seen(s, id) == want;
 }
 
+// n0 and n1 at round 0 (n1 joined through n0), each seeing the other alive.
+void StartPair(std::unique_ptr<Swarm>* a, std::unique_ptr<Swarm>* b) {
+  *a = StartReady("n0", {}, 0);
+  ASSERT_NE(*a, nullptr);
+  *b = StartReady("n1", {(*a)->address()}, 0);
+  ASSERT_NE(*b, nullptr);
+  ASSERT_TRUE(SeenWithin(**a, "n1", "alive"));
+  ASSERT_TRUE(SeenWithin(**b, "n0", "alive"));
+}
+
 // What RoundOnBoth returns: each node's SyncRound result, and when `a`'s
 // returned.
 struct BothRounds {
@@ -362,12 +372,8 @@ TEST(SwarmTest, AMemberBackAtItsAddressIsInTheNextRoundsFirstAttempt) {
 // time: thousands of attempts (and log lines) a minute. And a member told
 // to stop leaves the round although plans keep coming.
 TEST(SwarmTest, AttemptsThatKeepFailingAreRetriedWithBackoff) {
-  std::unique_ptr<Swarm> a = StartReady("n0", {}, 0);
-  ASSERT_NE(a, nullptr);
-  std::unique_ptr<Swarm> b = StartReady("n1", {a->address()}, 0);
-  ASSERT_NE(b, nullptr);
-  ASSERT_TRUE(SeenWithin(*a, "n1", "alive"));
-  ASSERT_TRUE(SeenWithin(*b, "n0", "alive"));
+  std::unique_ptr<Swarm> a, b;
+  ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b));
   constexpr int kAttempts = 6;
   std::atomic<bool> stop{false};
   // Each node's reduce runs on its own SyncRound thread only.
@@ -406,12 +412,8 @@ TEST(SwarmTest, AttemptsThatKeepFailingAreRetriedWithBackoff) {
 // one moved the coordinator to any round, and an ABORT from anyone called
 // off a member's running attempt.
 TEST(SwarmTest, ControlMessagesFromNonMembersChangeNothing) {
-  std::unique_ptr<Swarm> a = StartReady("n0", {}, 0);
-  ASSERT_NE(a, nullptr);
-  std::unique_ptr<Swarm> b = StartReady("n1", {a->address()}, 0);
-  ASSERT_NE(b, nullptr);
-  ASSERT_TRUE(SeenWithin(*a, "n1", "alive"));
-  ASSERT_TRUE(SeenWithin(*b, "n0", "alive"));
+  std::unique_ptr<Swarm> a, b;
+  ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b));
   const auto forge = SendControlTo;
   auto message = [](peer::v1::ControlMessage::Kind kind,
                     const std::string& from, int64_t round) {
@@ -465,12 +467,8 @@ TEST(SwarmTest, RoundMessagesWithNumbersOutOfRangeAreRefused) {
   // refused, naming it: the coordinator adopts a READY's round and
   // last_attempt, and a member turns a PLAN's numbers into its mailbox
   // sequence, where INT32_MAX + 1 or 2^62 * 2^20 would overflow.
-  std::unique_ptr<Swarm> a = StartReady("n0", {}, 0);
-  ASSERT_NE(a, nullptr);
-  std::unique_ptr<Swarm> b = StartReady("n1", {a->address()}, 0);
-  ASSERT_NE(b, nullptr);
-  ASSERT_TRUE(SeenWithin(*a, "n1", "alive"));
-  ASSERT_TRUE(SeenWithin(*b, "n0", "alive"));
+  std::unique_ptr<Swarm> a, b;
+  ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b));
   using K = peer::v1::ControlMessage;
   auto send = [](const std::string& address, const std::string& from,
                  K::Kind kind, int64_t round, int attempt, int last_attempt) {
@@ -576,12 +574,8 @@ TEST(SwarmTest, AReadyFarAheadOfEveryOtherMemberDoesNotMoveTheCoordinator) {
   // READY for round 0 then heard STALE, again and again, with nobody ahead
   // to catch up from. Now the READY is refused until another member is
   // there, and round 0 commits.
-  std::unique_ptr<Swarm> a = StartReady("n0", {}, 0);
-  ASSERT_NE(a, nullptr);
-  std::unique_ptr<Swarm> b = StartReady("n1", {a->address()}, 0);
-  ASSERT_NE(b, nullptr);
-  ASSERT_TRUE(SeenWithin(*a, "n1", "alive"));
-  ASSERT_TRUE(SeenWithin(*b, "n0", "alive"));
+  std::unique_ptr<Swarm> a, b;
+  ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b));
   peer::v1::ControlAck ack = SendControlTo(a->address(), Ready("n1", 1000));
   EXPECT_FALSE(ack.accepted());
   EXPECT_EQ(ack.reason(),
@@ -613,12 +607,8 @@ TEST(SwarmTest, ACoordinatorMovedByAFalseEntryComesBack) {
   // round 1000, and the coordinator goes back to round 0 within 5 s.
   // Before, it stayed at round 1000 for good: the members' round 0 ended
   // stale.
-  std::unique_ptr<Swarm> a = StartReady("n0", {}, 0);
-  ASSERT_NE(a, nullptr);
-  std::unique_ptr<Swarm> b = StartReady("n1", {a->address()}, 0);
-  ASSERT_NE(b, nullptr);
-  ASSERT_TRUE(SeenWithin(*a, "n1", "alive"));
-  ASSERT_TRUE(SeenWithin(*b, "n0", "alive"));
+  std::unique_ptr<Swarm> a, b;
+  ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b));
   auto stub = peer::v1::Swarm::NewStub(
       grpc::CreateChannel(a->address(), grpc::InsecureChannelCredentials()));
   const int64_t incarnation = absl::ToUnixMillis(absl::Now());
