@@ -1187,10 +1187,14 @@ void Swarm::GossipLoop() {
     std::vector<std::string> targets(
         live.begin(), live.begin() + std::min<size_t>(2, live.size()));
     std::uniform_int_distribution<int> coin(0, 9);
-    // Half the ticks also try one member this node thinks is gone: after a
-    // partition heals, that is how both sides learn to refute.
-    if (!others.empty() && coin(rng) < 5) {
-      targets.push_back(others[rng() % others.size()]);
+    // Half the ticks also try one member this node thinks is gone (every
+    // tick three, while nobody is live): after a partition heals, that is
+    // how both sides learn to refute.
+    if (!others.empty() && (live.empty() || coin(rng) < 5)) {
+      std::shuffle(others.begin(), others.end(), rng);
+      targets.insert(targets.end(), others.begin(),
+                     others.begin() +
+                         std::min<size_t>(live.empty() ? 3 : 1, others.size()));
     }
     // With nobody live, often; otherwise every ~2 s: a seed that is not a
     // live member's address (a DNS name), so that swarms founded apart
