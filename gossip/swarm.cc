@@ -1271,10 +1271,12 @@ void Swarm::ReportChanges(const std::vector<MembershipChange>& changes) {
   for (const MembershipChange& c : changes) options_.on_member_change(c);
 }
 
-std::vector<MemberEntry> Swarm::Behind(int64_t round) const {
+std::vector<MemberEntry> Swarm::Behind(int64_t round,
+                                       const std::string& lineage) const {
+  const Lineage self{round, lineage, {}};
   std::vector<MemberEntry> behind;
   for (MemberEntry& e : membership_->Live()) {
-    if (e.id() != options_.node_id && e.round() < round) {
+    if (e.id() != options_.node_id && Ahead(self, e.round(), e.lineage())) {
       behind.push_back(std::move(e));
     }
   }

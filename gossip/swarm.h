@@ -58,12 +58,15 @@
 //     the next round. Each member encodes and compresses its state after a
 //     commit on a thread of its own (ServeState), and refuses at once a
 //     request for a round its served state has not reached. A member done
-//     with its run stays, serving, while a live member is behind (Behind):
-//     once all had left, that one could only run the rounds it missed
-//     alone. Lineages order by round (more progress wins), then by smallest
-//     hash, so after a partition heals every node converges on one
-//     θ_global: the half that completed more rounds; on a tie, the smaller
-//     hash.
+//     with its run stays, serving, while a live member is behind (Behind:
+//     at an earlier round, or at the same round on a worse lineage, e.g.
+//     the other side of a partition that healed as both finished): once
+//     all had left, that one could only run the rounds it missed alone, or
+//     end on another model. A member done on a worse lineage fetches the
+//     best one's state before it leaves (the node's part). Lineages order
+//     by round (more progress wins), then by smallest hash, so after a
+//     partition heals every node converges on one θ_global: the half that
+//     completed more rounds; on a tie, the smaller hash.
 //  6. Adaptive sync. A member whose drift detector or divergence trigger
 //     fires during round r gossips early_sync = r + 1 in its entry
 //     (RequestEarlySync); every member polls EarlySyncRequested(r) between
@@ -290,11 +293,14 @@ class Swarm {
   // Pushes refused by this node's handler (invalid payloads, full inbox).
   int64_t pushes_refused() const { return pushes_refused_.load(); }
 
-  // The other members, alive or suspected, joining or not, whose round in
-  // this node's table is behind `round`, by id. At the end of a run a node
-  // stays (serving its state) while some are: one that missed the last
-  // rounds can catch up only from a member that has not left.
-  std::vector<peer::v1::MemberEntry> Behind(int64_t round) const;
+  // The other members, alive or suspected, joining or not, that this node's
+  // table shows behind (round, lineage): at an earlier round, or at the
+  // same round on a worse lineage (see Ahead), by id. At the end of a run a
+  // node stays (serving its state) while some are: one that missed the
+  // last rounds, or ran them apart, can catch up only from a member that
+  // has not left.
+  std::vector<peer::v1::MemberEntry> Behind(int64_t round,
+                                            const std::string& lineage) const;
 
   // Says goodbye: marks this node LEFT and tells every live member.
   void Leave();

@@ -949,9 +949,22 @@ absl::StatusOr<SwarmOptions> SharedSwarmOptions(const NodeRun& run,
 // them (EventLog has one writer). Thread-safe.
 class MemberChanges {
  public:
+  explicit MemberChanges(std::string self) : self_(std::move(self)) {}
   void Add(const MembershipChange& c) {
     absl::MutexLock lock(&mu_);
     pending_.push_back(c);
+    if (c.id == self_ && c.to == peer::v1::MEMBER_ALIVE &&
+        c.from != peer::v1::MEMBER_STATE_UNSPECIFIED) {
+      last_refuted_ = absl::Now();
+    }
+  }
+  // When this node last refuted a member's word that it was suspected or
+  // dead: a sign that a partition just healed (or that this node was
+  // paused), and that the views of the members take a few gossip exchanges
+  // to agree again.
+  absl::Time LastRefuted() const {
+    absl::MutexLock lock(&mu_);
+    return last_refuted_;
   }
   // Writes the pending changes as "member" events and log lines.
   void Log(EventLog& events) {
@@ -973,8 +986,10 @@ class MemberChanges {
   }
 
  private:
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
+  const std::string self_;
   std::vector<MembershipChange> pending_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_refuted_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 // Elastic DiLoCo over a Swarm (gossip/swarm.h describes the protocol).
@@ -992,7 +1007,7 @@ int RunDiloco(NodeRun& run) {
   std::string lineage = FlatHash(theta_global);
   EventLog events(absl::StrCat(run.out, "/events.jsonl"), node_id,
                   trainer.state().wall_seconds());
-  MemberChanges changes;
+  MemberChanges changes(node_id);
   so.identity.compression = run.ring_policy->Name();
   so.identity.aggregate = AggregateName(run.aggregate);
   if (run.norm_bound > 0) {
@@ -1404,289 +1419,73 @@ int RunDiloco(NodeRun& run) {
     }
     return RoundAction::kNext;
   };
-  while (trainer.state().step() < total) {
-    log_changes();
-    // A second SIGINT/SIGTERM leaves at once (the first: see the vote).
-    if (StopSignalCount() >= 2) {
-      left = true;
-      break;
-    }
-    Swarm::Lineage best = swarm.Best();
-    if (!pending && Swarm::Ahead(best, run.round, lineage) &&
-        !best.donors.empty()) {
-      committed_at = absl::InfiniteFuture();
-      if (absl::Status s = catch_up(best); !s.ok()) {
-        LogEvent(LogLevel::kWarning, "state_transfer",
-                 absl::StrCat(node_id, ": catching up failed (", s.message(),
-                              "); retrying"));
-        absl::SleepFor(absl::Seconds(1));
-      }
-      continue;
-    }
-    swarm.SetProgress(run.round, lineage, /*joining=*/false);
-    // On the best lineage, with the model: ready (and it stays so).
-    ops.SetReady(StopSignal() == 0);
-    const auto round_start = absl::Now();
-    const int64_t sent_before = bytes_sent();
-    const int prev_step = trainer.state().step();
-    // How many inner steps this round: H (adaptive between
-    // --min_inner_steps and --max_inner_steps), or as many as fit in
-    // --round_seconds. Either way a drift alarm or divergence here, or an
-    // early-sync request from any member, ends the round sooner.
-    AdaptiveSync& sync = run.sync;
-    const bool timed = sync.round_seconds > 0;
-    int cap = total - prev_step;
-    if (!timed) {
-      cap = std::min(cap, sync.h->current());
-    } else if (sync.max_steps > 0) {
-      cap = std::min(cap, sync.max_steps);
-    }
-    // The time budget counts from the previous commit, which every member
-    // saw at about the same moment: a member that spent part of it
-    // evaluating or checkpointing runs fewer steps instead of holding the
-    // others back.
-    const absl::Time budget_end = std::min(round_start, committed_at) +
-                                  absl::Seconds(timed ? sync.round_seconds : 0);
-    double loss_sum = 0;
-    int64_t samples = 0;
-    int steps = 0;
-    bool abandoned = false, early = false;
-    while (steps < cap) {
-      // SIGINT/SIGTERM: finish this round, then leave; a second one: leave
-      // now, abandoning the round.
-      if (StopSignalCount() >= 2) {
-        abandoned = true;
-        break;
-      }
-      if (steps > 0) {
-        if (timed && absl::Now() >= budget_end) break;
-        if (swarm.EarlySyncRequested(run.round)) {
-          early = true;
-          break;
-        }
-      }
-      absl::StatusOr<StepResult> r = trainer.Step();
-      if (!r.ok()) {
-        events.Write("error",
-                     JsonObject().Add("message", r.status().message()));
-        swarm.Leave();
-        return Fail(r.status(), 1);
-      }
-      ++steps;
-      loss_sum += r->loss;
-      samples += r->samples;
-      LogDrift(events, trainer, *r);
-      SetLogPosition(run.round, trainer.state().step());
-      ops.Step(*r, trainer.state().step());
-      if (trainer.state().step() == config.warmup() && sync.detector) {
-        sync.detector->Suppress();  // the LR schedule turns
-      }
-      // Drift: the loss shifted up (Page-Hinkley), or θ strayed too far
-      // from θ_global (dynamic averaging). Ask every member to sync now.
-      const char* trigger = nullptr;
-      double statistic = 0;
-      if (sync.detector && sync.detector->Add(r->loss)) {
-        trigger = "page_hinkley";
-        statistic = sync.detector->statistic();
-      } else if (sync.divergence && sync.divergence->enabled()) {
-        std::vector<float> theta = Flatten(run.params);
-        if (sync.divergence->Exceeded(theta, theta_global, &statistic)) {
-          trigger = "divergence";
-        }
-      }
-      if (trigger != nullptr) {
-        swarm.RequestEarlySync(run.round);
-        events.Write(
-            "drift_detected",
-            JsonObject()
-                .Add("step", static_cast<int64_t>(trainer.state().step()))
-                .Add("round", run.round)
-                .Add("by", trigger)
-                .Add("statistic", statistic)
-                .Add("loss", r->loss));
-        LogEvent(LogLevel::kInfo, "drift_detected",
-                 absl::StrFormat("%s: drift (%s, %.3g) at step %d: asking "
-                                 "for an early sync",
-                                 node_id, trigger, statistic,
-                                 trainer.state().step()));
-        early = true;
-        break;
-      }
-    }
-    auto back_to_round_start = [&]() -> absl::Status {
-      trainer.set_step(prev_step);
-      return Unflatten(theta_global, run.params);
-    };
-    if (abandoned) {
-      if (absl::Status s = back_to_round_start(); !s.ok()) return Fail(s, 1);
-      left = true;
-      break;
-    }
-    // Δ = θ_start − θ_local: the round started from θ_global, or (when it
-    // ran behind an exchange, --overlap) from `eager_start`.
-    std::vector<float> delta = Flatten(run.params);
-    {
-      const std::vector<float>& base = pending ? eager_start : theta_global;
-      for (size_t i = 0; i < delta.size(); ++i) delta[i] = base[i] - delta[i];
-    }
-    if (pending) {
-      // --overlap: the previous round's outcome. When it did not commit,
-      // this round's inner steps are dropped too: they started from a
-      // θ_global the swarm did not keep.
-      std::shared_ptr<RoundCtx> prev = std::move(pending);
-      absl::StatusOr<RoundAction> a = finish_round(*prev, /*overlapped=*/true);
-      if (!a.ok()) return Fail(a.status(), 1);
-      if (*a == RoundAction::kLeave) {
-        left = true;
-        break;
-      }
-      if (*a == RoundAction::kRetry) continue;
-    }
-    // An overlapped next round starts eagerly from the newest θ_global plus
-    // this node's own progress (its Δ, before compression), which the
-    // swarm's update for this round will replace one round later.
-    std::vector<float> eager_next;
-    if (overlap) {
-      eager_next = theta_global;
-      for (size_t i = 0; i < delta.size(); ++i) eager_next[i] -= delta[i];
-    }
-    auto ctx = std::make_shared<RoundCtx>();
-    ctx->prev_step = prev_step;
-    ctx->steps = steps;
-    ctx->early = early;
-    ctx->loss_sum = loss_sum;
-    ctx->samples = samples;
-    ctx->round_start = round_start;
-    ctx->sent_before = sent_before;
-    // Error feedback sends C(Δ + e) and keeps the rest (restored if the
-    // round does not commit). The residual first shrinks with the inner
-    // learning rate's decay over this round's steps, so what was held back
-    // stays in proportion to the steps now taken: unscaled, late rounds of
-    // a decayed schedule send mostly stale progress from early ones, and
-    // the model gets worse (README, compression section).
-    if (run.feedback) {
-      ctx->ef_before = run.feedback->SaveState();
-      const double lr_start = trainer.lr_at(prev_step);
-      const double lr_end = trainer.lr_at(prev_step + steps);
-      if (lr_start > 0 && lr_end < lr_start) {
-        if (absl::Status s = run.feedback->ScaleResidual(
-                static_cast<float>(lr_end / lr_start));
-            !s.ok()) {
-          return Fail(s, 1);
-        }
-      }
-      std::vector<float> sent(delta.size());
-      absl::StatusOr<std::string> enc = run.feedback->Compress(
-          *run.param_policy, delta, absl::MakeSpan(sent));
-      if (!enc.ok()) return Fail(enc.status(), 1);
-      delta = std::move(sent);
-    }
-    // The ring's input: this node's weighted Δ and its weights
-    // (outer_opt/weighting.h: samples, or FedNova when step counts differ)
-    // and its stop vote. After a round whose votes sum above zero, every
-    // member that has a pending signal leaves: members signalled together
-    // (a sim's Ctrl-C) all stop after the same round and resume exactly,
-    // while one signalled alone leaves and the others go on.
-    ctx->input.resize(delta.size() + kWeightingSlots + 1);
-    {
-      Contribution c;
-      c.delta = delta;
-      c.steps = std::max(1, steps);
-      // FedNova weighs a node by its share of the data (its train set, in
-      // units of 2^20 examples so that p·τ stays exact in fp32).
-      c.weight = sync.weighting == Weighting::kFedNova
-                     ? std::ldexp(static_cast<double>(std::max<int64_t>(
-                                      1, trainer.dataset().train_size())),
-                                  -20)
-                     : static_cast<double>(samples);
-      if (absl::Status s = PackContribution(
-              sync.weighting, c,
-              absl::MakeSpan(ctx->input).subspan(0, ctx->input.size() - 1));
-          !s.ok()) {
-        return Fail(s, 1);
-      }
-    }
-    if (const PoisonWindow* w = PoisonFor(run.poison, run.round)) {
-      const std::string what =
-          ApplyPoison(*w, static_cast<uint64_t>(run.round) * 7919 + 17,
-                      ctx->input.data(), static_cast<int64_t>(delta.size()));
-      LogEvent(
-          LogLevel::kWarning, "test_poison",
-          absl::StrCat("--test_poison: sending ", what,
-                       " as this node's pseudo-gradient in round ", run.round));
-    }
-    ctx->input.back() = StopSignal() != 0 ? 1.0f : 0.0f;
-    ctx->delta = std::move(delta);
-    // --overlap: while the membership is steady, run this round's exchange
-    // behind the next round's inner steps. Checkpoints, the last round and
-    // any change of members (a joiner, a departure, a stale lineage) take
-    // the synchronous path, which the elastic protocol already handles.
-    const int end_step = trainer.state().step();
-    const int every = config.checkpoint_every();
-    const bool overlap_now =
-        overlap && end_step < total && StopSignal() == 0 &&
-        !(every > 0 && end_step / every > prev_step / every) &&
-        SteadyMembers(swarm, last_members, node_id) &&
-        !Swarm::Ahead(swarm.Best(), run.round, lineage);
-    // Not "round": scripts read "round":N as that round's commit.
-    events.Write("sync", JsonObject()
-                             .Add("sync_round", run.round)
-                             .Add("step", static_cast<int64_t>(end_step))
-                             .Add("overlapped", overlap_now));
-    launch_round(ctx, overlap_now);
-    if (overlap_now) {
-      eager_start = std::move(eager_next);
-      if (absl::Status s = Unflatten(eager_start, run.params); !s.ok()) {
-        return Fail(s, 1);
-      }
-      if (sync.detector) sync.detector->Suppress();  // θ jumps to θ_global
-      pending = std::move(ctx);
-      continue;
-    }
-    absl::StatusOr<RoundAction> a = finish_round(*ctx, /*overlapped=*/false);
-    if (!a.ok()) return Fail(a.status(), 1);
-    if (*a == RoundAction::kLeave) {
-      left = true;
-      break;
-    }
-  }
-  if (pending) {
-    // Left while a round was in flight (a second signal): settle it, so that
-    // the checkpoint holds a θ_global the swarm agreed on.
-    std::shared_ptr<RoundCtx> prev = std::move(pending);
-    absl::StatusOr<RoundAction> a = finish_round(*prev, /*overlapped=*/true);
-    if (!a.ok()) return Fail(a.status(), 1);
-  }
-  log_changes();
-  ops.SetReady(false);
-  if (!left) {
-    // Done. A member that missed the last rounds (stopped, starved) catches
-    // up from a member's served state; once every member on this lineage
-    // has left it could only run those rounds alone, to another final
-    // model. So stay, serving, while a live member is behind: until it has
-    // caught up, is declared dead (2 × --suspect_timeout), or for as long
-    // as a round may wait for it plus a transfer. A signal ends the wait.
+  // Done. A member that missed the last rounds (stopped, starved) catches
+  // up from a member's served state; once every member on this lineage has
+  // left it could only run those rounds alone, to another final model. So
+  // stay, serving, while a live member is behind (at an earlier round, or
+  // on a worse lineage at this one): until it has caught up, is declared
+  // dead (2 × --suspect_timeout), or for as long as a round may wait for it
+  // plus a transfer. And a member that sees a better lineage than its own
+  // (the other side of a partition that healed as both sides finished, or
+  // the swarm, after this node ran the last round apart) fetches its state
+  // first, as it would before a round. A signal ends the wait. True when
+  // the state fetched has steps left to train: back to the rounds.
+  auto stay_until_caught_up = [&]() -> bool {
     const absl::Time start = absl::Now();
     const absl::Time until = start + so.round_deadline + so.rpc_timeout;
     std::string waited_for;
     while (StopSignal() == 0) {
       log_changes();  // the others leaving, as they catch up
+      const Swarm::Lineage best = swarm.Best();
+      if (Swarm::Ahead(best, run.round, lineage) && !best.donors.empty()) {
+        if (absl::Now() >= until) {
+          LogEvent(LogLevel::kWarning, "straggler",
+                   absl::StrCat(node_id, " leaves on its own model (round ",
+                                run.round,
+                                "): it could not fetch the state "
+                                "of round ",
+                                best.round, " of the others' lineage"));
+          return false;
+        }
+        committed_at = absl::InfiniteFuture();
+        if (absl::Status s = catch_up(best); !s.ok()) {
+          LogEvent(LogLevel::kWarning, "state_transfer",
+                   absl::StrCat(node_id, ": catching up failed (", s.message(),
+                                "); retrying"));
+          absl::SleepFor(absl::Seconds(1));
+          continue;
+        }
+        if (trainer.state().step() < total) return true;
+        continue;
+      }
       std::vector<std::string> behind;
-      for (const peer::v1::MemberEntry& e : swarm.Behind(run.round)) {
-        behind.push_back(absl::StrCat(e.id(), " (round ", e.round(), ")"));
+      for (const peer::v1::MemberEntry& e : swarm.Behind(run.round, lineage)) {
+        behind.push_back(e.round() < run.round
+                             ? absl::StrCat(e.id(), " (round ", e.round(), ")")
+                             : absl::StrCat(e.id(), " (round ", e.round(),
+                                            ", model ",
+                                            e.lineage().substr(0, 8), ")"));
       }
       const std::string names = absl::StrJoin(behind, ", ");
-      if (behind.empty() || absl::Now() >= until) {
+      // Nobody behind, in a view that has settled: this node has not
+      // refuted its death for 3 s. After a heal, a member of the other side
+      // still dead here may be about to refute its own, which takes a
+      // gossip exchange each way (each up to a second with a hung member).
+      const bool settled =
+          absl::Now() - changes.LastRefuted() >= absl::Seconds(3);
+      if ((behind.empty() && settled) || absl::Now() >= until) {
         if (!behind.empty()) {
           LogEvent(LogLevel::kWarning, "straggler",
                    absl::StrCat(node_id, " leaves with ", names,
-                                " still behind round ", run.round));
+                                " still behind round ", run.round, ", model ",
+                                lineage.substr(0, 8)));
         }
-        break;
+        return false;
       }
       // Gossip of the others' last commit takes an interval or two; said
       // only when the wait is longer than that.
-      if (names != waited_for && absl::Now() - start >= absl::Seconds(1)) {
+      if (!behind.empty() && names != waited_for &&
+          absl::Now() - start >= absl::Seconds(1)) {
         LogEvent(
             LogLevel::kInfo, "straggler",
             absl::StrCat(node_id, " is done and stays, serving round ",
@@ -1697,6 +1496,267 @@ int RunDiloco(NodeRun& run) {
       ops.watchdog->Waiting(absl::Seconds(5));
       absl::SleepFor(absl::Milliseconds(100));
     }
+    return false;
+  };
+  for (bool training = true; training;) {
+    while (trainer.state().step() < total) {
+      log_changes();
+      // A second SIGINT/SIGTERM leaves at once (the first: see the vote).
+      if (StopSignalCount() >= 2) {
+        left = true;
+        break;
+      }
+      Swarm::Lineage best = swarm.Best();
+      if (!pending && Swarm::Ahead(best, run.round, lineage) &&
+          !best.donors.empty()) {
+        committed_at = absl::InfiniteFuture();
+        if (absl::Status s = catch_up(best); !s.ok()) {
+          LogEvent(LogLevel::kWarning, "state_transfer",
+                   absl::StrCat(node_id, ": catching up failed (", s.message(),
+                                "); retrying"));
+          absl::SleepFor(absl::Seconds(1));
+        }
+        continue;
+      }
+      swarm.SetProgress(run.round, lineage, /*joining=*/false);
+      // On the best lineage, with the model: ready (and it stays so).
+      ops.SetReady(StopSignal() == 0);
+      const auto round_start = absl::Now();
+      const int64_t sent_before = bytes_sent();
+      const int prev_step = trainer.state().step();
+      // How many inner steps this round: H (adaptive between
+      // --min_inner_steps and --max_inner_steps), or as many as fit in
+      // --round_seconds. Either way a drift alarm or divergence here, or an
+      // early-sync request from any member, ends the round sooner.
+      AdaptiveSync& sync = run.sync;
+      const bool timed = sync.round_seconds > 0;
+      int cap = total - prev_step;
+      if (!timed) {
+        cap = std::min(cap, sync.h->current());
+      } else if (sync.max_steps > 0) {
+        cap = std::min(cap, sync.max_steps);
+      }
+      // The time budget counts from the previous commit, which every member
+      // saw at about the same moment: a member that spent part of it
+      // evaluating or checkpointing runs fewer steps instead of holding the
+      // others back.
+      const absl::Time budget_end =
+          std::min(round_start, committed_at) +
+          absl::Seconds(timed ? sync.round_seconds : 0);
+      double loss_sum = 0;
+      int64_t samples = 0;
+      int steps = 0;
+      bool abandoned = false, early = false;
+      while (steps < cap) {
+        // SIGINT/SIGTERM: finish this round, then leave; a second one: leave
+        // now, abandoning the round.
+        if (StopSignalCount() >= 2) {
+          abandoned = true;
+          break;
+        }
+        if (steps > 0) {
+          if (timed && absl::Now() >= budget_end) break;
+          if (swarm.EarlySyncRequested(run.round)) {
+            early = true;
+            break;
+          }
+        }
+        absl::StatusOr<StepResult> r = trainer.Step();
+        if (!r.ok()) {
+          events.Write("error",
+                       JsonObject().Add("message", r.status().message()));
+          swarm.Leave();
+          return Fail(r.status(), 1);
+        }
+        ++steps;
+        loss_sum += r->loss;
+        samples += r->samples;
+        LogDrift(events, trainer, *r);
+        SetLogPosition(run.round, trainer.state().step());
+        ops.Step(*r, trainer.state().step());
+        if (trainer.state().step() == config.warmup() && sync.detector) {
+          sync.detector->Suppress();  // the LR schedule turns
+        }
+        // Drift: the loss shifted up (Page-Hinkley), or θ strayed too far
+        // from θ_global (dynamic averaging). Ask every member to sync now.
+        const char* trigger = nullptr;
+        double statistic = 0;
+        if (sync.detector && sync.detector->Add(r->loss)) {
+          trigger = "page_hinkley";
+          statistic = sync.detector->statistic();
+        } else if (sync.divergence && sync.divergence->enabled()) {
+          std::vector<float> theta = Flatten(run.params);
+          if (sync.divergence->Exceeded(theta, theta_global, &statistic)) {
+            trigger = "divergence";
+          }
+        }
+        if (trigger != nullptr) {
+          swarm.RequestEarlySync(run.round);
+          events.Write(
+              "drift_detected",
+              JsonObject()
+                  .Add("step", static_cast<int64_t>(trainer.state().step()))
+                  .Add("round", run.round)
+                  .Add("by", trigger)
+                  .Add("statistic", statistic)
+                  .Add("loss", r->loss));
+          LogEvent(LogLevel::kInfo, "drift_detected",
+                   absl::StrFormat("%s: drift (%s, %.3g) at step %d: asking "
+                                   "for an early sync",
+                                   node_id, trigger, statistic,
+                                   trainer.state().step()));
+          early = true;
+          break;
+        }
+      }
+      auto back_to_round_start = [&]() -> absl::Status {
+        trainer.set_step(prev_step);
+        return Unflatten(theta_global, run.params);
+      };
+      if (abandoned) {
+        if (absl::Status s = back_to_round_start(); !s.ok()) return Fail(s, 1);
+        left = true;
+        break;
+      }
+      // Δ = θ_start − θ_local: the round started from θ_global, or (when it
+      // ran behind an exchange, --overlap) from `eager_start`.
+      std::vector<float> delta = Flatten(run.params);
+      {
+        const std::vector<float>& base = pending ? eager_start : theta_global;
+        for (size_t i = 0; i < delta.size(); ++i) delta[i] = base[i] - delta[i];
+      }
+      if (pending) {
+        // --overlap: the previous round's outcome. When it did not commit,
+        // this round's inner steps are dropped too: they started from a
+        // θ_global the swarm did not keep.
+        std::shared_ptr<RoundCtx> prev = std::move(pending);
+        absl::StatusOr<RoundAction> a =
+            finish_round(*prev, /*overlapped=*/true);
+        if (!a.ok()) return Fail(a.status(), 1);
+        if (*a == RoundAction::kLeave) {
+          left = true;
+          break;
+        }
+        if (*a == RoundAction::kRetry) continue;
+      }
+      // An overlapped next round starts eagerly from the newest θ_global plus
+      // this node's own progress (its Δ, before compression), which the
+      // swarm's update for this round will replace one round later.
+      std::vector<float> eager_next;
+      if (overlap) {
+        eager_next = theta_global;
+        for (size_t i = 0; i < delta.size(); ++i) eager_next[i] -= delta[i];
+      }
+      auto ctx = std::make_shared<RoundCtx>();
+      ctx->prev_step = prev_step;
+      ctx->steps = steps;
+      ctx->early = early;
+      ctx->loss_sum = loss_sum;
+      ctx->samples = samples;
+      ctx->round_start = round_start;
+      ctx->sent_before = sent_before;
+      // Error feedback sends C(Δ + e) and keeps the rest (restored if the
+      // round does not commit). The residual first shrinks with the inner
+      // learning rate's decay over this round's steps, so what was held back
+      // stays in proportion to the steps now taken: unscaled, late rounds of
+      // a decayed schedule send mostly stale progress from early ones, and
+      // the model gets worse (README, compression section).
+      if (run.feedback) {
+        ctx->ef_before = run.feedback->SaveState();
+        const double lr_start = trainer.lr_at(prev_step);
+        const double lr_end = trainer.lr_at(prev_step + steps);
+        if (lr_start > 0 && lr_end < lr_start) {
+          if (absl::Status s = run.feedback->ScaleResidual(
+                  static_cast<float>(lr_end / lr_start));
+              !s.ok()) {
+            return Fail(s, 1);
+          }
+        }
+        std::vector<float> sent(delta.size());
+        absl::StatusOr<std::string> enc = run.feedback->Compress(
+            *run.param_policy, delta, absl::MakeSpan(sent));
+        if (!enc.ok()) return Fail(enc.status(), 1);
+        delta = std::move(sent);
+      }
+      // The ring's input: this node's weighted Δ and its weights
+      // (outer_opt/weighting.h: samples, or FedNova when step counts differ)
+      // and its stop vote. After a round whose votes sum above zero, every
+      // member that has a pending signal leaves: members signalled together
+      // (a sim's Ctrl-C) all stop after the same round and resume exactly,
+      // while one signalled alone leaves and the others go on.
+      ctx->input.resize(delta.size() + kWeightingSlots + 1);
+      {
+        Contribution c;
+        c.delta = delta;
+        c.steps = std::max(1, steps);
+        // FedNova weighs a node by its share of the data (its train set, in
+        // units of 2^20 examples so that p·τ stays exact in fp32).
+        c.weight = sync.weighting == Weighting::kFedNova
+                       ? std::ldexp(static_cast<double>(std::max<int64_t>(
+                                        1, trainer.dataset().train_size())),
+                                    -20)
+                       : static_cast<double>(samples);
+        if (absl::Status s = PackContribution(
+                sync.weighting, c,
+                absl::MakeSpan(ctx->input).subspan(0, ctx->input.size() - 1));
+            !s.ok()) {
+          return Fail(s, 1);
+        }
+      }
+      if (const PoisonWindow* w = PoisonFor(run.poison, run.round)) {
+        const std::string what =
+            ApplyPoison(*w, static_cast<uint64_t>(run.round) * 7919 + 17,
+                        ctx->input.data(), static_cast<int64_t>(delta.size()));
+        LogEvent(LogLevel::kWarning, "test_poison",
+                 absl::StrCat("--test_poison: sending ", what,
+                              " as this node's pseudo-gradient in round ",
+                              run.round));
+      }
+      ctx->input.back() = StopSignal() != 0 ? 1.0f : 0.0f;
+      ctx->delta = std::move(delta);
+      // --overlap: while the membership is steady, run this round's exchange
+      // behind the next round's inner steps. Checkpoints, the last round and
+      // any change of members (a joiner, a departure, a stale lineage) take
+      // the synchronous path, which the elastic protocol already handles.
+      const int end_step = trainer.state().step();
+      const int every = config.checkpoint_every();
+      const bool overlap_now =
+          overlap && end_step < total && StopSignal() == 0 &&
+          !(every > 0 && end_step / every > prev_step / every) &&
+          SteadyMembers(swarm, last_members, node_id) &&
+          !Swarm::Ahead(swarm.Best(), run.round, lineage);
+      // Not "round": scripts read "round":N as that round's commit.
+      events.Write("sync", JsonObject()
+                               .Add("sync_round", run.round)
+                               .Add("step", static_cast<int64_t>(end_step))
+                               .Add("overlapped", overlap_now));
+      launch_round(ctx, overlap_now);
+      if (overlap_now) {
+        eager_start = std::move(eager_next);
+        if (absl::Status s = Unflatten(eager_start, run.params); !s.ok()) {
+          return Fail(s, 1);
+        }
+        if (sync.detector) sync.detector->Suppress();  // θ jumps to θ_global
+        pending = std::move(ctx);
+        continue;
+      }
+      absl::StatusOr<RoundAction> a = finish_round(*ctx, /*overlapped=*/false);
+      if (!a.ok()) return Fail(a.status(), 1);
+      if (*a == RoundAction::kLeave) {
+        left = true;
+        break;
+      }
+    }
+    if (pending) {
+      // Left while a round was in flight (a second signal): settle it, so that
+      // the checkpoint holds a θ_global the swarm agreed on.
+      std::shared_ptr<RoundCtx> prev = std::move(pending);
+      absl::StatusOr<RoundAction> a = finish_round(*prev, /*overlapped=*/true);
+      if (!a.ok()) return Fail(a.status(), 1);
+    }
+    log_changes();
+    ops.SetReady(false);
+    training = !left && stay_until_caught_up();
   }
   // Goodbye first, so that nobody waits for this node, then the checkpoint.
   swarm.Leave();
@@ -1779,7 +1839,7 @@ int RunGossip(NodeRun& run) {
 
   EventLog events(absl::StrCat(run.out, "/events.jsonl"), node_id,
                   trainer.state().wall_seconds());
-  MemberChanges changes;
+  MemberChanges changes(so.node_id);
   so.identity.compression = run.param_policy->Name();
   so.push_elements = run.n_params;
   so.push_codec = lossy ? run.param_policy.get() : nullptr;

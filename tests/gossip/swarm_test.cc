@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "compression/tensor_policy.h"
 #include "core/flat_params.h"
 #include "gossip/push_sum.h"
@@ -332,6 +333,50 @@ TEST(SwarmTest, FetchStatsAddUpAcrossAFailedCallAndTheNextOne) {
   EXPECT_EQ(stats.retries, 1);
   EXPECT_GT(stats.bytes, 0);
   EXPECT_GT(stats.seconds, 0);
+}
+
+// Whether `s` sees member `id` at (round, lineage) within 20 s.
+bool ProgressSeenWithin(const Swarm& s, const std::string& id, int64_t round,
+                        const std::string& lineage) {
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < until) {
+    for (const peer::v1::MemberEntry& e : s.Members()) {
+      if (e.id() == id && e.round() == round && e.lineage() == lineage) {
+        return true;
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+// The ids of `entries`, joined by commas.
+std::string Ids(const std::vector<peer::v1::MemberEntry>& entries) {
+  std::vector<std::string> ids;
+  for (const peer::v1::MemberEntry& e : entries) ids.push_back(e.id());
+  return absl::StrJoin(ids, ",");
+}
+
+// A member done with its run stays for those it sees behind it: at an
+// earlier round, or at its own round on a worse lineage (a larger hash: the
+// other side of a partition that healed as both finished). One on a better
+// lineage is not behind: it is this member that fetches its state (Best).
+TEST(SwarmTest, BehindMeansAnEarlierRoundOrAWorseLineageAtTheSameRound) {
+  std::unique_ptr<Swarm> a, b;
+  ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b));
+  a->SetProgress(5, "aaaa", /*joining=*/false);
+  b->SetProgress(5, "bbbb", /*joining=*/false);
+  ASSERT_TRUE(ProgressSeenWithin(*a, "n1", 5, "bbbb"));
+  ASSERT_TRUE(ProgressSeenWithin(*b, "n0", 5, "aaaa"));
+  EXPECT_EQ(Ids(a->Behind(5, "aaaa")), "n1");
+  EXPECT_EQ(Ids(b->Behind(5, "bbbb")), "");
+  EXPECT_FALSE(Swarm::Ahead(a->Best(), 5, "aaaa"));
+  EXPECT_TRUE(Swarm::Ahead(b->Best(), 5, "bbbb"));
+  EXPECT_EQ(b->Best().lineage, "aaaa");
+  // A later round outranks any hash, and the same lineage is not behind.
+  EXPECT_EQ(Ids(b->Behind(6, "zzzz")), "n0");
+  EXPECT_EQ(Ids(a->Behind(4, "0000")), "");
+  EXPECT_EQ(Ids(a->Behind(5, "bbbb")), "");
 }
 
 // A member that restarts at the same address while the coordinator's

@@ -644,6 +644,45 @@ TEST(ElasticTest, AMemberBehindAtTheEndCatchesUpBeforeTheOthersLeave) {
   EXPECT_FALSE(s.Events_("n2", "state_transfer").empty()) << s.LogText("n2");
 }
 
+// The two sides of a partition both run the last round apart, each on its
+// own model, and meet again before they leave: n1 and n3 stay, done, for
+// n0 and n2, stopped before that round. At the heal each learns from the
+// other side that its own stopped member is dead, and sees the other
+// still dead, until it refutes that. Both used to leave on their own
+// models (at the same round, neither counted as behind; and the first
+// view after the heal showed nobody to wait for). Now the one on the worse
+// lineage fetches the other's state, and the other stays until it has.
+// (n0 and n2, declared dead by all, are not waited for.)
+TEST(ElasticTest, SidesThatFinishApartEndOnOneModel) {
+  Swarm s("finish-apart", 100, 10);
+  const std::string file = s.dir() + "/partition";
+  ASSERT_TRUE(WriteFileAtomic(file, "").ok());
+  for (int k = 0; k < 4; ++k) {
+    // Suspected after 10 s, dead after 20: n0 and n2 hold n1 and n3 until
+    // they meet again after the heal.
+    s.Start(absl::StrCat("n", k), k, 4, 4,
+            absl::StrCat("--suspect_timeout=10 --partition_file=", file,
+                         k % 2 == 0 ? " --test_crash_at=freeze:ready@9" : ""));
+  }
+  ASSERT_TRUE(WaitForText(s.Events("n3"), "\"round\":3", absl::Seconds(60)));
+  ASSERT_TRUE(WriteFileAtomic(file, "n0,n1|n2,n3\n").ok());
+  ASSERT_TRUE(s.WaitFrozen("n0", absl::Seconds(90))) << s.LogText("n0");
+  ASSERT_TRUE(s.WaitFrozen("n2", absl::Seconds(90))) << s.LogText("n2");
+  for (const char* id : {"n1", "n3"}) {
+    ASSERT_TRUE(WaitForText(s.Events(id), "\"round\":9", absl::Seconds(30)))
+        << s.LogText(id);
+  }
+  const std::string a = s.RoundHashes("n1")[9], b = s.RoundHashes("n3")[9];
+  ASSERT_NE(a, b) << "the sides did not split";
+  ASSERT_TRUE(WriteFileAtomic(file, "").ok());
+  for (const char* id : {"n1", "n3"}) {
+    EXPECT_EQ(s.Wait(id, absl::Seconds(60)), 0) << id << ":\n" << s.LogText(id);
+    EXPECT_EQ(s.FinalHash(id), std::min(a, b)) << id;
+  }
+  const std::string worse = a < b ? "n3" : "n1";
+  EXPECT_FALSE(s.Events_(worse, "state_transfer").empty()) << s.LogText(worse);
+}
+
 // Two halves that cannot reach each other both continue; after the
 // partition heals one lineage survives and everybody converges to it.
 TEST(ElasticTest, PartitionHealsToOneLineage) {
