@@ -1419,6 +1419,18 @@ int RunDiloco(NodeRun& run) {
     }
     return RoundAction::kNext;
   };
+  // catch_up from the round loop and from the end wait: false, after a
+  // warning and a pause, when it failed (the caller tries again).
+  auto catch_up_or_pause = [&](const Swarm::Lineage& best) -> bool {
+    committed_at = absl::InfiniteFuture();
+    absl::Status s = catch_up(best);
+    if (s.ok()) return true;
+    LogEvent(LogLevel::kWarning, "state_transfer",
+             absl::StrCat(node_id, ": catching up failed (", s.message(),
+                          "); retrying"));
+    absl::SleepFor(absl::Seconds(1));
+    return false;
+  };
   // Done. A member that missed the last rounds (stopped, starved) catches
   // up from a member's served state; once every member on this lineage has
   // left it could only run those rounds alone, to another final model. So
@@ -1447,15 +1459,9 @@ int RunDiloco(NodeRun& run) {
                                 best.round, " of the others' lineage"));
           return false;
         }
-        committed_at = absl::InfiniteFuture();
-        if (absl::Status s = catch_up(best); !s.ok()) {
-          LogEvent(LogLevel::kWarning, "state_transfer",
-                   absl::StrCat(node_id, ": catching up failed (", s.message(),
-                                "); retrying"));
-          absl::SleepFor(absl::Seconds(1));
-          continue;
+        if (catch_up_or_pause(best) && trainer.state().step() < total) {
+          return true;
         }
-        if (trainer.state().step() < total) return true;
         continue;
       }
       std::vector<std::string> behind;
@@ -1509,13 +1515,7 @@ int RunDiloco(NodeRun& run) {
       Swarm::Lineage best = swarm.Best();
       if (!pending && Swarm::Ahead(best, run.round, lineage) &&
           !best.donors.empty()) {
-        committed_at = absl::InfiniteFuture();
-        if (absl::Status s = catch_up(best); !s.ok()) {
-          LogEvent(LogLevel::kWarning, "state_transfer",
-                   absl::StrCat(node_id, ": catching up failed (", s.message(),
-                                "); retrying"));
-          absl::SleepFor(absl::Seconds(1));
-        }
+        catch_up_or_pause(best);
         continue;
       }
       swarm.SetProgress(run.round, lineage, /*joining=*/false);
