@@ -43,7 +43,9 @@ namespace starling {
 constexpr int kAttemptsPerRound = 1 << 20;
 constexpr int64_t kEarlyRounds = 4;
 
-constexpr uint32_t kProtocolVersion = 1;
+// 2: lineages carry a weight (member_rounds) that orders them at one round,
+// and the swarm state holds it; a node of version 1 would order them apart.
+constexpr uint32_t kProtocolVersion = 2;
 
 // What a node tells its peers about itself; peers must match it exactly.
 struct PeerIdentity {

@@ -40,6 +40,7 @@ void CopyProgress(const MemberEntry& from, MemberEntry* to) {
   to->set_heartbeat(from.heartbeat());
   to->set_round(from.round());
   to->set_lineage(from.lineage());
+  to->set_member_rounds(from.member_rounds());
   to->set_joining(from.joining());
   to->set_early_sync(from.early_sync());
 }
@@ -98,6 +99,11 @@ absl::Status Validate(const MemberEntry& e, absl::Time now) {
   if (e.round() < 0 || e.round() > kMaxRound) {
     return absl::InvalidArgumentError(absl::StrCat(
         "round ", e.round(), " is out of range [0, ", kMaxRound, "]"));
+  }
+  if (e.member_rounds() < 0 || e.member_rounds() > kMaxMemberRounds) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("member_rounds ", e.member_rounds(),
+                     " is out of range [0, ", kMaxMemberRounds, "]"));
   }
   // A member asks for the sync of the round after its own.
   if (e.early_sync() < 0 || e.early_sync() > kMaxRound + 1) {
@@ -208,15 +214,16 @@ void Membership::Beat() {
 }
 
 void Membership::SetProgress(int64_t round, const std::string& lineage,
-                             bool joining) {
+                             int64_t member_rounds, bool joining) {
   absl::MutexLock lock(&mu_);
   MemberEntry& self = SelfLocked().entry;
   if (self.round() == round && self.lineage() == lineage &&
-      self.joining() == joining) {
+      self.member_rounds() == member_rounds && self.joining() == joining) {
     return;
   }
   self.set_round(round);
   self.set_lineage(lineage);
+  self.set_member_rounds(member_rounds);
   self.set_joining(joining);
   // News: fresher than any copy of the row out there, even before the next
   // Beat() (GossipToEveryone sends it at once).

@@ -74,6 +74,10 @@ struct MembershipOptions {
 // enough that arithmetic on rounds (a round's mailbox sequence is round *
 // 2^20 + attempt) cannot overflow, whatever number a peer sends.
 constexpr int64_t kMaxRound = int64_t{1} << 40;
+// The highest member_rounds (a lineage's weight: the sum of its rounds'
+// member counts) a peer may claim: kMaxRound rounds of 2^20 members, with
+// room to add a round's members without overflow.
+constexpr int64_t kMaxMemberRounds = int64_t{1} << 60;
 
 // OK when `id` can name a member: 1 to 128 bytes of printable ASCII without
 // spaces or the separators of --hosts and the sim's specs (',', '|', '@').
@@ -111,7 +115,8 @@ class Membership {
 
   // Sets what this node gossips about its progress; a change raises the
   // heartbeat, so that the others take the new row over copies of the old.
-  void SetProgress(int64_t round, const std::string& lineage, bool joining);
+  void SetProgress(int64_t round, const std::string& lineage,
+                   int64_t member_rounds, bool joining);
   // Asks the members (by gossip) to end `round` early: see
   // MemberEntry.early_sync.
   void RequestEarlySync(int64_t round);

@@ -26,10 +26,10 @@ namespace {
 namespace ci = compression_internal;
 
 // Encoded state: "SWST", u32 version, i64 round, i64 step, u64 lineage bytes
-// + lineage, u64 theta count + theta (fp32), u64 outer_state bytes +
-// outer_state.
+// + lineage, i64 member_rounds, u64 theta count + theta (fp32), u64
+// outer_state bytes + outer_state. (Version 1 had no member_rounds.)
 constexpr char kStateMagic[4] = {'S', 'W', 'S', 'T'};
-constexpr uint32_t kStateVersion = 1;
+constexpr uint32_t kStateVersion = 2;
 
 // Blob: "SWBL", u32 format, u64 raw size, then the encoded state either as
 // is (kFormatRaw) or through the chunked zstd stage (kFormatZstd).
@@ -166,7 +166,7 @@ int64_t MaxStateBytesFor(int64_t parameters) {
 
 std::string EncodeSwarmState(const SwarmState& s) {
   std::string out;
-  const size_t size = 4 + 4 + 8 * 5 + s.lineage.size() + 4 * s.theta.size() +
+  const size_t size = 4 + 4 + 8 * 6 + s.lineage.size() + 4 * s.theta.size() +
                       s.outer_state.size();
   ReserveHuge(out, size);
   out.append(kStateMagic, 4);
@@ -175,6 +175,7 @@ std::string EncodeSwarmState(const SwarmState& s) {
   Put<int64_t>(&out, s.step);
   Put<uint64_t>(&out, s.lineage.size());
   out.append(s.lineage);
+  Put<int64_t>(&out, s.member_rounds);
   Put<uint64_t>(&out, s.theta.size());
   out.append(reinterpret_cast<const char*>(s.theta.data()), 4 * s.theta.size());
   Put<uint64_t>(&out, s.outer_state.size());
@@ -202,6 +203,7 @@ absl::StatusOr<SwarmState> DecodeSwarmState(absl::string_view bytes) {
   absl::string_view v;
   if (!r.Get(&n) || !r.Bytes(n, &v)) return Truncated("lineage");
   s.lineage = std::string(v);
+  if (!r.Get(&s.member_rounds)) return Truncated("member_rounds");
   if (!r.Get(&n) || n > r.remaining() / 4 || !r.Bytes(4 * n, &v)) {
     return Truncated("theta");
   }
@@ -219,6 +221,11 @@ absl::StatusOr<SwarmState> DecodeSwarmState(absl::string_view bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("swarm state: round ", s.round, " is out of range [0, ",
                      kMaxRound, "]"));
+  }
+  if (s.member_rounds < 0 || s.member_rounds > kMaxMemberRounds) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("swarm state: member_rounds ", s.member_rounds,
+                     " is out of range [0, ", kMaxMemberRounds, "]"));
   }
   // The trainer counts steps in an int.
   if (s.step < 0 || s.step > std::numeric_limits<int>::max()) {
@@ -255,6 +262,7 @@ std::shared_ptr<const StateBlob> StateBlob::Make(const SwarmState& s) {
   }
   blob->round_ = s.round;
   blob->lineage_ = s.lineage;
+  blob->member_rounds_ = s.member_rounds;
   blob->digest_ = HexDigest(bytes);
   blob->raw_bytes_ = static_cast<int64_t>(raw.size());
   blob->bytes_ = std::move(bytes);

@@ -22,11 +22,12 @@ namespace starling {
 
 // The swarm's state at the start of a round.
 struct SwarmState {
-  int64_t round = 0;         // the next round to run
-  int64_t step = 0;          // inner steps done per member (LR position)
-  std::string lineage;       // FlatHash of theta
-  std::vector<float> theta;  // θ_global
-  std::string outer_state;   // OuterOptimizer::SaveState()
+  int64_t round = 0;          // the next round to run
+  int64_t step = 0;           // inner steps done per member (LR position)
+  std::string lineage;        // FlatHash of theta
+  int64_t member_rounds = 0;  // the lineage's weight (Swarm::Lineage)
+  std::vector<float> theta;   // θ_global
+  std::string outer_state;    // OuterOptimizer::SaveState()
 };
 
 // Self-describing little-endian layout with a magic and version.
@@ -34,7 +35,8 @@ std::string EncodeSwarmState(const SwarmState& s);
 // DataLoss naming the field when `bytes` is truncated, has a bad magic or
 // version, or sizes that do not add up; InvalidArgument when `lineage` does
 // not match FlatHash(theta), theta holds NaN/Inf, the round is outside
-// [0, kMaxRound] (gossip/membership.h) or the step outside [0, INT_MAX].
+// [0, kMaxRound] (gossip/membership.h), member_rounds outside [0,
+// kMaxMemberRounds] or the step outside [0, INT_MAX].
 absl::StatusOr<SwarmState> DecodeSwarmState(absl::string_view bytes);
 
 // The donor side: the encoded state, zstd-compressed once.
@@ -44,6 +46,7 @@ class StateBlob {
 
   int64_t round() const { return round_; }
   const std::string& lineage() const { return lineage_; }
+  int64_t member_rounds() const { return member_rounds_; }
   // 16 hex digits of HashBytes over the compressed bytes.
   const std::string& digest() const { return digest_; }
   const std::string& bytes() const { return bytes_; }  // compressed
@@ -52,6 +55,7 @@ class StateBlob {
  private:
   int64_t round_ = 0;
   std::string lineage_;
+  int64_t member_rounds_ = 0;
   std::string digest_;
   std::string bytes_;
   int64_t raw_bytes_ = 0;

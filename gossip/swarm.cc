@@ -68,6 +68,10 @@ std::string OutOfRange(const ControlMessage& m) {
   if (absl::Status s = CheckLineage(m.lineage()); !s.ok()) {
     return std::string(s.message());
   }
+  if (m.member_rounds() < 0 || m.member_rounds() > kMaxMemberRounds) {
+    return absl::StrCat("member_rounds ", m.member_rounds(),
+                        " is out of range [0, ", kMaxMemberRounds, "]");
+  }
   return "";
 }
 
@@ -309,8 +313,8 @@ grpc::ServerWriteReactor<StateChunk>* Swarm::Service::FetchState(
     return fail(grpc::StatusCode::UNAVAILABLE,
                 "this node has no committed state to serve yet");
   }
-  if (Swarm::Ahead(Swarm::Lineage{req->round(), req->lineage(), {}},
-                   blob->round(), blob->lineage())) {
+  if (Swarm::Ahead({req->round(), req->lineage(), req->member_rounds()},
+                   {blob->round(), blob->lineage(), blob->member_rounds()})) {
     // The joiner would throw this state away: its next one is still being
     // encoded (or this node is behind), or it is of the same round on a
     // lineage that lost (a partition's other side).
@@ -481,6 +485,7 @@ struct Swarm::Coordinator {
   absl::CondVar cv;
   int64_t round ABSL_GUARDED_BY(mu) = -1;
   std::string lineage ABSL_GUARDED_BY(mu);
+  int64_t member_rounds ABSL_GUARDED_BY(mu) = 0;  // of `lineage`
   int64_t committed ABSL_GUARDED_BY(mu) = -1;
   std::map<std::string, std::string> ready ABSL_GUARDED_BY(mu);  // id->addr
   absl::Time first_ready ABSL_GUARDED_BY(mu);
@@ -576,7 +581,7 @@ absl::StatusOr<std::unique_ptr<Swarm>> Swarm::Start(
   mo.max_members = options.max_members;
   STARLING_ASSIGN_OR_RETURN(s->membership_,
                             Membership::Create(mo, absl::Now()));
-  s->membership_->SetProgress(0, "", /*joining=*/true);
+  s->membership_->SetProgress(0, "", 0, /*joining=*/true);
   s->ReadPartitionFile();
   s->gossip_thread_ = std::thread([self] { self->GossipLoop(); });
   s->coord_thread_ = std::thread([self] { self->CoordinatorLoop(); });
@@ -803,9 +808,8 @@ absl::Status Swarm::WaitForMembers(int n, absl::Time deadline) {
   }
 }
 
-void Swarm::SetProgress(int64_t round, const std::string& lineage,
-                        bool joining) {
-  membership_->SetProgress(round, lineage, joining);
+void Swarm::SetProgress(const Lineage& at, bool joining) {
+  membership_->SetProgress(at.round, at.lineage, at.member_rounds, joining);
 }
 
 void Swarm::RequestEarlySync(int64_t round) {
@@ -849,10 +853,21 @@ void Swarm::StateLoop() {
   }
 }
 
-bool Swarm::Ahead(const Lineage& best, int64_t round,
-                  const std::string& lineage) {
-  if (best.round != round) return best.round > round;
-  return !best.lineage.empty() && best.lineage < lineage;
+bool Swarm::Ahead(const Lineage& a, const Lineage& b) {
+  if (a.round != b.round) return a.round > b.round;
+  // One θ_global is one lineage, whatever weight a member claims for it;
+  // and a member with none yet (starting) is on no other.
+  if (a.lineage.empty() || b.lineage.empty() || a.lineage == b.lineage) {
+    return false;
+  }
+  if (a.member_rounds != b.member_rounds) {
+    return a.member_rounds > b.member_rounds;
+  }
+  return a.lineage < b.lineage;
+}
+
+Swarm::Lineage Swarm::Of(const MemberEntry& e) {
+  return Lineage{e.round(), e.lineage(), e.member_rounds(), {}};
 }
 
 Swarm::Lineage Swarm::Best() const {
@@ -861,11 +876,7 @@ Swarm::Lineage Swarm::Best() const {
   std::vector<MemberEntry> live = membership_->Live();
   for (const MemberEntry& e : live) {
     if (e.joining() || e.state() != peer::v1::MEMBER_ALIVE) continue;
-    if (best.round < 0 ||
-        Ahead({e.round(), e.lineage(), {}}, best.round, best.lineage)) {
-      best.round = e.round();
-      best.lineage = e.lineage();
-    }
+    if (best.round < 0 || Ahead(Of(e), best)) best = Of(e);
   }
   // Every live member may donate, in id order: gossip can lag a round
   // behind, so FetchState checks what it gets against the best instead.
@@ -1271,12 +1282,10 @@ void Swarm::ReportChanges(const std::vector<MembershipChange>& changes) {
   for (const MembershipChange& c : changes) options_.on_member_change(c);
 }
 
-std::vector<MemberEntry> Swarm::Behind(int64_t round,
-                                       const std::string& lineage) const {
-  const Lineage self{round, lineage, {}};
+std::vector<MemberEntry> Swarm::Behind(const Lineage& self) const {
   std::vector<MemberEntry> behind;
   for (MemberEntry& e : membership_->Live()) {
-    if (e.id() != options_.node_id && Ahead(self, e.round(), e.lineage())) {
+    if (e.id() != options_.node_id && Ahead(self, Of(e))) {
       behind.push_back(std::move(e));
     }
   }
@@ -1413,9 +1422,8 @@ ControlAck Swarm::OnControl(const ControlMessage& m) {
       };
       if (m.kind() == ControlMessage::READY) {
         if (m.round() <= c.committed ||
-            (m.round() == c.round && m.lineage() != c.lineage &&
-             m.lineage() > c.lineage) ||
-            m.round() < c.round) {
+            Ahead({c.round, c.lineage, c.member_rounds},
+                  {m.round(), m.lineage(), m.member_rounds()})) {
           reply(ControlMessage::STALE);
         } else if (std::string alone = AloneAhead(m, c.round); !alone.empty()) {
           ack.set_accepted(false);
@@ -1446,6 +1454,7 @@ ControlAck Swarm::OnControl(const ControlMessage& m) {
             }
             c.round = m.round();
             c.lineage = m.lineage();
+            c.member_rounds = m.member_rounds();
             c.ready.clear();
             c.excluded.clear();
             c.banned.clear();
@@ -1705,6 +1714,7 @@ void Swarm::CoordinatorLoop() {
               << " ready for it); back to round " << c.committed + 1;
           c.round = c.committed;
           c.lineage.clear();
+          c.member_rounds = 0;
           c.ready.clear();
           c.excluded.clear();
           c.banned.clear();
@@ -1852,8 +1862,9 @@ void Swarm::CoordinatorLoop() {
 }
 
 absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
-    int64_t round, const std::string& lineage, const Reduce& reduce,
+    const Lineage& at, const Reduce& reduce,
     const std::function<bool()>& stop) {
+  const int64_t round = at.round;
   {
     absl::MutexLock lock(&inbox_->mu);
     inbox_->round = round;
@@ -1882,7 +1893,8 @@ absl::StatusOr<Swarm::RoundResult> Swarm::SyncRound(
     m.set_from(options_.node_id);
     m.set_kind(ControlMessage::READY);
     m.set_round(round);
-    m.set_lineage(lineage);
+    m.set_lineage(at.lineage);
+    m.set_member_rounds(at.member_rounds);
     m.set_last_attempt(last_attempt);
     m.add_addresses(address());
     absl::StatusOr<ControlAck> ack = SendControl(sent_to, m);
@@ -2120,6 +2132,7 @@ absl::StatusOr<SwarmState> Swarm::FetchState(
       if (at_least != nullptr) {
         req.set_round(at_least->round);
         req.set_lineage(at_least->lineage);
+        req.set_member_rounds(at_least->member_rounds);
       }
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(deadline));
@@ -2151,7 +2164,8 @@ absl::StatusOr<SwarmState> Swarm::FetchState(
       if (assembler.complete()) {
         absl::StatusOr<SwarmState> state = assembler.Finish();
         if (state.ok() && at_least != nullptr &&
-            Ahead(*at_least, state->round, state->lineage)) {
+            Ahead(*at_least,
+                  {state->round, state->lineage, state->member_rounds})) {
           last_error = absl::StrCat(donors[i], " serves round ", state->round,
                                     ", behind round ", at_least->round);
           break;  // the next donor

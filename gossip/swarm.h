@@ -7,10 +7,11 @@
 //     checks run id, algorithm, codec and model fingerprint, then hands over
 //     the peer table). Tables spread by gossip every gossip_interval; each
 //     entry carries the member's incarnation, heartbeat, next round and
-//     lineage (the hash of its θ_global). Silence for suspect_after makes a
-//     member SUSPECT, as long again DEAD; a member refutes a rumour by
-//     raising its incarnation (gossip/membership.h). A leaving node gossips
-//     LEFT to every live member at once. A tick's gossip calls run at once,
+//     lineage (the hash of its θ_global, and its weight: see Lineage).
+//     Silence for suspect_after makes a member SUSPECT, as long again DEAD;
+//     a member refutes a rumour by raising its incarnation
+//     (gossip/membership.h). A leaving node gossips LEFT to every live
+//     member at once. A tick's gossip calls run at once,
 //     each bounded by suspect_after / 4 (1 s at most), so a hung peer cannot
 //     hold up the heartbeats of the others; a tick late beyond its sleep and
 //     calls was a pause of this process (SIGSTOP, a starved CPU), and
@@ -64,9 +65,13 @@
 //     all had left, that one could only run the rounds it missed alone, or
 //     end on another model. A member done on a worse lineage fetches the
 //     best one's state before it leaves (the node's part). Lineages order
-//     by round (more progress wins), then by smallest hash, so after a
-//     partition heals every node converges on one θ_global: the half that
-//     completed more rounds; on a tie, the smaller hash.
+//     by round (more progress wins), then by weight (member_rounds: the
+//     sum of the member counts of the rounds that made θ_global), then by
+//     smallest hash, so after a partition heals every node converges on
+//     one θ_global: the half that completed more rounds; at the same
+//     round, the one more members trained on (not a member that ran a
+//     round alone while the others ran it together); on a tie, the
+//     smaller hash.
 //  6. Adaptive sync. A member whose drift detector or divergence trigger
 //     fires during round r gossips early_sync = r + 1 in its entry
 //     (RequestEarlySync); every member polls EarlySyncRequested(r) between
@@ -202,8 +207,27 @@ class Swarm {
   // DeadlineExceeded saying who is known.
   absl::Status WaitForMembers(int n, absl::Time deadline);
 
+  // Where a member is: the next round it runs, on which θ_global.
+  struct Lineage {
+    int64_t round = 0;
+    std::string lineage;  // the hash of its θ_global ("": none yet)
+    // The lineage's weight: over the rounds that made its θ_global, the
+    // sum of each round's member count (MemberEntry.member_rounds).
+    int64_t member_rounds = 0;
+    std::vector<std::string> donors;  // Best(): every other live member
+  };
+  // True when `a` is ahead of `b`: at a later round; or, at the same round
+  // on another θ_global (a partition's other side, a member that ran a
+  // round apart), heavier (more member_rounds: more members trained on
+  // it); or, as heavy, of the smaller hash.
+  static bool Ahead(const Lineage& a, const Lineage& b);
+  // The lineage a member's entry gossips.
+  static Lineage Of(const peer::v1::MemberEntry& e);
+  // The best lineage among live, non-joining members, this node included.
+  Lineage Best() const;
+
   // What this node gossips about its progress.
-  void SetProgress(int64_t round, const std::string& lineage, bool joining);
+  void SetProgress(const Lineage& at, bool joining);
   // Adaptive sync: asks every member, by gossip, to end `round` now (this
   // node's drift detector or divergence trigger fired), and whether any
   // live member (this one included) asked so for `round`.
@@ -217,17 +241,6 @@ class Swarm {
   void ServeState(SwarmState state);
   // The round of the state served now, or -1 before the first.
   int64_t ServedRound() const;
-
-  struct Lineage {
-    int64_t round = 0;
-    std::string lineage;
-    std::vector<std::string> donors;  // every other live member, by id
-  };
-  // The best lineage among live, non-joining members, this node included.
-  Lineage Best() const;
-  // True when `best` is ahead of (round, lineage).
-  static bool Ahead(const Lineage& best, int64_t round,
-                    const std::string& lineage);
 
   struct FetchStats {
     std::string donor;
@@ -256,16 +269,14 @@ class Swarm {
   // `members` are the attempt's node ids by rank.
   using Reduce = std::function<absl::Status(
       Transport& t, int64_t sequence, const std::vector<std::string>& members)>;
-  // Steps 2-5 of the protocol for round `round` of `lineage`. kStopped when
+  // Steps 2-5 of the protocol for round `at.round` of `at`. kStopped when
   // `stop()` turns true while this node waits for a plan or, its part done,
   // for the coordinator's COMMIT (it abandons the round; see
   // SwarmOptions::interrupted for leaving an attempt's reduce). Errors only
   // for local failures, among them FailedPrecondition when this node's
   // emulated link cannot carry the round's messages within the run's
   // limits (LinkError): every attempt would fail alike.
-  absl::StatusOr<RoundResult> SyncRound(int64_t round,
-                                        const std::string& lineage,
-                                        const Reduce& reduce,
+  absl::StatusOr<RoundResult> SyncRound(const Lineage& at, const Reduce& reduce,
                                         const std::function<bool()>& stop);
 
   // Push-sum gossip. Streams `share` to member `peer_id` in chunks of
@@ -294,13 +305,12 @@ class Swarm {
   int64_t pushes_refused() const { return pushes_refused_.load(); }
 
   // The other members, alive or suspected, joining or not, that this node's
-  // table shows behind (round, lineage): at an earlier round, or at the
-  // same round on a worse lineage (see Ahead), by id. At the end of a run a
+  // table shows behind `self`: at an earlier round, or at the same round
+  // on a worse lineage (see Ahead), by id. At the end of a run a
   // node stays (serving its state) while some are: one that missed the
   // last rounds, or ran them apart, can catch up only from a member that
   // has not left.
-  std::vector<peer::v1::MemberEntry> Behind(int64_t round,
-                                            const std::string& lineage) const;
+  std::vector<peer::v1::MemberEntry> Behind(const Lineage& self) const;
 
   // Says goodbye: marks this node LEFT and tells every live member.
   void Leave();

@@ -725,6 +725,8 @@ struct NodeRun {
   std::unique_ptr<ErrorFeedback> feedback;
   AdaptiveSync sync;
   int64_t round = 0;
+  // DiLoCo: the weight of θ_global's lineage (Swarm::Lineage::member_rounds).
+  int64_t member_rounds = 0;
   // Traffic of earlier sessions of a resumed run: sent, received, and the
   // pseudo-gradient bytes before/after compression.
   int64_t prior[4] = {0, 0, 0, 0};
@@ -755,6 +757,7 @@ struct NodeRun {
     std::map<std::string, std::string> extra = {
         {"outer", outer->SaveState()},
         {"round", absl::StrCat(next_round)},
+        {"member_rounds", absl::StrCat(member_rounds)},
         {"comm",
          absl::StrCat(sent, ",", received, ",", prior[2] + ring_stats.raw_bytes,
                       ",", prior[3] + ring_stats.wire_bytes)}};
@@ -887,6 +890,7 @@ SwarmState CurrentState(const NodeRun& run,
   st.round = run.round;
   st.step = step >= 0 ? step : run.trainer->state().step();
   st.lineage = lineage;
+  st.member_rounds = run.member_rounds;
   st.theta = theta_global;
   st.outer_state = run.outer->SaveState();
   return st;
@@ -1005,6 +1009,10 @@ int RunDiloco(NodeRun& run) {
 
   std::vector<float> theta_global = Flatten(run.params);
   std::string lineage = FlatHash(theta_global);
+  // Where this node is: the next round, on θ_global (hash and weight).
+  auto here = [&] {
+    return Swarm::Lineage{run.round, lineage, run.member_rounds, {}};
+  };
   EventLog events(absl::StrCat(run.out, "/events.jsonl"), node_id,
                   trainer.state().wall_seconds());
   MemberChanges changes(node_id);
@@ -1036,7 +1044,7 @@ int RunDiloco(NodeRun& run) {
   auto log_changes = [&] { changes.Log(events); };
   // Not joining: a fresh node starts on the initial lineage with the others;
   // one that is behind turns to joining while it catches up.
-  swarm.SetProgress(run.round, lineage, /*joining=*/false);
+  swarm.SetProgress(here(), /*joining=*/false);
   STARLING_LOG(INFO) << node_id << " (diloco, elastic) listening on "
                      << swarm.address() << ", "
                      << trainer.model().Architecture() << ", " << run.n_params
@@ -1117,7 +1125,7 @@ int RunDiloco(NodeRun& run) {
   Swarm::FetchStats fetch_stats;
   auto catch_up = [&](const Swarm::Lineage& best) -> absl::Status {
     ops.watchdog->Waiting(so.rpc_timeout);
-    swarm.SetProgress(run.round, lineage, /*joining=*/true);
+    swarm.SetProgress(here(), /*joining=*/true);
     absl::StatusOr<SwarmState> st = swarm.FetchState(
         best.donors, &best, absl::Now() + so.rpc_timeout, &fetch_stats);
     if (!st.ok()) return st.status();
@@ -1127,6 +1135,7 @@ int RunDiloco(NodeRun& run) {
     const int64_t from_round = run.round;
     run.round = st->round;
     lineage = st->lineage;
+    run.member_rounds = st->member_rounds;
     trainer.set_step(static_cast<int>(st->step));
     // The residual belongs to the abandoned lineage.
     if (run.feedback)
@@ -1151,7 +1160,7 @@ int RunDiloco(NodeRun& run) {
              {{"peer", fetch_stats.donor}});
     fetch_stats = Swarm::FetchStats();
     serve();
-    swarm.SetProgress(run.round, lineage, /*joining=*/false);
+    swarm.SetProgress(here(), /*joining=*/false);
     return absl::OkStatus();
   };
 
@@ -1245,18 +1254,17 @@ int RunDiloco(NodeRun& run) {
       return absl::OkStatus();
     };
     ctx->sync_start = absl::Now();
-    auto body = [&swarm, &ops, &so, &abandon_round, round = run.round,
-                 lin = lineage, reduce, ctx, async]() {
+    auto body = [&swarm, &ops, &so, &abandon_round, at = here(), reduce, ctx,
+                 async]() {
       // The training thread keeps the watchdog fed while it trains.
       auto alive = [&] {
         if (!async) ops.watchdog->Waiting(so.round_deadline + so.rpc_timeout);
       };
       alive();
-      absl::StatusOr<Swarm::RoundResult> r =
-          swarm.SyncRound(round, lin, reduce, [&] {
-            alive();  // polled while the protocol waits: the loop is alive
-            return StopSignalCount() >= 2 || abandon_round.load();
-          });
+      absl::StatusOr<Swarm::RoundResult> r = swarm.SyncRound(at, reduce, [&] {
+        alive();  // polled while the protocol waits: the loop is alive
+        return StopSignalCount() >= 2 || abandon_round.load();
+      });
       ctx->sync_end = absl::Now();
       return r;
     };
@@ -1316,8 +1324,7 @@ int RunDiloco(NodeRun& run) {
           LogLevel::kInfo, "stale",
           absl::StrCat(node_id, " missed round ", run.round, "; catching up"));
       const absl::Time until = absl::Now() + absl::Seconds(5);
-      while (absl::Now() < until &&
-             !Swarm::Ahead(swarm.Best(), run.round, lineage)) {
+      while (absl::Now() < until && !Swarm::Ahead(swarm.Best(), here())) {
         absl::SleepFor(absl::Milliseconds(100));
       }
       return RoundAction::kRetry;
@@ -1352,6 +1359,9 @@ int RunDiloco(NodeRun& run) {
                         avg->effective_steps / static_cast<double>(run.h)));
     STARLING_RETURN_IF_ERROR(Unflatten(theta_global, run.params));
     lineage = FlatHash(theta_global);
+    run.member_rounds =
+        std::min(kMaxMemberRounds,
+                 run.member_rounds + static_cast<int64_t>(res->members.size()));
     committed_at = absl::Now();
     const int end_step = c.prev_step + c.steps;
     if (!overlapped) {
@@ -1386,7 +1396,7 @@ int RunDiloco(NodeRun& run) {
     rec.seconds = absl::ToDoubleSeconds(absl::Now() - c.round_start);
     ++run.round;
     last_members = res->members;
-    swarm.SetProgress(run.round, lineage, /*joining=*/false);
+    swarm.SetProgress(here(), /*joining=*/false);
     serve(rec.step);
     // The round's first member evaluates.
     STARLING_RETURN_IF_ERROR(run.RecordRound(
@@ -1449,7 +1459,7 @@ int RunDiloco(NodeRun& run) {
     while (StopSignal() == 0) {
       log_changes();  // the others leaving, as they catch up
       const Swarm::Lineage best = swarm.Best();
-      if (Swarm::Ahead(best, run.round, lineage) && !best.donors.empty()) {
+      if (Swarm::Ahead(best, here()) && !best.donors.empty()) {
         if (absl::Now() >= until) {
           LogEvent(LogLevel::kWarning, "straggler",
                    absl::StrCat(node_id, " leaves on its own model (round ",
@@ -1465,7 +1475,7 @@ int RunDiloco(NodeRun& run) {
         continue;
       }
       std::vector<std::string> behind;
-      for (const peer::v1::MemberEntry& e : swarm.Behind(run.round, lineage)) {
+      for (const peer::v1::MemberEntry& e : swarm.Behind(here())) {
         behind.push_back(e.round() < run.round
                              ? absl::StrCat(e.id(), " (round ", e.round(), ")")
                              : absl::StrCat(e.id(), " (round ", e.round(),
@@ -1513,12 +1523,11 @@ int RunDiloco(NodeRun& run) {
         break;
       }
       Swarm::Lineage best = swarm.Best();
-      if (!pending && Swarm::Ahead(best, run.round, lineage) &&
-          !best.donors.empty()) {
+      if (!pending && Swarm::Ahead(best, here()) && !best.donors.empty()) {
         catch_up_or_pause(best);
         continue;
       }
-      swarm.SetProgress(run.round, lineage, /*joining=*/false);
+      swarm.SetProgress(here(), /*joining=*/false);
       // On the best lineage, with the model: ready (and it stays so).
       ops.SetReady(StopSignal() == 0);
       const auto round_start = absl::Now();
@@ -1724,7 +1733,7 @@ int RunDiloco(NodeRun& run) {
           overlap && end_step < total && StopSignal() == 0 &&
           !(every > 0 && end_step / every > prev_step / every) &&
           SteadyMembers(swarm, last_members, node_id) &&
-          !Swarm::Ahead(swarm.Best(), run.round, lineage);
+          !Swarm::Ahead(swarm.Best(), here());
       // Not "round": scripts read "round":N as that round's commit.
       events.Write("sync", JsonObject()
                                .Add("sync_round", run.round)
@@ -1869,7 +1878,7 @@ int RunGossip(NodeRun& run) {
   // Only now do the others count this node towards --min_members: counted
   // earlier (they hear of it from its first gossip), they could train and
   // leave while it is still in JoinSwarm, and it would wait for them in vain.
-  swarm.SetProgress(0, "", /*joining=*/false);
+  swarm.SetProgress({}, /*joining=*/false);
   if (absl::Status s = swarm.WaitForMembers(min_members, absl::Now() + connect);
       !s.ok()) {
     return Fail(s, 1);
@@ -2688,6 +2697,11 @@ int RunNodeCommand() {
     }
     if (!s.ok()) return Fail(s, ExitCodeFor(s));
     (void)absl::SimpleAtoi(sections["round"], &run.round);
+    // Absent from checkpoints written before lineages had a weight: 0.
+    if (!absl::SimpleAtoi(sections["member_rounds"], &run.member_rounds) ||
+        run.member_rounds < 0 || run.member_rounds > kMaxMemberRounds) {
+      run.member_rounds = 0;
+    }
     run.resumed_weight = sections["gossip_weight"];
     std::vector<std::string> comm = absl::StrSplit(sections["comm"], ',');
     for (size_t i = 0; i < comm.size() && i < 4; ++i) {

@@ -143,9 +143,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 2:
         m->Beat();
         break;
-      case 3:
-        m->SetProgress(in.Get<uint8_t>(), "lineage", in.Get<uint8_t>() & 1);
+      case 3: {
+        const int64_t round = in.Get<uint8_t>();
+        const int64_t member_rounds = in.Get<uint8_t>();
+        m->SetProgress(round, "lineage", member_rounds, in.Get<uint8_t>() & 1);
         break;
+      }
       case 4:
         m->RequestEarlySync(in.Get<uint8_t>());
         break;

@@ -109,7 +109,7 @@ TEST(MembershipTest, SelfRowIsAlwaysPresentAndIncarnationDefaultsToNow) {
 
   (*m)->Beat();
   (*m)->Beat();
-  (*m)->SetProgress(7, "abcd", true);
+  (*m)->SetProgress(7, "abcd", 0, true);
   self = Row(**m, "a");
   EXPECT_EQ(self.heartbeat(), 3);  // two beats, and the news
   EXPECT_EQ(self.round(), 7);
@@ -122,7 +122,7 @@ TEST(MembershipTest, SelfRowIsAlwaysPresentAndIncarnationDefaultsToNow) {
 
 TEST(MembershipTest, ThreeTablesConvergeByPairwiseGossip) {
   auto a = Make("a"), b = Make("b"), c = Make("c");
-  a->SetProgress(5, "lin5", false);
+  a->SetProgress(5, "lin5", 0, false);
   a->Beat();
   std::vector<MembershipChange> changes;
   // b joined through a, c through b.
@@ -158,15 +158,15 @@ TEST(MembershipTest, ThreeTablesConvergeByPairwiseGossip) {
 // others take the new row over the copy they already hold.
 TEST(MembershipTest, ProgressIsNewsBeforeTheNextBeat) {
   auto a = Make("a"), b = Make("b");
-  a->SetProgress(0, "", true);
+  a->SetProgress(0, "", 0, true);
   ASSERT_TRUE(b->Merge(a->Snapshot(), T(0)).ok());
   ASSERT_TRUE(Row(*b, "a").joining());
-  a->SetProgress(0, "", false);
+  a->SetProgress(0, "", 0, false);
   ASSERT_TRUE(b->Merge(a->Snapshot(), T(0.1)).ok());
   EXPECT_FALSE(Row(*b, "a").joining());
   // The same progress again is no news.
   const int64_t beat = Row(*a, "a").heartbeat();
-  a->SetProgress(0, "", false);
+  a->SetProgress(0, "", 0, false);
   EXPECT_EQ(Row(*a, "a").heartbeat(), beat);
 }
 
@@ -244,7 +244,7 @@ TEST(MembershipTest, RisingHeartbeatPreventsSuspicion) {
   // A round rise alone also counts as progress.
   auto c = Make("c");
   ASSERT_TRUE(a->Merge(c->Snapshot(), T(40)).ok());
-  c->SetProgress(1, "x", false);
+  c->SetProgress(1, "x", 0, false);
   ASSERT_TRUE(a->Merge(c->Snapshot(), T(42)).ok());
   a->Tick(T(44));
   EXPECT_EQ(StateOf(*a, "c"), MEMBER_ALIVE);
@@ -389,7 +389,7 @@ TEST(MembershipTest, RefutesADeathRumourAboutItself) {
 TEST(MembershipTest, GossipNeverEditsThisNodesRow) {
   auto a = Make("a");
   a->Beat();
-  a->SetProgress(3, "mine", false);
+  a->SetProgress(3, "mine", 0, false);
   MemberEntry forged = Entry("a", 100, MEMBER_ALIVE, 999);
   forged.set_address("evil:1");
   forged.set_round(42);

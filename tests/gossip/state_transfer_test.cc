@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/flat_params.h"
 #include "gossip/membership.h"
@@ -24,6 +25,7 @@ SwarmState RandomState(size_t n, std::mt19937_64& rng, int64_t round = 12) {
   s.theta.resize(n);
   for (float& x : s.theta) x = normal(rng);
   s.lineage = FlatHash(s.theta);
+  s.member_rounds = round * 3 + 1;
   // Outer state: momentum (compressible zeros) plus a few random bytes.
   s.outer_state.assign(8 * n + 5, '\0');
   for (size_t i = 0; i < s.outer_state.size(); i += 7) {
@@ -36,6 +38,7 @@ void ExpectSameState(const SwarmState& a, const SwarmState& b) {
   EXPECT_EQ(a.round, b.round);
   EXPECT_EQ(a.step, b.step);
   EXPECT_EQ(a.lineage, b.lineage);
+  EXPECT_EQ(a.member_rounds, b.member_rounds);
   ASSERT_EQ(a.theta.size(), b.theta.size());
   EXPECT_TRUE(a.theta.empty() || std::memcmp(a.theta.data(), b.theta.data(),
                                              4 * a.theta.size()) == 0);
@@ -75,6 +78,7 @@ TEST(StateTransferTest, BlobRoundTripInRandomChunks) {
     auto blob = StateBlob::Make(s);
     EXPECT_EQ(blob->round(), s.round);
     EXPECT_EQ(blob->lineage(), s.lineage);
+    EXPECT_EQ(blob->member_rounds(), s.member_rounds);
     EXPECT_EQ(blob->raw_bytes(),
               static_cast<int64_t>(EncodeSwarmState(s).size()));
     ASSERT_EQ(blob->digest().size(), 16u);
@@ -290,7 +294,7 @@ TEST(StateTransferTest, DecodeRejectsTruncatedAndGarbageInput) {
   EXPECT_NE(got.status().message().find("version"), std::string::npos);
   // A theta count far beyond the bytes present.
   bad = bytes;
-  const size_t theta_count_at = 4 + 4 + 8 + 8 + 8 + s.lineage.size();
+  const size_t theta_count_at = 4 + 4 + 8 + 8 + 8 + s.lineage.size() + 8;
   const uint64_t huge = uint64_t{1} << 62;
   std::memcpy(&bad[theta_count_at], &huge, 8);
   got = DecodeSwarmState(bad);
@@ -301,7 +305,7 @@ TEST(StateTransferTest, DecodeRejectsTruncatedAndGarbageInput) {
     std::string garbage(rng() % 200, '\0');
     for (char& c : garbage) c = static_cast<char>(rng());
     if (i % 2 == 0 && garbage.size() >= 8)
-      std::memcpy(&garbage[0], "SWST\1\0\0\0", 8);
+      std::memcpy(&garbage[0], "SWST\2\0\0\0", 8);
     EXPECT_FALSE(DecodeSwarmState(garbage).ok());
   }
 }
@@ -406,6 +410,22 @@ TEST(StateTransferTest, RejectsLineageMismatchAndNonFiniteTheta) {
   got = DecodeSwarmState(EncodeSwarmState(far));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->round, kMaxRound);
+
+  // A lineage's weight decides between lineages of one round: a negative
+  // or absurd one is refused, named.
+  for (int64_t bad_weight : {int64_t{-1}, kMaxMemberRounds + 1}) {
+    SwarmState heavy = s;
+    heavy.member_rounds = bad_weight;
+    got = DecodeSwarmState(EncodeSwarmState(heavy));
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(got.status().message(),
+              absl::StrCat("swarm state: member_rounds ", bad_weight,
+                           " is out of range [0, ", kMaxMemberRounds, "]"));
+  }
+  s.member_rounds = kMaxMemberRounds;
+  got = DecodeSwarmState(EncodeSwarmState(s));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->member_rounds, kMaxMemberRounds);
 }
 
 }  // namespace

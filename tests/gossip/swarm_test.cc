@@ -73,7 +73,7 @@ std::unique_ptr<Swarm> StartReady(const std::string& id,
                                   int64_t round,
                                   const std::string& listen = "127.0.0.1:0") {
   std::unique_ptr<Swarm> s = StartJoined(id, seeds, listen);
-  if (s != nullptr) s->SetProgress(round, "", /*joining=*/false);
+  if (s != nullptr) s->SetProgress({round, ""}, /*joining=*/false);
   return s;
 }
 
@@ -120,8 +120,8 @@ BothRounds RoundOnBoth(Swarm& a, const Swarm::Reduce& a_reduce, Swarm& b,
                        const Swarm::Reduce& b_reduce,
                        const std::function<bool()>& stop) {
   std::future<absl::StatusOr<Swarm::RoundResult>> b_round = std::async(
-      std::launch::async, [&] { return b.SyncRound(0, "", b_reduce, stop); });
-  BothRounds r{a.SyncRound(0, "", a_reduce, stop), absl::UnknownError(""),
+      std::launch::async, [&] { return b.SyncRound({}, b_reduce, stop); });
+  BothRounds r{a.SyncRound({}, a_reduce, stop), absl::UnknownError(""),
                absl::Now()};
   r.b = b_round.get();
   return r;
@@ -191,7 +191,7 @@ TEST(SwarmTest, OnlyReadyMembersCountAndOneThatLeftReadyStillCounts) {
   // leaves at once, before its gossip can tell them it was ready: its LEFT
   // entry says so.
   ASSERT_TRUE(c->JoinSwarm(absl::Now() + absl::Seconds(10)).ok());
-  c->SetProgress(0, "", /*joining=*/false);
+  c->SetProgress({0, ""}, /*joining=*/false);
   ASSERT_TRUE(c->WaitForMembers(3, absl::Now() + absl::Seconds(10)).ok());
   c->Leave();
   EXPECT_TRUE(wait_a.get().ok());
@@ -217,6 +217,7 @@ SwarmState StateAt(int64_t round, float value) {
   s.step = round * 10;
   s.theta.assign(5000, value);
   s.lineage = FlatHash(s.theta);
+  s.member_rounds = 3 * round;  // three members in every round
   s.outer_state = absl::StrCat("momentum of round ", round);
   return s;
 }
@@ -251,7 +252,7 @@ TEST(SwarmTest, ServesItsNewestStateAndRefusesARoundItHasNotReachedOrLost) {
   }
   ASSERT_EQ(seen, 4);
   const SwarmState want = StateAt(4, 2.5f);
-  Swarm::Lineage best{4, want.lineage, {"n0"}};
+  Swarm::Lineage best{4, want.lineage, want.member_rounds, {"n0"}};
   Swarm::FetchStats stats;
   absl::StatusOr<SwarmState> got = joiner->FetchState(
       {"n0"}, &best, absl::Now() + absl::Seconds(10), &stats);
@@ -259,13 +260,14 @@ TEST(SwarmTest, ServesItsNewestStateAndRefusesARoundItHasNotReachedOrLost) {
   EXPECT_EQ(got->round, 4);
   EXPECT_EQ(got->step, 40);
   EXPECT_EQ(got->lineage, want.lineage);
+  EXPECT_EQ(got->member_rounds, want.member_rounds);
   EXPECT_EQ(got->theta, want.theta);
   EXPECT_EQ(got->outer_state, want.outer_state);
   EXPECT_GT(stats.bytes, 0);
 
   // A joiner that wants round 6 is refused before any byte moves, and that
   // is no failed transfer.
-  Swarm::Lineage ahead{6, "", {"n0"}};
+  Swarm::Lineage ahead{6, "", 0, {"n0"}};
   stats = Swarm::FetchStats();
   absl::StatusOr<SwarmState> early = joiner->FetchState(
       {"n0"}, &ahead, absl::Now() + absl::Seconds(10), &stats);
@@ -277,19 +279,30 @@ TEST(SwarmTest, ServesItsNewestStateAndRefusesARoundItHasNotReachedOrLost) {
   EXPECT_EQ(stats.retries, 0);
 
   // Round 4 of a lineage that wins over the served one (after a partition):
-  // refused at once as well. "0" sorts before any longer hash.
+  // refused at once as well. As heavy, "0" sorts before any longer hash;
+  // heavier, "zzzz" wins too.
   ASSERT_NE(want.lineage, "0");
-  Swarm::Lineage other{4, "0", {"n0"}};
-  stats = Swarm::FetchStats();
-  absl::StatusOr<SwarmState> lost = joiner->FetchState(
-      {"n0"}, &other, absl::Now() + absl::Seconds(10), &stats);
-  ASSERT_TRUE(absl::IsUnavailable(lost.status())) << lost.status();
-  EXPECT_NE(lost.status().message().find(absl::StrCat(
-                "serves round 4 of lineage ", want.lineage, ", not 0")),
-            std::string::npos)
-      << lost.status();
-  EXPECT_EQ(stats.bytes, 0);
-  EXPECT_EQ(stats.retries, 0);
+  for (const Swarm::Lineage& other :
+       {Swarm::Lineage{4, "0", want.member_rounds, {"n0"}},
+        Swarm::Lineage{4, "zzzz", want.member_rounds + 1, {"n0"}}}) {
+    stats = Swarm::FetchStats();
+    absl::StatusOr<SwarmState> lost = joiner->FetchState(
+        {"n0"}, &other, absl::Now() + absl::Seconds(10), &stats);
+    ASSERT_TRUE(absl::IsUnavailable(lost.status())) << lost.status();
+    EXPECT_NE(lost.status().message().find(
+                  absl::StrCat("serves round 4 of lineage ", want.lineage,
+                               ", not ", other.lineage)),
+              std::string::npos)
+        << lost.status();
+    EXPECT_EQ(stats.bytes, 0);
+    EXPECT_EQ(stats.retries, 0);
+  }
+  // A lighter lineage loses to the served one, whatever its hash: served.
+  Swarm::Lineage lighter{4, "0", want.member_rounds - 1, {"n0"}};
+  got = joiner->FetchState({"n0"}, &lighter, absl::Now() + absl::Seconds(10),
+                           nullptr);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->lineage, want.lineage);
 }
 
 // A donor that died (still listed as alive) is a failed donor; a caller
@@ -316,7 +329,7 @@ TEST(SwarmTest, FetchStatsAddUpAcrossAFailedCallAndTheNextOne) {
 
   // n1 fails (a retry), n0 has not reached round 5 (a refusal): no state.
   Swarm::FetchStats stats;
-  Swarm::Lineage ahead{5, "", {"n1", "n0"}};
+  Swarm::Lineage ahead{5, "", 0, {"n1", "n0"}};
   absl::StatusOr<SwarmState> failed = joiner->FetchState(
       ahead.donors, &ahead, absl::Now() + absl::Seconds(10), &stats);
   ASSERT_TRUE(absl::IsUnavailable(failed.status())) << failed.status();
@@ -324,7 +337,7 @@ TEST(SwarmTest, FetchStatsAddUpAcrossAFailedCallAndTheNextOne) {
   EXPECT_EQ(stats.bytes, 0);
   EXPECT_EQ(stats.donor, "");
 
-  Swarm::Lineage best{4, "", {"n0"}};
+  Swarm::Lineage best{4, "", 0, {"n0"}};
   absl::StatusOr<SwarmState> got = joiner->FetchState(
       best.donors, &best, absl::Now() + absl::Seconds(10), &stats);
   ASSERT_TRUE(got.ok()) << got.status();
@@ -335,13 +348,14 @@ TEST(SwarmTest, FetchStatsAddUpAcrossAFailedCallAndTheNextOne) {
   EXPECT_GT(stats.seconds, 0);
 }
 
-// Whether `s` sees member `id` at (round, lineage) within 20 s.
-bool ProgressSeenWithin(const Swarm& s, const std::string& id, int64_t round,
-                        const std::string& lineage) {
+// Whether `s` sees member `id` at `at` within 20 s.
+bool ProgressSeenWithin(const Swarm& s, const std::string& id,
+                        const Swarm::Lineage& at) {
   const absl::Time until = absl::Now() + absl::Seconds(20);
   while (absl::Now() < until) {
     for (const peer::v1::MemberEntry& e : s.Members()) {
-      if (e.id() == id && e.round() == round && e.lineage() == lineage) {
+      if (e.id() == id && e.round() == at.round && e.lineage() == at.lineage &&
+          e.member_rounds() == at.member_rounds) {
         return true;
       }
     }
@@ -364,19 +378,54 @@ std::string Ids(const std::vector<peer::v1::MemberEntry>& entries) {
 TEST(SwarmTest, BehindMeansAnEarlierRoundOrAWorseLineageAtTheSameRound) {
   std::unique_ptr<Swarm> a, b;
   ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b));
-  a->SetProgress(5, "aaaa", /*joining=*/false);
-  b->SetProgress(5, "bbbb", /*joining=*/false);
-  ASSERT_TRUE(ProgressSeenWithin(*a, "n1", 5, "bbbb"));
-  ASSERT_TRUE(ProgressSeenWithin(*b, "n0", 5, "aaaa"));
-  EXPECT_EQ(Ids(a->Behind(5, "aaaa")), "n1");
-  EXPECT_EQ(Ids(b->Behind(5, "bbbb")), "");
-  EXPECT_FALSE(Swarm::Ahead(a->Best(), 5, "aaaa"));
-  EXPECT_TRUE(Swarm::Ahead(b->Best(), 5, "bbbb"));
+  const Swarm::Lineage at_a{5, "aaaa", 10}, at_b{5, "bbbb", 10};
+  a->SetProgress(at_a, /*joining=*/false);
+  b->SetProgress(at_b, /*joining=*/false);
+  ASSERT_TRUE(ProgressSeenWithin(*a, "n1", at_b));
+  ASSERT_TRUE(ProgressSeenWithin(*b, "n0", at_a));
+  EXPECT_EQ(Ids(a->Behind(at_a)), "n1");
+  EXPECT_EQ(Ids(b->Behind(at_b)), "");
+  EXPECT_FALSE(Swarm::Ahead(a->Best(), at_a));
+  EXPECT_TRUE(Swarm::Ahead(b->Best(), at_b));
   EXPECT_EQ(b->Best().lineage, "aaaa");
-  // A later round outranks any hash, and the same lineage is not behind.
-  EXPECT_EQ(Ids(b->Behind(6, "zzzz")), "n0");
-  EXPECT_EQ(Ids(a->Behind(4, "0000")), "");
-  EXPECT_EQ(Ids(a->Behind(5, "bbbb")), "");
+  EXPECT_EQ(b->Best().member_rounds, 10);
+  // A later round outranks any hash and weight, and the same lineage is not
+  // behind.
+  EXPECT_EQ(Ids(b->Behind({6, "zzzz", 0})), "n0");
+  EXPECT_EQ(Ids(a->Behind({4, "0000", 99})), "");
+  EXPECT_EQ(Ids(a->Behind(at_b)), "");
+}
+
+// At the same round the heavier lineage wins whatever its hash: after a
+// member ran a round apart (falsely suspected) while the rest ran it
+// together, the rest's θ_global is kept, not the one of the smaller hash.
+TEST(SwarmTest, AtTheSameRoundTheHeavierLineageIsAhead) {
+  std::unique_ptr<Swarm> a, b;
+  ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b));
+  // n0 ran round 4 alone (9 + 1), n1 with two others (9 + 3).
+  const Swarm::Lineage alone{5, "aaaa", 10}, together{5, "bbbb", 12};
+  a->SetProgress(alone, /*joining=*/false);
+  b->SetProgress(together, /*joining=*/false);
+  ASSERT_TRUE(ProgressSeenWithin(*a, "n1", together));
+  ASSERT_TRUE(ProgressSeenWithin(*b, "n0", alone));
+  EXPECT_TRUE(Swarm::Ahead(a->Best(), alone));
+  EXPECT_EQ(a->Best().lineage, "bbbb");
+  EXPECT_EQ(a->Best().member_rounds, 12);
+  EXPECT_FALSE(Swarm::Ahead(b->Best(), together));
+  EXPECT_EQ(Ids(b->Behind(together)), "n0");
+  EXPECT_EQ(Ids(a->Behind(alone)), "");
+
+  // The order itself: round, then weight, then the smaller hash; one hash
+  // is one lineage whatever weight is claimed for it, and a member with no
+  // lineage yet is on no other.
+  EXPECT_TRUE(Swarm::Ahead({6, "zzzz", 0}, {5, "aaaa", 99}));
+  EXPECT_TRUE(Swarm::Ahead({5, "zzzz", 11}, {5, "aaaa", 10}));
+  EXPECT_FALSE(Swarm::Ahead({5, "aaaa", 10}, {5, "zzzz", 11}));
+  EXPECT_TRUE(Swarm::Ahead({5, "aaaa", 10}, {5, "zzzz", 10}));
+  EXPECT_FALSE(Swarm::Ahead({5, "zzzz", 10}, {5, "aaaa", 10}));
+  EXPECT_FALSE(Swarm::Ahead({5, "aaaa", 99}, {5, "aaaa", 10}));
+  EXPECT_FALSE(Swarm::Ahead({5, "aaaa", 10}, {5, "", 0}));
+  EXPECT_FALSE(Swarm::Ahead({5, "", 99}, {5, "aaaa", 10}));
 }
 
 // A member that restarts at the same address while the coordinator's
@@ -639,7 +688,7 @@ TEST(SwarmTest, AReadyFarAheadOfEveryOtherMemberDoesNotMoveTheCoordinator) {
   ASSERT_NE(alone, nullptr);
   const absl::Time give_up = absl::Now() + absl::Seconds(20);
   absl::StatusOr<Swarm::RoundResult> solo = alone->SyncRound(
-      5, "", NoOp, [give_up] { return absl::Now() > give_up; });
+      {5, ""}, NoOp, [give_up] { return absl::Now() > give_up; });
   ASSERT_TRUE(solo.ok()) << solo.status();
   EXPECT_EQ(solo->outcome, Swarm::Outcome::kCommitted);
   EXPECT_EQ(solo->members, (std::vector<std::string>{"solo"}));
@@ -754,7 +803,7 @@ TEST(SwarmTest, ALeftSendersCopyIsDroppedSoItsRelativePushIsRefused) {
     if (s == nullptr) return s;
     absl::Status j = s->JoinSwarm(absl::Now() + absl::Seconds(10));
     EXPECT_TRUE(j.ok()) << id << ": " << j;
-    s->SetProgress(0, "", /*joining=*/false);
+    s->SetProgress({0, ""}, /*joining=*/false);
     return s;
   };
   std::unique_ptr<Swarm> a = joined("a", {});
