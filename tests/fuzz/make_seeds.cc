@@ -10,6 +10,8 @@
 //   cmake --build build-fuzz --target make_seeds
 //   rm -rf tests/fuzz/corpus && build-fuzz/tests/fuzz/make_seeds \
 //       tests/fuzz/corpus
+// and bring back the regression-* seeds, which fuzzing found and this does
+// not write: git checkout -- 'tests/fuzz/corpus/*/regression-*'
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
