@@ -46,7 +46,7 @@
 ABSL_FLAG(std::string, sizes_mib, "4,64,256",
           "bench allreduce: payload sizes in MiB (fp32), comma-separated; a "
           "K suffix gives KiB instead (e.g. 4K,1024K,4)");
-ABSL_FLAG(int, iterations, 5,
+ABSL_FLAG(int, iterations, 20,
           "bench allreduce: timed all-reduces per size and method, after one "
           "untimed warm-up; the median is reported");
 // Shared with the other subcommands.
@@ -65,7 +65,7 @@ struct BenchConfig {
   std::string out;
   int nodes = 4;
   std::vector<int64_t> sizes;  // payload bytes
-  int iterations = 5;
+  int iterations = 20;
   std::vector<std::string> codecs;  // Starling's, e.g. {"fp32", "int8"}
   int64_t chunk_bytes = 1 << 20;
 };
