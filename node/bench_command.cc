@@ -218,9 +218,40 @@ double ProcessCpuSeconds() {
   return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
 }
 
-// The JSON and markdown reports, written by rank 0.
+// The host's CPU time so far from the "cpu" line of /proc/stat, in clock
+// ticks summed over every CPU: all of it (user through steal) and what the
+// hypervisor gave other guests while this VM wanted to run (steal). Zeros
+// where the file cannot be read or parsed.
+struct HostTicks {
+  double total = 0;
+  double steal = 0;
+};
+HostTicks ReadHostTicks() {
+  absl::StatusOr<std::string> stat = ReadFile("/proc/stat");
+  if (!stat.ok()) return {};
+  absl::string_view line(*stat);
+  line = line.substr(0, line.find('\n'));
+  if (!absl::ConsumePrefix(&line, "cpu ")) return {};
+  const std::vector<absl::string_view> fields =
+      absl::StrSplit(line, ' ', absl::SkipEmpty());
+  // user nice system idle iowait irq softirq steal (then guest time, which
+  // user already counts).
+  if (fields.size() < 8) return {};
+  HostTicks t;
+  for (size_t i = 0; i < 8; ++i) {
+    double v = 0;
+    if (!absl::SimpleAtod(fields[i], &v)) return {};
+    t.total += v;
+  }
+  (void)absl::SimpleAtod(fields[7], &t.steal);
+  return t;
+}
+
+// The JSON and markdown reports, written by rank 0. `host_start`: the
+// host's ticks when the bench began.
 absl::Status WriteReports(const BenchConfig& c,
-                          const std::vector<std::vector<Method>>& results) {
+                          const std::vector<std::vector<Method>>& results,
+                          const HostTicks& host_start) {
   const int n = c.nodes;
   const std::string date = absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", absl::Now(),
                                             absl::LocalTimeZone());
@@ -293,6 +324,20 @@ absl::Status WriteReports(const BenchConfig& c,
         .Add("starling", starling);
     sizes.Push(size);
   }
+  // A loaded VM slows the method with more threads to schedule more: say
+  // how loaded this one was.
+  const HostTicks host_end = ReadHostTicks();
+  const double host_ticks = host_end.total - host_start.total;
+  const double steal =
+      host_ticks > 0 ? (host_end.steal - host_start.steal) / host_ticks : -1;
+  if (steal >= 0) {
+    absl::StrAppend(
+        &md, absl::StrFormat(
+                 "\nThe hypervisor gave %.1f%% of this VM's CPU time to others "
+                 "during the run (steal in /proc/stat); a loaded VM's ratios "
+                 "are not comparable with a quiet one's.\n",
+                 100 * steal));
+  }
   absl::StrAppend(&md,
                   "\nTargets (issue #7): uncompressed Starling within 1.25x "
                   "of Gloo; with int8, faster than Gloo.\n");
@@ -312,8 +357,9 @@ absl::Status WriteReports(const BenchConfig& c,
            "process's CPU seconds (user + system, all threads)")
       .Add("chunk_bytes", c.chunk_bytes)
       .Add("gloo_threads", static_cast<int64_t>(2))
-      .Add("compression", codecs)
-      .Add("sizes", sizes);
+      .Add("compression", codecs);
+  if (steal >= 0) root.Add("host_steal_fraction", steal);
+  root.Add("sizes", sizes);
   STARLING_RETURN_IF_ERROR(WriteFileAtomic(
       absl::StrCat(c.out, "/allreduce.json"), root.Dump() + "\n"));
   return WriteFileAtomic(absl::StrCat(c.out, "/allreduce.md"), md);
@@ -322,6 +368,7 @@ absl::Status WriteReports(const BenchConfig& c,
 absl::Status RunWorker(const BenchConfig& c, int rank,
                        const std::string& store_path) {
   const int n = c.nodes;
+  const HostTicks host_start = ReadHostTicks();
   // Gloo's process group, as torch.distributed builds it for backend="gloo"
   // (two worker threads, a TCP device on the loopback address).
   auto store = c10::make_intrusive<::c10d::FileStore>(store_path, n);
@@ -485,7 +532,9 @@ absl::Status RunWorker(const BenchConfig& c, int rank,
     }
   }
   barrier();
-  if (rank == 0) STARLING_RETURN_IF_ERROR(WriteReports(c, results));
+  if (rank == 0) {
+    STARLING_RETURN_IF_ERROR(WriteReports(c, results, host_start));
+  }
   barrier();
   transport->Shutdown();
   return absl::OkStatus();

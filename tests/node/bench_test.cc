@@ -28,6 +28,10 @@ TEST(BenchTest, AllreduceWritesJsonAndMarkdown) {
   EXPECT_EQ(Field(json, "benchmark").string_value(), "allreduce");
   EXPECT_EQ(Field(json, "nodes").number_value(), 2);
   EXPECT_EQ(Field(json, "iterations").number_value(), 1);
+  // How loaded the VM was (Linux always has /proc/stat): a fraction.
+  const double steal = Field(json, "host_steal_fraction").number_value();
+  EXPECT_GE(steal, 0);
+  EXPECT_LE(steal, 1);
   const auto& sizes = Field(json, "sizes").list_value();
   ASSERT_EQ(sizes.values_size(), 2);
   const auto& size = sizes.values(0).struct_value();
@@ -75,7 +79,8 @@ TEST(BenchTest, AllreduceWritesJsonAndMarkdown) {
   for (const char* row :
        {"| 1 MiB | Gloo |", "| 1 MiB | Starling fp32 |",
         "| 1 MiB | Starling int8 |", "| 4 KiB | Gloo |",
-        "| 4 KiB | Starling fp32 |", "ratio to Gloo", "CPU s per rank"}) {
+        "| 4 KiB | Starling fp32 |", "ratio to Gloo", "CPU s per rank",
+        "% of this VM's CPU time to others"}) {
     EXPECT_NE(md->find(row), std::string::npos) << row << "\n" << *md;
   }
   EXPECT_EQ(r.out, *md);  // the table is printed too
