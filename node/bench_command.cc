@@ -324,8 +324,8 @@ absl::Status WriteReports(const BenchConfig& c,
         .Add("starling", starling);
     sizes.Push(size);
   }
-  // A loaded VM slows the method with more threads to schedule more: say
-  // how loaded this one was.
+  // The same code's ratios have differed by 1.5x between days on one VM
+  // type: say how loaded this one was.
   const HostTicks host_end = ReadHostTicks();
   const double host_ticks = host_end.total - host_start.total;
   const double steal =
