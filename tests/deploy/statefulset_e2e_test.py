@@ -125,18 +125,27 @@ def events(path, kind=None):
     return out
 
 
-def health(address, service):
+def health(address, service, tries=3):
     """grpc.health.v1.Health/Check with python3-grpcio: 1 SERVING,
-    2 NOT_SERVING, None when unavailable."""
+    2 NOT_SERVING, None when unavailable. Like the kubelet (failureThreshold
+    3 in the manifest), a probe that fails is tried again before it counts:
+    once, a fresh channel right after the previous probe's failed at once
+    (a fresh Debian chroot, 2026-12-06), with the node serving."""
     import grpc
     req = bytes([0x0A, len(service)]) + service.encode()
-    with grpc.insecure_channel(address) as ch:
-        check = ch.unary_unary("/grpc.health.v1.Health/Check")
-        try:
-            resp = check(req, timeout=2)
-        except grpc.RpcError:
-            return None
-    return resp[1] if len(resp) >= 2 and resp[0] == 0x08 else 0
+    for attempt in range(tries):
+        if attempt > 0:
+            time.sleep(0.5)
+        with grpc.insecure_channel(address) as ch:
+            check = ch.unary_unary("/grpc.health.v1.Health/Check")
+            try:
+                resp = check(req, timeout=2)
+            except grpc.RpcError as e:
+                print(f"note: {service} probe of {address}, try {attempt + 1}: "
+                      f"{e.code()}: {e.details()}")
+                continue
+        return resp[1] if len(resp) >= 2 and resp[0] == 0x08 else 0
+    return None
 
 
 def main():
