@@ -876,7 +876,8 @@ Swarm::Lineage Swarm::Best() const {
   std::vector<MemberEntry> live = membership_->Live();
   for (const MemberEntry& e : live) {
     if (e.joining() || e.state() != peer::v1::MEMBER_ALIVE) continue;
-    if (best.round < 0 || Ahead(Of(e), best)) best = Of(e);
+    Lineage at = Of(e);
+    if (best.round < 0 || Ahead(at, best)) best = std::move(at);
   }
   // Every live member may donate, in id order: gossip can lag a round
   // behind, so FetchState checks what it gets against the best instead.

@@ -242,8 +242,8 @@ HostTicks ReadHostTicks() {
     double v = 0;
     if (!absl::SimpleAtod(fields[i], &v)) return {};
     t.total += v;
+    if (i == 7) t.steal = v;
   }
-  (void)absl::SimpleAtod(fields[7], &t.steal);
   return t;
 }
 

@@ -996,6 +996,19 @@ class MemberChanges {
   absl::Time last_refuted_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
+// One inner step of an elastic member (DiLoCo or gossip). On a failure
+// (e.g. a non-finite loss) it logs an "error" event and says goodbye to
+// the swarm, so that nobody waits for this node; the caller then fails.
+absl::StatusOr<StepResult> StepOrLeave(Trainer& trainer, EventLog& events,
+                                       Swarm& swarm) {
+  absl::StatusOr<StepResult> r = trainer.Step();
+  if (!r.ok()) {
+    events.Write("error", JsonObject().Add("message", r.status().message()));
+    swarm.Leave();
+  }
+  return r;
+}
+
 // Elastic DiLoCo over a Swarm (gossip/swarm.h describes the protocol).
 int RunDiloco(NodeRun& run) {
   Trainer& trainer = *run.trainer;
@@ -1570,13 +1583,8 @@ int RunDiloco(NodeRun& run) {
             break;
           }
         }
-        absl::StatusOr<StepResult> r = trainer.Step();
-        if (!r.ok()) {
-          events.Write("error",
-                       JsonObject().Add("message", r.status().message()));
-          swarm.Leave();
-          return Fail(r.status(), 1);
-        }
+        absl::StatusOr<StepResult> r = StepOrLeave(trainer, events, swarm);
+        if (!r.ok()) return Fail(r.status(), 1);
         ++steps;
         loss_sum += r->loss;
         samples += r->samples;
@@ -1974,13 +1982,8 @@ int RunGossip(NodeRun& run) {
     double loss_sum = 0;
     for (int i = 0; i < steps; ++i) {
       if (StopSignalCount() >= 2) break;  // a second signal: leave now
-      absl::StatusOr<StepResult> r = trainer.Step();
-      if (!r.ok()) {
-        events.Write("error",
-                     JsonObject().Add("message", r.status().message()));
-        swarm.Leave();
-        return Fail(r.status(), 1);
-      }
+      absl::StatusOr<StepResult> r = StepOrLeave(trainer, events, swarm);
+      if (!r.ok()) return Fail(r.status(), 1);
       loss_sum += r->loss;
       SetLogPosition(pushes, trainer.state().step());
       ops.Step(*r, trainer.state().step());

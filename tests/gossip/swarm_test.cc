@@ -364,6 +364,17 @@ bool ProgressSeenWithin(const Swarm& s, const std::string& id,
   return false;
 }
 
+// A pair of members (StartPair), n0 at `at_a` and n1 at `at_b`, each
+// having seen the other's progress.
+void StartPairAt(const Swarm::Lineage& at_a, const Swarm::Lineage& at_b,
+                 std::unique_ptr<Swarm>* a, std::unique_ptr<Swarm>* b) {
+  ASSERT_NO_FATAL_FAILURE(StartPair(a, b));
+  (*a)->SetProgress(at_a, /*joining=*/false);
+  (*b)->SetProgress(at_b, /*joining=*/false);
+  ASSERT_TRUE(ProgressSeenWithin(**a, "n1", at_b));
+  ASSERT_TRUE(ProgressSeenWithin(**b, "n0", at_a));
+}
+
 // The ids of `entries`, joined by commas.
 std::string Ids(const std::vector<peer::v1::MemberEntry>& entries) {
   std::vector<std::string> ids;
@@ -376,13 +387,9 @@ std::string Ids(const std::vector<peer::v1::MemberEntry>& entries) {
 // other side of a partition that healed as both finished). One on a better
 // lineage is not behind: it is this member that fetches its state (Best).
 TEST(SwarmTest, BehindMeansAnEarlierRoundOrAWorseLineageAtTheSameRound) {
-  std::unique_ptr<Swarm> a, b;
-  ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b));
   const Swarm::Lineage at_a{5, "aaaa", 10}, at_b{5, "bbbb", 10};
-  a->SetProgress(at_a, /*joining=*/false);
-  b->SetProgress(at_b, /*joining=*/false);
-  ASSERT_TRUE(ProgressSeenWithin(*a, "n1", at_b));
-  ASSERT_TRUE(ProgressSeenWithin(*b, "n0", at_a));
+  std::unique_ptr<Swarm> a, b;
+  ASSERT_NO_FATAL_FAILURE(StartPairAt(at_a, at_b, &a, &b));
   EXPECT_EQ(Ids(a->Behind(at_a)), "n1");
   EXPECT_EQ(Ids(b->Behind(at_b)), "");
   EXPECT_FALSE(Swarm::Ahead(a->Best(), at_a));
@@ -400,14 +407,10 @@ TEST(SwarmTest, BehindMeansAnEarlierRoundOrAWorseLineageAtTheSameRound) {
 // member ran a round apart (falsely suspected) while the rest ran it
 // together, the rest's θ_global is kept, not the one of the smaller hash.
 TEST(SwarmTest, AtTheSameRoundTheHeavierLineageIsAhead) {
-  std::unique_ptr<Swarm> a, b;
-  ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b));
   // n0 ran round 4 alone (9 + 1), n1 with two others (9 + 3).
   const Swarm::Lineage alone{5, "aaaa", 10}, together{5, "bbbb", 12};
-  a->SetProgress(alone, /*joining=*/false);
-  b->SetProgress(together, /*joining=*/false);
-  ASSERT_TRUE(ProgressSeenWithin(*a, "n1", together));
-  ASSERT_TRUE(ProgressSeenWithin(*b, "n0", alone));
+  std::unique_ptr<Swarm> a, b;
+  ASSERT_NO_FATAL_FAILURE(StartPairAt(alone, together, &a, &b));
   EXPECT_TRUE(Swarm::Ahead(a->Best(), alone));
   EXPECT_EQ(a->Best().lineage, "bbbb");
   EXPECT_EQ(a->Best().member_rounds, 12);
