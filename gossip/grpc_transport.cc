@@ -71,12 +71,20 @@ void AppendVarint(uint64_t v, std::string* out) {
 }
 
 // Cuts a message's payload into serialized TensorChunks: the header fields,
-// then field `data`'s key and length, then the bytes, copied once into a
-// slice that gRPC owns (the wire format protobuf writes: `data` is last).
+// then field `data`'s key and length, then the bytes (the wire format
+// protobuf writes: `data` is last). With an `owner` of the payload's
+// memory, a chunk's bytes go out from where they lie, in a slice that
+// holds a reference to `owner` for as long as gRPC keeps it; without one,
+// they are copied once into a slice that gRPC owns.
 class ChunkSerializer {
  public:
-  ChunkSerializer(TensorChunk header, absl::string_view payload, size_t step)
-      : header_(std::move(header)), payload_(payload), step_(step) {}
+  // `owner` (may be null) must outlive the serializer.
+  ChunkSerializer(TensorChunk header, absl::string_view payload,
+                  const std::shared_ptr<const void>& owner, size_t step)
+      : header_(std::move(header)),
+        payload_(payload),
+        owner_(owner),
+        step_(step) {}
 
   // The next chunk into *out; returns its size in bytes on the wire.
   int64_t Next(grpc::ByteBuffer* out) {
@@ -87,12 +95,23 @@ class ChunkSerializer {
       AppendVarint(kDataTag, &head);
       AppendVarint(len, &head);
     }
-    grpc::Slice slice(head.size() + len);
-    uint8_t* dst = const_cast<uint8_t*>(slice.begin());
-    std::memcpy(dst, head.data(), head.size());
-    if (len > 0) std::memcpy(dst + head.size(), payload_.data() + offset_, len);
-    grpc::ByteBuffer buffer(&slice, 1);
-    out->Swap(&buffer);
+    if (owner_ != nullptr && len > 0) {
+      grpc::Slice slices[2] = {
+          grpc::Slice(head),
+          grpc::Slice(const_cast<char*>(payload_.data() + offset_), len,
+                      &DropOwner, new std::shared_ptr<const void>(owner_))};
+      grpc::ByteBuffer buffer(slices, 2);
+      out->Swap(&buffer);
+    } else {
+      grpc::Slice slice(head.size() + len);
+      uint8_t* dst = const_cast<uint8_t*>(slice.begin());
+      std::memcpy(dst, head.data(), head.size());
+      if (len > 0) {
+        std::memcpy(dst + head.size(), payload_.data() + offset_, len);
+      }
+      grpc::ByteBuffer buffer(&slice, 1);
+      out->Swap(&buffer);
+    }
     offset_ += len;
     ++written_;
     return static_cast<int64_t>(head.size() + len);
@@ -102,8 +121,14 @@ class ChunkSerializer {
   int written() const { return written_; }
 
  private:
+  // A payload slice's destructor: gRPC is done with the bytes.
+  static void DropOwner(void* owner) {
+    delete static_cast<std::shared_ptr<const void>*>(owner);
+  }
+
   TensorChunk header_;
   const absl::string_view payload_;
+  const std::shared_ptr<const void>& owner_;
   const size_t step_;
   size_t offset_ = 0;
   int written_ = 0;
@@ -932,18 +957,18 @@ void GrpcTransport::InstallRound(const std::vector<std::string>& members,
 
 absl::Status GrpcTransport::Send(int to, const Message& m,
                                  absl::Time deadline) {
-  return SendPayload(to, m, m.payload, deadline);
+  return SendPayload(to, m, m.payload, nullptr, deadline);
 }
 
-absl::Status GrpcTransport::SendPayload(int to, const Message& m,
-                                        absl::string_view payload,
-                                        absl::Time deadline) {
+absl::Status GrpcTransport::SendPayload(
+    int to, const Message& m, absl::string_view payload,
+    const std::shared_ptr<const void>& owner, absl::Time deadline) {
   if (to < 0 || to >= world() || to == rank_) {
     return absl::InvalidArgumentError(absl::StrCat("no peer rank ", to));
   }
   absl::Duration backoff = absl::Milliseconds(5);
   while (true) {
-    absl::Status s = SendOnce(to, m, payload, deadline);
+    absl::Status s = SendOnce(to, m, payload, owner, deadline);
     // Elastic rounds: the peer has not reached this attempt yet (or is
     // restarting); retry until the deadline or until the attempt is off.
     if (s.ok() || !elastic_ || !absl::IsUnavailable(s) ||
@@ -957,6 +982,7 @@ absl::Status GrpcTransport::SendPayload(int to, const Message& m,
 
 absl::Status GrpcTransport::SendOnce(int to, const Message& m,
                                      absl::string_view payload,
+                                     const std::shared_ptr<const void>& owner,
                                      absl::Time deadline) {
   if (options_.blocked && options_.blocked(peers_[to]->address)) {
     return absl::UnavailableError(absl::StrCat(
@@ -993,7 +1019,7 @@ absl::Status GrpcTransport::SendOnce(int to, const Message& m,
   chunk.set_total_elements(m.total_elements);
   chunk.set_segment_bytes(static_cast<int64_t>(payload.size()));
   if (mailbox_ != nullptr) chunk.set_plan(mailbox_->options().plan);
-  ChunkSerializer chunks(std::move(chunk), payload,
+  ChunkSerializer chunks(std::move(chunk), payload, owner,
                          static_cast<size_t>(chunk_bytes));
   const bool crash_after_first = m.phase == RingPhase::kReduceScatter;
   grpc::ClientContext ctx;

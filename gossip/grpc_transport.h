@@ -138,6 +138,7 @@ class GrpcTransport : public Transport {
   absl::Status Send(int to, const Message& m, absl::Time deadline) override;
   absl::Status SendPayload(int to, const Message& header,
                            absl::string_view payload,
+                           const std::shared_ptr<const void>& owner,
                            absl::Time deadline) override;
   Mailbox& mailbox() override { return *mailbox_; }
   int64_t bytes_sent() const override { return sent_.load(); }
@@ -157,7 +158,9 @@ class GrpcTransport : public Transport {
                 const PeerIdentity& identity);
   void SetPeers(const std::vector<std::string>& members, int rank);
   absl::Status SendOnce(int to, const Message& header,
-                        absl::string_view payload, absl::Time deadline);
+                        absl::string_view payload,
+                        const std::shared_ptr<const void>& owner,
+                        absl::Time deadline);
   // The chunk size for a message of `payload_bytes` to `address` over the
   // emulated `link`, or FailedPrecondition (kept by options_.links) when
   // the link cannot carry it within the receiver's stream limits.

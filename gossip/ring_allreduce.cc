@@ -110,8 +110,9 @@ absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
         forward = std::move(enc).value();
       }
       // What travels: raw fp32 straight from `data` (the transport streams
-      // it without a copy), or the encoded bytes.
+      // it without a copy when `data` has an owner), or the encoded bytes.
       absl::string_view payload;
+      std::shared_ptr<const void> owner;
       if (phase == RingPhase::kAllGather && o.codec != nullptr) {
         payload = forward;
       } else if (o.codec != nullptr) {
@@ -122,6 +123,7 @@ absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
         payload = m.payload;
       } else {
         payload = Bytes(out_seg);
+        owner = o.data_owner;
       }
       if (o.stats != nullptr) {
         o.stats->raw_bytes += static_cast<int64_t>(out_seg.size()) * 4;
@@ -130,7 +132,7 @@ absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
       expect(i);
       if (n >= 3) expect(i + 1);
       const absl::Time deadline = absl::Now() + o.step_timeout;
-      absl::Status s = t.SendPayload(next, m, payload, deadline);
+      absl::Status s = t.SendPayload(next, m, payload, owner, deadline);
       expect(i + 1);
       if (!s.ok()) {
         return fail(s, absl::StrCat("sending to rank ", next, " failed: "));
@@ -214,8 +216,9 @@ absl::Status AllGatherWhole(Transport& t, absl::Span<const float> mine,
   std::vector<std::thread> senders;
   for (int to = 0; to < n; ++to) {
     if (to == r) continue;
-    senders.emplace_back(
-        [&, to] { sent[to] = t.SendPayload(to, m, payload, deadline); });
+    senders.emplace_back([&, to] {
+      sent[to] = t.SendPayload(to, m, payload, nullptr, deadline);
+    });
   }
   absl::Status first_error;
   for (int from = 0; from < n; ++from) {
@@ -265,12 +268,16 @@ absl::Status RingWeightedAverage(Transport& t, std::vector<float>& values,
   if (t.world() == 1) return absl::OkStatus();  // the average of one
   const size_t n = values.size();
   const size_t extras = o.extra_sums != nullptr ? o.extra_sums->size() : 0;
-  std::vector<float> buf(n + 1 + extras);
+  // Fresh memory each call, owned here and by any send gRPC still holds.
+  auto shared = std::make_shared<std::vector<float>>(n + 1 + extras);
+  std::vector<float>& buf = *shared;
   const float w = static_cast<float>(weight);
   for (size_t i = 0; i < n; ++i) buf[i] = values[i] * w;
   buf[n] = w;
   for (size_t i = 0; i < extras; ++i) buf[n + 1 + i] = (*o.extra_sums)[i];
-  absl::Status s = RingAllReduceSum(t, absl::MakeSpan(buf), o);
+  RingOptions with_owner = o;
+  with_owner.data_owner = shared;
+  absl::Status s = RingAllReduceSum(t, absl::MakeSpan(buf), with_owner);
   if (!s.ok()) return s;
   const float total = buf[n];
   if (!(total > 0)) {

@@ -9,6 +9,7 @@
 #define STARLING_GOSSIP_RING_ALLREDUCE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,12 @@ struct RingOptions {
   // all-gathers those bytes unchanged, so every member stays bit-identical.
   const PolicyCodec* codec = nullptr;
   RingStats* stats = nullptr;  // accumulated when non-null
+  // RingAllReduceSum: what owns the memory of its `data`, or null. With an
+  // owner, raw fp32 segments go out from `data` itself, not from a copy;
+  // the transport may hold a reference after an error (see
+  // Transport::SendPayload), so a caller that reuses the memory checks it
+  // holds the only one. RingWeightedAverage sets its own.
+  std::shared_ptr<const void> data_owner;
   // RingWeightedAverage only: values summed across ranks unweighted, after
   // the weight (e.g. stop votes, so all members stop after the same round).
   // Replaced by the sums on success.

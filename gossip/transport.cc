@@ -6,6 +6,7 @@ namespace starling {
 
 absl::Status Transport::SendPayload(int to, const Message& header,
                                     absl::string_view payload,
+                                    const std::shared_ptr<const void>&,
                                     absl::Time deadline) {
   Message m = header;
   m.payload.assign(payload.data(), payload.size());

@@ -31,10 +31,20 @@ class Transport {
 
   // Send with the payload apart from `header` (whose own payload is
   // ignored), so that a transport can stream it without first copying it
-  // into a Message. `payload` must stay unchanged until this returns. The
-  // default copies and calls Send.
+  // into a Message. `payload` must stay unchanged until this returns.
+  //
+  // `owner`, when not null, owns the memory `payload` lies in. A transport
+  // may then send straight from that memory, with no copy at all, and keep
+  // a reference to `owner` after this returns: after an error, gRPC may
+  // still hold bytes of the failed call queued for its socket (they go to
+  // a cancelled stream, which the receiver never completes). So the memory
+  // must live as long as `owner` does, and a caller that writes into it
+  // again should first hold the only reference, or use fresh memory. When
+  // `owner` is null, the bytes are copied before they leave. The default
+  // copies and calls Send.
   virtual absl::Status SendPayload(int to, const Message& header,
                                    absl::string_view payload,
+                                   const std::shared_ptr<const void>& owner,
                                    absl::Time deadline);
 
   // This rank's inbox.

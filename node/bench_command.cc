@@ -439,7 +439,11 @@ absl::Status RunWorker(const BenchConfig& c, int rank,
       mine[k] = Pattern(k, rank);
       for (int r = 0; r < n; ++r) sum[k] += Pattern(k, r);
     }
-    std::vector<float> buf(elems);
+    // Shared, so that Starling's fp32 sends go out from it with no copy, as
+    // in `starling node` (a run that fails ends the bench, so nothing
+    // writes into memory a failed send still holds).
+    auto shared = std::make_shared<std::vector<float>>(elems);
+    std::vector<float>& buf = *shared;
     at::Tensor tensor = at::from_blob(buf.data(), {elems}, at::kFloat);
     std::vector<at::Tensor> gloo_tensors = {tensor};
     for (int it = 0; it <= c.iterations; ++it) {  // iteration 0: warm-up
@@ -463,6 +467,7 @@ absl::Status RunWorker(const BenchConfig& c, int rank,
           ro.round = round++;
           ro.codec = m.policy.get();
           ro.stats = &stats;
+          ro.data_owner = shared;
           STARLING_RETURN_IF_ERROR(
               RingAllReduceSum(*transport, absl::MakeSpan(buf), ro));
         }

@@ -1188,7 +1188,10 @@ int RunDiloco(NodeRun& run) {
     int64_t samples = 0, sent_before = 0;
     absl::Time round_start, sync_start, sync_end;
     std::string ef_before;
-    std::vector<float> input, work, delta;
+    std::vector<float> input, delta;
+    // What the attempt all-reduces. Shared, because the ring sends from it
+    // with no copy and gRPC may still hold a failed send's reference.
+    std::shared_ptr<std::vector<float>> work;
     RingStats attempt_stats;
     int attempts_run = 0, rank = 0, world = 1;
     // --aggregate / --norm_bound: the last attempt's verdict on each
@@ -1219,7 +1222,11 @@ int RunDiloco(NodeRun& run) {
                                const std::vector<std::string>& members) {
       ++ctx->attempts_run;
       if (!async) ops.watchdog->Waiting(so.rpc_timeout * 2);
-      ctx->work = ctx->input;
+      // Memory that a failed attempt's send still holds is left to it.
+      if (ctx->work == nullptr || ctx->work.use_count() > 1) {
+        ctx->work = std::make_shared<std::vector<float>>();
+      }
+      *ctx->work = ctx->input;
       ctx->attempt_stats = RingStats();
       RingOptions o;
       o.step_timeout = so.rpc_timeout;
@@ -1229,7 +1236,10 @@ int RunDiloco(NodeRun& run) {
       o.stats = &ctx->attempt_stats;
       ctx->rank = t.rank();
       ctx->world = t.world();
-      if (!run.robust) return RingAllReduceSum(t, absl::MakeSpan(ctx->work), o);
+      o.data_owner = ctx->work;
+      if (!run.robust) {
+        return RingAllReduceSum(t, absl::MakeSpan(*ctx->work), o);
+      }
       // Every member gets every member's pack, checks each and combines
       // the accepted ones by the same rule: the same bytes everywhere.
       o.tensor = kPseudoGradWhole;
@@ -1246,7 +1256,7 @@ int RunDiloco(NodeRun& run) {
       ctx->members = members;
       absl::StatusOr<AggregateStats> st = AggregatePacks(
           run.aggregate, run.norm_bound, run.n_params, /*extras=*/1, spans,
-          &ctx->verdicts, absl::MakeSpan(ctx->work));
+          &ctx->verdicts, absl::MakeSpan(*ctx->work));
       for (size_t i = 0; i < ctx->verdicts.size(); ++i) {
         if (ctx->verdicts[i].accepted) continue;
         const std::string who =
@@ -1356,11 +1366,15 @@ int RunDiloco(NodeRun& run) {
     }
     before_compression = run.prior[2] + run.ring_stats.raw_bytes;
     after_compression = run.prior[3] + run.ring_stats.wire_bytes;
-    const bool stop_voted = c.work.back() > 0;
-    absl::StatusOr<Averaged> avg =
-        UnpackAverage(run.sync.weighting,
-                      absl::MakeConstSpan(c.work).subspan(0, c.work.size() - 1),
-                      absl::MakeSpan(c.delta));
+    if (c.work == nullptr || c.work->empty()) {
+      return absl::InternalError(absl::StrCat(
+          "round ", run.round, " committed without an all-reduce here"));
+    }
+    const bool stop_voted = c.work->back() > 0;
+    absl::StatusOr<Averaged> avg = UnpackAverage(
+        run.sync.weighting,
+        absl::MakeConstSpan(*c.work).subspan(0, c.work->size() - 1),
+        absl::MakeSpan(c.delta));
     if (!avg.ok()) return avg.status();
     double norm2 = 0;
     for (float d : c.delta) norm2 += static_cast<double>(d) * d;
