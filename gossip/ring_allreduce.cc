@@ -49,8 +49,9 @@ absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
         s.code(), absl::StrCat("round ", o.round, ": ", what, s.message()));
   };
   // The bytes the all-gather forwards: the owner's encoded segment first,
-  // then what arrived in the previous step, unchanged.
-  std::string forward;
+  // then what arrived in the previous step, unchanged. Encoded bytes are
+  // shared with the transport, which sends them without a copy.
+  std::shared_ptr<const std::string> forward;
   // Raw fp32: the transport may add (copy) what arrives straight into the
   // receiving segment, chunk by chunk, through a sink the mailbox hands it
   // (see Mailbox::Expect). Step i's sink is set up before step i-1's send
@@ -107,20 +108,24 @@ absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
         absl::Status s = o.codec->DecodeSlice(SegmentOffset(total, n, send_seg),
                                               *enc, out_seg);
         if (!s.ok()) return fail(s, "decoding own segment: ");
-        forward = std::move(enc).value();
+        forward = std::make_shared<const std::string>(std::move(enc).value());
       }
       // What travels: raw fp32 straight from `data` (the transport streams
-      // it without a copy when `data` has an owner), or the encoded bytes.
+      // it without a copy when `data` has an owner), or the encoded bytes
+      // (never copied).
       absl::string_view payload;
       std::shared_ptr<const void> owner;
       if (phase == RingPhase::kAllGather && o.codec != nullptr) {
-        payload = forward;
+        payload = *forward;
+        owner = forward;
       } else if (o.codec != nullptr) {
         absl::StatusOr<std::string> enc =
             o.codec->EncodeSlice(SegmentOffset(total, n, send_seg), out_seg);
         if (!enc.ok()) return fail(enc.status(), "encoding: ");
-        m.payload = std::move(enc).value();
-        payload = m.payload;
+        auto encoded =
+            std::make_shared<const std::string>(std::move(enc).value());
+        payload = *encoded;
+        owner = std::move(encoded);
       } else {
         payload = Bytes(out_seg);
         owner = o.data_owner;
@@ -175,7 +180,7 @@ absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
                                    ": ")),
               prev);
         }
-        forward = std::move(in->payload);
+        forward = std::make_shared<const std::string>(std::move(in->payload));
       } else if (!in->applied) {
         absl::Status a =
             ApplyFromPeer(in->payload, dst, phase == RingPhase::kReduceScatter);
