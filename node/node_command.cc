@@ -1190,7 +1190,7 @@ int RunDiloco(NodeRun& run) {
     std::string ef_before;
     std::vector<float> input, delta;
     // What the attempt all-reduces. Shared, because the ring sends from it
-    // with no copy and gRPC may still hold a failed send's reference.
+    // with no copy and gRPC may hold it after a failed send.
     std::shared_ptr<std::vector<float>> work;
     RingStats attempt_stats;
     int attempts_run = 0, rank = 0, world = 1;
@@ -1222,11 +1222,9 @@ int RunDiloco(NodeRun& run) {
                                const std::vector<std::string>& members) {
       ++ctx->attempts_run;
       if (!async) ops.watchdog->Waiting(so.rpc_timeout * 2);
-      // Memory that a failed attempt's send still holds is left to it.
-      if (ctx->work == nullptr || ctx->work.use_count() > 1) {
-        ctx->work = std::make_shared<std::vector<float>>();
-      }
-      *ctx->work = ctx->input;
+      // Fresh memory per attempt: a failed attempt's send may still hold
+      // the last one.
+      ctx->work = std::make_shared<std::vector<float>>(ctx->input);
       ctx->attempt_stats = RingStats();
       RingOptions o;
       o.step_timeout = so.rpc_timeout;
@@ -1236,8 +1234,8 @@ int RunDiloco(NodeRun& run) {
       o.stats = &ctx->attempt_stats;
       ctx->rank = t.rank();
       ctx->world = t.world();
-      o.data_owner = ctx->work;
       if (!run.robust) {
+        o.data_owner = ctx->work;
         return RingAllReduceSum(t, absl::MakeSpan(*ctx->work), o);
       }
       // Every member gets every member's pack, checks each and combines
