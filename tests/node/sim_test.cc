@@ -163,9 +163,15 @@ TEST(SimTest, APartitionsSidesTrainApartThenEndOnOneModel) {
   const auto& split = Field(fin, "split_rounds").list_value();
   ASSERT_GT(split.values_size(), 0);
   // Split rounds are those the sides ran apart, each without the other.
+  // The first may be listed with every member: when the cut falls between
+  // a round's all-reduce and its commit, the side that got the commit keeps
+  // that round (as all four ran it), and the other side runs it again by
+  // itself.
+  const double first_split = split.values(0).number_value();
   for (const auto& v : Field(summary, "rounds").list_value().values()) {
     const auto& round = v.struct_value();
     if (Field(round, "hashes_agree").bool_value()) continue;
+    if (Field(round, "round").number_value() == first_split) continue;
     EXPECT_LT(Field(round, "members").list_value().values_size(), 4)
         << "round " << Field(round, "round").number_value();
   }
