@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <map>
 #include <optional>
@@ -16,6 +17,7 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -150,8 +152,12 @@ ABSL_FLAG(bool, overlap, false,
           "a fixed H");
 ABSL_FLAG(std::string, error_feedback, "auto",
           "auto (on for int4 and topk, off otherwise) | on | off: keep what "
-          "the codec dropped and add it to the next round's pseudo-gradient "
-          "(with topk fractions of 5% or more, off measured better: see the "
+          "the codec dropped and add it to the next round's pseudo-gradient. "
+          "DiLoCo keeps it in the node's own model (which trains from "
+          "θ_global minus it) and, after the last round, averages the "
+          "members' residuals in one more round (the codec's own, int8 after "
+          "topk), so θ_global ends as the average of their models; with "
+          "--overlap it shrinks with the learning rate instead (see the "
           "README)");
 ABSL_FLAG(int, small_tensor_elems, 4096,
           "with a lossy --compression, tensors with fewer elements (norms, "
@@ -292,6 +298,9 @@ std::string NodeIdFromFlags() {
 constexpr char kPseudoGrad[] = "pseudo_grad";
 // Each member's whole pack, for --aggregate / --norm_bound.
 constexpr char kPseudoGradWhole[] = "pseudo_grad_whole";
+// DiLoCo with error feedback: the members' residuals, averaged once after
+// the last round (NodeRun::ef_in_model).
+constexpr char kResidualFlush[] = "residual_flush";
 constexpr char kGrad[] = "grad";
 
 int Fail(const absl::Status& s, int code) {
@@ -723,6 +732,16 @@ struct NodeRun {
   const PolicyCodec* ring_codec = nullptr;
   bool use_ef = false;
   std::unique_ptr<ErrorFeedback> feedback;
+  // DiLoCo with error feedback (not --overlap): the residual e stays in the
+  // node's own model, which trains from θ_global − e instead of θ_global, so
+  // its inner steps do not derive again what it holds back. After the last
+  // round the members average their residuals densely (flush_policy: the
+  // codec itself, or int8 after top-k) and θ_global becomes the average of
+  // their models (README, compression section). theta_global: the node's,
+  // while it runs.
+  bool ef_in_model = false;
+  std::unique_ptr<PolicyCodec> flush_policy;
+  const std::vector<float>* theta_global = nullptr;
   AdaptiveSync sync;
   int64_t round = 0;
   // DiLoCo: the weight of θ_global's lineage (Swarm::Lineage::member_rounds).
@@ -751,8 +770,36 @@ struct NodeRun {
   double gossip_weight = 0;
   std::string resumed_weight;
 
+  // Sets the model to the node's own: θ_global − e with ef_in_model,
+  // θ_global otherwise.
+  absl::Status LoadNodeModel() {
+    if (!ef_in_model || feedback == nullptr) {
+      return Unflatten(*theta_global, params);
+    }
+    std::vector<float> own = *theta_global;
+    absl::Span<const float> e = feedback->residual();
+    for (size_t i = 0; i < own.size(); ++i) own[i] -= e[i];
+    return Unflatten(own, params);
+  }
+
+  // fn() with θ_global in the model, then the node's own model back:
+  // checkpoints and evaluations are of θ_global, which all members share.
+  absl::Status WithGlobalModel(const std::function<absl::Status()>& fn) {
+    if (!ef_in_model || theta_global == nullptr) return fn();
+    STARLING_RETURN_IF_ERROR(Unflatten(*theta_global, params));
+    absl::Status s = fn();
+    absl::Status back = LoadNodeModel();
+    return s.ok() ? back : s;
+  }
+
   absl::Status Checkpoint(int64_t next_round, int64_t sent, int64_t received,
                           double wall) {
+    return WithGlobalModel(
+        [&] { return CheckpointModel(next_round, sent, received, wall); });
+  }
+
+  absl::Status CheckpointModel(int64_t next_round, int64_t sent,
+                               int64_t received, double wall) {
     trainer->set_wall_seconds(wall);
     std::map<std::string, std::string> extra = {
         {"outer", outer->SaveState()},
@@ -800,8 +847,11 @@ struct NodeRun {
     if (!(due || force) || evaluated_step == step) return absl::OkStatus();
     // A second signal leaves at once: the evaluation stops between batches
     // and this step goes without a val_loss.
-    absl::StatusOr<EvalResult> r =
-        trainer->Evaluate(64, [] { return StopSignalCount() >= 2; });
+    absl::StatusOr<EvalResult> r = EvalResult();
+    STARLING_RETURN_IF_ERROR(WithGlobalModel([&] {
+      r = trainer->Evaluate(64, [] { return StopSignalCount() >= 2; });
+      return absl::OkStatus();
+    }));
     if (absl::IsCancelled(r.status())) {
       LogEvent(LogLevel::kWarning, "eval",
                absl::StrCat("eval  step ", step, ": ", r.status().message(),
@@ -1022,6 +1072,9 @@ int RunDiloco(NodeRun& run) {
 
   std::vector<float> theta_global = Flatten(run.params);
   std::string lineage = FlatHash(theta_global);
+  run.theta_global = &theta_global;
+  // A resumed node trains on from its own model (its residual restored).
+  if (absl::Status s = run.LoadNodeModel(); !s.ok()) return Fail(s, 1);
   // Where this node is: the next round, on θ_global (hash and weight).
   auto here = [&] {
     return Swarm::Lineage{run.round, lineage, run.member_rounds, {}};
@@ -1041,6 +1094,12 @@ int RunDiloco(NodeRun& run) {
   so.mailbox.whole_tensors = {kPseudoGradWhole};
   if (run.ring_codec != nullptr) {
     so.mailbox.compressed_bytes_per_element = {{kPseudoGrad, 8}};
+  }
+  if (run.ef_in_model) {
+    so.mailbox.tensors[kResidualFlush] = run.n_params + kWeightingSlots + 1;
+    so.mailbox.compressed_bytes_per_element[kResidualFlush] = 8;
+    // Members that flush and members that do not cannot share rounds.
+    absl::StrAppend(&so.identity.compression, " with error feedback");
   }
   so.on_member_change = [&](const MembershipChange& c) { changes.Add(c); };
   // A second SIGINT/SIGTERM leaves at once, also from the middle of an
@@ -1122,7 +1181,8 @@ int RunDiloco(NodeRun& run) {
   InstallStopSignals();
 
   const int total = config.steps();
-  const int64_t n_rounds = (total + run.h - 1) / run.h;
+  const int64_t n_rounds =
+      (total + run.h - 1) / run.h + (run.ef_in_model ? 1 : 0);  // the flush
   int last_rank = 0, last_world = 1;
   bool left = false;
   auto serve = [&](int step = -1) {
@@ -1184,6 +1244,9 @@ int RunDiloco(NodeRun& run) {
   struct RoundCtx {
     int prev_step = 0, steps = 0;
     bool early = false;
+    // The residual flush after the last round (ef_in_model): no inner
+    // steps; the ring averages the members' residuals.
+    bool flush = false;
     double loss_sum = 0;
     int64_t samples = 0, sent_before = 0;
     absl::Time round_start, sync_start, sync_end;
@@ -1207,6 +1270,7 @@ int RunDiloco(NodeRun& run) {
   // exit up (the future's destructor waits for it).
   std::atomic<bool> abandon_round{false};
   std::shared_ptr<RoundCtx> pending;  // --overlap: the round in flight
+  double last_train_loss = 0;         // of the last round recorded
   struct AbandonOnExit {
     std::atomic<bool>& flag;
     ~AbandonOnExit() { flag = true; }
@@ -1228,9 +1292,9 @@ int RunDiloco(NodeRun& run) {
       ctx->attempt_stats = RingStats();
       RingOptions o;
       o.step_timeout = so.rpc_timeout;
-      o.tensor = kPseudoGrad;
+      o.tensor = ctx->flush ? kResidualFlush : kPseudoGrad;
       o.round = seq;
-      o.codec = run.ring_codec;
+      o.codec = ctx->flush ? run.flush_policy.get() : run.ring_codec;
       o.stats = &ctx->attempt_stats;
       ctx->rank = t.rank();
       ctx->world = t.world();
@@ -1311,7 +1375,7 @@ int RunDiloco(NodeRun& run) {
     auto back_to_commit = [&] {
       if (run.feedback) (void)run.feedback->LoadState(c.ef_before);
       trainer.set_step(c.prev_step);
-      return Unflatten(theta_global, run.params);
+      return run.LoadNodeModel();
     };
     if (!res.ok()) {
       run.CheckpointBeforeFailing(back_to_commit(), run.round, bytes_sent(),
@@ -1379,17 +1443,25 @@ int RunDiloco(NodeRun& run) {
     if (ops.metrics) ops.metrics->SetPseudoGradientNorm(std::sqrt(norm2));
     // A round shorter or longer than H moves the outer momentum in
     // proportion (OuterOptimizer::Step's span).
-    STARLING_RETURN_IF_ERROR(
-        run.outer->Step(absl::MakeSpan(theta_global), c.delta,
-                        avg->effective_steps / static_cast<double>(run.h)));
-    STARLING_RETURN_IF_ERROR(Unflatten(theta_global, run.params));
+    if (c.flush) {
+      // θ_global − mean(e): the average of the members' models. The outer
+      // momentum is left as it was.
+      for (size_t i = 0; i < theta_global.size(); ++i) {
+        theta_global[i] -= c.delta[i];
+      }
+    } else {
+      STARLING_RETURN_IF_ERROR(
+          run.outer->Step(absl::MakeSpan(theta_global), c.delta,
+                          avg->effective_steps / static_cast<double>(run.h)));
+    }
+    STARLING_RETURN_IF_ERROR(run.LoadNodeModel());
     lineage = FlatHash(theta_global);
     run.member_rounds =
         std::min(kMaxMemberRounds,
                  run.member_rounds + static_cast<int64_t>(res->members.size()));
     committed_at = absl::Now();
     const int end_step = c.prev_step + c.steps;
-    if (!overlapped) {
+    if (!overlapped && !c.flush) {
       // Every member moves the LR schedule by the round's mean step count
       // (FedNova's τ_eff; H when all ran H), so members that ran different
       // step counts agree on the step again. (--overlap needs a fixed H.)
@@ -1398,7 +1470,7 @@ int RunDiloco(NodeRun& run) {
           c.prev_step + 1, total));
     }
     if (c.early) run.sync.h->OnDrift();
-    run.sync.h->OnRoundEnd(c.early);
+    if (!c.flush) run.sync.h->OnRoundEnd(c.early);
     if (run.sync.detector) run.sync.detector->Suppress();  // θ → θ_global
     RoundRecord rec;
     rec.round = run.round;
@@ -1409,7 +1481,10 @@ int RunDiloco(NodeRun& run) {
     rec.overlapped = overlapped;
     rec.members = res->members;
     rec.model_hash = lineage;
-    rec.train_loss = c.loss_sum / std::max(1, c.steps);
+    rec.train_loss =
+        c.flush ? last_train_loss : c.loss_sum / std::max(1, c.steps);
+    last_train_loss = rec.train_loss;
+    rec.residual_flush = c.flush;
     // What was sent since the last round was recorded (the first: since
     // its inner steps began). With --overlap a round's exchange runs during
     // the next round's inner steps, so counting from each round's own start
@@ -1423,10 +1498,13 @@ int RunDiloco(NodeRun& run) {
     last_members = res->members;
     swarm.SetProgress(here(), /*joining=*/false);
     serve(rec.step);
-    // The round's first member evaluates.
+    // The round's first member evaluates; with a residual flush to come,
+    // after it (the final model), not before.
+    const bool flush_next = run.ef_in_model && !c.flush && rec.step == total;
+    if (c.flush) run.evaluated_step = -1;
     STARLING_RETURN_IF_ERROR(run.RecordRound(
-        rec, !res->members.empty() && res->members[0] == node_id, c.prev_step,
-        events));
+        rec, !flush_next && !res->members.empty() && res->members[0] == node_id,
+        c.prev_step, events));
     double elapsed = events.WallSeconds();
     double eta = rec.step > 0 ? elapsed * (total - rec.step) / rec.step : 0;
     SetLogPosition(run.round, rec.step);
@@ -1539,8 +1617,17 @@ int RunDiloco(NodeRun& run) {
     }
     return false;
   };
+  // ef_in_model: after the last round, one more (the flush) while this
+  // node still holds a residual.
+  auto flush_due = [&] {
+    if (!run.ef_in_model || run.feedback == nullptr) return false;
+    for (float v : run.feedback->residual()) {
+      if (v != 0) return true;
+    }
+    return false;
+  };
   for (bool training = true; training;) {
-    while (trainer.state().step() < total) {
+    while (trainer.state().step() < total || flush_due()) {
       log_changes();
       // A second SIGINT/SIGTERM leaves at once (the first: see the vote).
       if (StopSignalCount() >= 2) {
@@ -1564,6 +1651,7 @@ int RunDiloco(NodeRun& run) {
       // early-sync request from any member, ends the round sooner.
       AdaptiveSync& sync = run.sync;
       const bool timed = sync.round_seconds > 0;
+      const bool flush = prev_step >= total;
       int cap = total - prev_step;
       if (!timed) {
         cap = std::min(cap, sync.h->current());
@@ -1640,7 +1728,7 @@ int RunDiloco(NodeRun& run) {
       }
       auto back_to_round_start = [&]() -> absl::Status {
         trainer.set_step(prev_step);
-        return Unflatten(theta_global, run.params);
+        return run.LoadNodeModel();
       };
       if (abandoned) {
         if (absl::Status s = back_to_round_start(); !s.ok()) return Fail(s, 1);
@@ -1650,7 +1738,13 @@ int RunDiloco(NodeRun& run) {
       // Δ = θ_start − θ_local: the round started from θ_global, or (when it
       // ran behind an exchange, --overlap) from `eager_start`.
       std::vector<float> delta = Flatten(run.params);
-      {
+      if (run.ef_in_model) {
+        // From where this round started: θ_global − e.
+        absl::Span<const float> e = run.feedback->residual();
+        for (size_t i = 0; i < delta.size(); ++i) {
+          delta[i] = (theta_global[i] - e[i]) - delta[i];
+        }
+      } else {
         const std::vector<float>& base = pending ? eager_start : theta_global;
         for (size_t i = 0; i < delta.size(); ++i) delta[i] = base[i] - delta[i];
       }
@@ -1679,22 +1773,33 @@ int RunDiloco(NodeRun& run) {
       auto ctx = std::make_shared<RoundCtx>();
       ctx->prev_step = prev_step;
       ctx->steps = steps;
+      ctx->flush = flush;
       ctx->early = early;
       ctx->loss_sum = loss_sum;
       ctx->samples = samples;
       ctx->round_start = round_start;
       ctx->sent_before = sent_before;
       // Error feedback sends C(Δ + e) and keeps the rest (restored if the
-      // round does not commit). The residual first shrinks with the inner
-      // learning rate's decay over this round's steps, so what was held back
-      // stays in proportion to the steps now taken: unscaled, late rounds of
-      // a decayed schedule send mostly stale progress from early ones, and
-      // the model gets worse (README, compression section).
-      if (run.feedback) {
+      // round does not commit). With ef_in_model the residual is part of
+      // the model this node trained on, so it is sent as it is, and the
+      // flush sends it whole and leaves none. Otherwise (--overlap) the
+      // residual first shrinks with the inner learning rate's decay over
+      // this round's steps, so what was held back stays in proportion to the
+      // steps now taken: unscaled, late rounds of a decayed schedule send
+      // mostly stale progress from early ones, and the model gets worse
+      // (README, compression section).
+      if (run.feedback && flush) {
+        ctx->ef_before = run.feedback->SaveState();
+        delta.assign(run.feedback->residual().begin(),
+                     run.feedback->residual().end());
+        if (absl::Status s = run.feedback->ScaleResidual(0.0f); !s.ok()) {
+          return Fail(s, 1);
+        }
+      } else if (run.feedback) {
         ctx->ef_before = run.feedback->SaveState();
         const double lr_start = trainer.lr_at(prev_step);
         const double lr_end = trainer.lr_at(prev_step + steps);
-        if (lr_start > 0 && lr_end < lr_start) {
+        if (!run.ef_in_model && lr_start > 0 && lr_end < lr_start) {
           if (absl::Status s = run.feedback->ScaleResidual(
                   static_cast<float>(lr_end / lr_start));
               !s.ok()) {
@@ -1720,11 +1825,13 @@ int RunDiloco(NodeRun& run) {
         c.steps = std::max(1, steps);
         // FedNova weighs a node by its share of the data (its train set, in
         // units of 2^20 examples so that p·τ stays exact in fp32).
+        // The flush weighs every member alike (FedNova: by data share).
         c.weight = sync.weighting == Weighting::kFedNova
                        ? std::ldexp(static_cast<double>(std::max<int64_t>(
                                         1, trainer.dataset().train_size())),
                                     -20)
-                       : static_cast<double>(samples);
+                   : flush ? 1.0
+                           : static_cast<double>(samples);
         if (absl::Status s = PackContribution(
                 sync.weighting, c,
                 absl::MakeSpan(ctx->input).subspan(0, ctx->input.size() - 1));
@@ -2700,6 +2807,19 @@ int RunNodeCommand() {
                (ef_flag == "on" ||
                 (ef_flag == "auto" && ErrorFeedbackByDefault(compression)));
   if (run.use_ef) run.feedback = std::make_unique<ErrorFeedback>(run.n_params);
+  run.ef_in_model =
+      run.feedback && run.algo == "diloco" && !absl::GetFlag(FLAGS_overlap);
+  if (run.ef_in_model) {
+    // The flush goes in the run's own codec when it is dense (int4's
+    // residual is its rounding, which int4 again keeps well), in int8 after
+    // top-k.
+    PolicyOptions fo = po;
+    if (absl::StartsWith(compression, "topk")) fo.main = "int8";
+    absl::StatusOr<std::unique_ptr<PolicyCodec>> flush_policy =
+        PolicyCodec::Create(tensor_sizes, fo);
+    if (!flush_policy.ok()) return Fail(flush_policy.status(), 2);
+    run.flush_policy = std::move(flush_policy).value();
+  }
 
   if (config.resume()) {
     std::map<std::string, std::string> sections;

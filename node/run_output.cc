@@ -92,6 +92,7 @@ JsonObject RoundJson(const RoundRecord& r) {
   if (r.early) o.Add("early", true);
   if (r.sync_seconds >= 0) o.Add("sync_seconds", r.sync_seconds);
   if (r.overlapped) o.Add("overlapped", true);
+  if (r.residual_flush) o.Add("residual_flush", true);
   return o;
 }
 
@@ -130,6 +131,7 @@ std::vector<RoundRecord> ReadRoundEvents(const std::string& path,
             : -1;
     r.bytes = static_cast<int64_t>(get("bytes").number_value());
     r.seconds = get("seconds").number_value();
+    r.residual_flush = get("residual_flush").bool_value();
     // A crash after a round's event but before its checkpoint logs the round
     // twice; keep the last.
     while (!out.empty() && out.back().round >= r.round) out.pop_back();

@@ -58,6 +58,9 @@ struct RoundRecord {
   // --overlap: the exchange ran behind the next round's inner steps and
   // the update was applied one round late.
   bool overlapped = false;
+  // The residual flush after a DiLoCo run's last round (error feedback):
+  // no inner steps; θ_global became the average of the members' models.
+  bool residual_flush = false;
 };
 
 JsonObject RoundJson(const RoundRecord& r);

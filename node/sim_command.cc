@@ -363,6 +363,7 @@ struct RoundSeen {
   double seconds = 0;
   double unix_seconds = NAN;  // from the event's "time"; NaN: unknown
   double wall_seconds = NAN;  // the node's own clock
+  bool residual_flush = false;
 };
 
 RoundSeen RoundFrom(const Struct& r) {
@@ -373,6 +374,7 @@ RoundSeen RoundFrom(const Struct& r) {
   s.val_loss = Get(r, "val_loss");
   s.bytes = Get(r, "bytes").number_value();
   s.seconds = Get(r, "seconds").number_value();
+  s.residual_flush = Get(r, "residual_flush").bool_value();
   return s;
 }
 
@@ -634,6 +636,7 @@ absl::Status MergeOutputs(const MergeInput& in, const TrainConfig& config,
         .Add("bytes", bytes)
         .Add("seconds", seconds)
         .Add("wall_seconds", t);
+    if (ref->residual_flush) o.Add("residual_flush", true);
     rounds.Push(o);
     report.rounds.push_back({round, cumulative, loss, t, agree,
                              ref->members.list_value().values_size()});

@@ -367,8 +367,9 @@ TEST(SimTest, ANodeKilledBySignalIsNamedWithTheSignal) {
 
 // Interrupt a sim, resume it: the result is bit-identical to a run that was
 // never interrupted, and the byte accounting spans both sessions. Also with
-// top-k and error feedback, whose residual (scaled each round by the
-// learning rate's decay) is in the checkpoints.
+// top-k and error feedback, whose residual is in the checkpoints (and in
+// the node's own model, which trains from θ_global − e), and which ends
+// with a residual flush round.
 class ResumeTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(ResumeTest, InterruptedThenResumedEqualsAStraightRun) {
@@ -398,7 +399,8 @@ TEST_P(ResumeTest, InterruptedThenResumedEqualsAStraightRun) {
   EXPECT_EQ(Field(fa, "val_loss").number_value(),
             Field(fb, "val_loss").number_value());
   EXPECT_TRUE(Field(fb, "all_hashes_agree").bool_value());
-  EXPECT_EQ(Field(b, "rounds").list_value().values_size(), 60);
+  const bool flush = std::string(GetParam()).find("topk") != std::string::npos;
+  EXPECT_EQ(Field(b, "rounds").list_value().values_size(), flush ? 61 : 60);
   // The pseudo-gradient payload is the same to the byte across the two
   // sessions. total_bytes adds membership gossip, which goes with wall time
   // (a straight top-k run took 7.6 s against the two sessions' 5.5 s and
@@ -570,6 +572,101 @@ TEST(SimTest, OverlapAppliesEachUpdateOneRoundLateAndAgrees) {
                   .number_value(),
               60);
   }
+}
+
+// With error feedback the residual stays in each node's own model, and one
+// more round after the last averages the members' residuals: θ_global
+// becomes the average of their models, evaluated then and not before.
+// Without error feedback, or with --overlap, there is no such round.
+TEST(SimTest, ErrorFeedbackEndsWithOneResidualFlush) {
+  const std::string base = absl::StrCat(
+      "sim --nodes=3 --steps=40 --inner_steps=10 --compression=topk:0.05+int8 ",
+      TinyFlags());
+  const std::string out = TempDir() + "/flush";
+  auto r = RunStarling(absl::StrCat(base, " --out=", out));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("hashes agree: yes"), std::string::npos) << r.err;
+  auto summary = ReadJson(out + "/summary.json");
+  const auto& rounds = Field(summary, "rounds").list_value();
+  ASSERT_EQ(rounds.values_size(), 5);
+  for (int k = 0; k < 5; ++k) {
+    const auto& round = rounds.values(k).struct_value();
+    EXPECT_TRUE(Field(round, "hashes_agree").bool_value()) << k;
+    EXPECT_EQ(round.fields().count("residual_flush") > 0 &&
+                  Field(round, "residual_flush").bool_value(),
+              k == 4)
+        << "round " << k;
+  }
+  // Evaluated at step 20 and after the flush; not at step 40 before it.
+  auto is_number = [](const google::protobuf::Value& v) {
+    return v.kind_case() == google::protobuf::Value::kNumberValue;
+  };
+  EXPECT_TRUE(is_number(Field(rounds.values(1).struct_value(), "val_loss")));
+  EXPECT_FALSE(is_number(Field(rounds.values(3).struct_value(), "val_loss")));
+  const auto& last = rounds.values(4).struct_value();
+  ASSERT_TRUE(is_number(Field(last, "val_loss")));
+  const auto& fin = Field(summary, "final").struct_value();
+  EXPECT_EQ(Field(fin, "val_loss").number_value(),
+            Field(last, "val_loss").number_value());
+  EXPECT_EQ(Field(fin, "model_hash").string_value(),
+            Field(last, "model_hash").string_value());
+  EXPECT_NE(
+      Field(last, "model_hash").string_value(),
+      Field(rounds.values(3).struct_value(), "model_hash").string_value());
+  // The flush is dense (int8): it sends more than a 5% top-k round.
+  EXPECT_GT(Field(last, "bytes").number_value(),
+            2 * Field(rounds.values(3).struct_value(), "bytes").number_value());
+  for (int i = 0; i < 3; ++i) {
+    auto node = ReadJson(absl::StrCat(out, "/n", i, "/summary.json"));
+    const auto& nr = Field(node, "rounds").list_value();
+    ASSERT_EQ(nr.values_size(), 5);
+    const auto& flush = nr.values(4).struct_value();
+    EXPECT_EQ(Field(flush, "step").number_value(), 40);
+    EXPECT_EQ(flush.fields().count("inner_steps"), 0u);
+    EXPECT_EQ(Field(Field(node, "final").struct_value(), "inner_steps")
+                  .number_value(),
+              40);
+  }
+  for (const char* flags : {"--error_feedback=off", "--overlap"}) {
+    const std::string other = absl::StrCat(TempDir(), "/no-flush-", flags + 2);
+    auto o = RunStarling(absl::StrCat(base, " ", flags, " --out=", other));
+    ASSERT_EQ(o.exit_code, 0) << flags << "\n" << o.err;
+    auto s = ReadJson(other + "/summary.json");
+    const auto& rs = Field(s, "rounds").list_value();
+    ASSERT_EQ(rs.values_size(), 4) << flags;
+    for (const auto& v : rs.values()) {
+      EXPECT_EQ(v.struct_value().fields().count("residual_flush"), 0u) << flags;
+    }
+  }
+}
+
+// A lone member whose outer step is plain (lr 1, no momentum) moves
+// θ_global, on the coordinates top-k sent, to where its own model went, and
+// keeps the rest of its progress in its model as the residual. Flushed
+// after the last round, the residual takes θ_global to that model: the run
+// ends where fp32 does, to rounding and the flush's int8. (Before the
+// flush θ_global has moved only on what top-k sent.)
+TEST(SimTest, ALoneMembersResidualFlushEndsOnTheModelItTrained) {
+  auto run = [](const std::string& codec) {
+    const std::string out = absl::StrCat(TempDir(), "/lone-", codec.size());
+    auto r = RunStarling(
+        absl::StrCat("sim --nodes=1 --steps=60 --inner_steps=10 --outer_lr=1 "
+                     "--outer_momentum=0 --small_tensor_elems=0 ",
+                     TinyFlags(), " --compression=", codec, " --out=", out));
+    EXPECT_EQ(r.exit_code, 0) << codec << "\n" << r.err;
+    return ReadJson(out + "/summary.json");
+  };
+  auto val = [](const auto& summary) {
+    return Field(Field(summary, "final").struct_value(), "val_loss")
+        .number_value();
+  };
+  const auto fp32 = run("fp32");
+  const auto topk = run("topk:0.01+int8");
+  EXPECT_NEAR(val(topk), val(fp32), 1e-4);
+  const auto& rounds = Field(topk, "rounds").list_value();
+  ASSERT_EQ(rounds.values_size(), 7);
+  EXPECT_TRUE(
+      Field(rounds.values(6).struct_value(), "residual_flush").bool_value());
 }
 
 TEST(NodeTest, UnreachablePeerIsRetriedThenNamed) {

@@ -58,12 +58,12 @@ TEST(CompressionQualityTest, CodecsKeepLearningQuality) {
   EXPECT_LE(r["int8"].val_loss, base * 1.01);
   EXPECT_EQ(r["int8+zstd"].val_loss, r["int8"].val_loss);  // zstd is lossless
   EXPECT_LE(r["int4"].val_loss, base * 1.02);
-  // Top-k at 1% over only 16 rounds misses the 3% bar (about 2.51 against
-  // 2.07; see the README): guard against it getting worse, and check that
-  // error feedback helps measurably.
-  EXPECT_LT(r["topk:0.01+int8"].val_loss, 2.65);
+  // Top-k at 1% with error feedback (the residual in each node's model,
+  // flushed after the last round) within 3%; without error feedback far
+  // worse (about 2.13 and 2.57 against 2.07; see the README).
+  EXPECT_LE(r["topk:0.01+int8"].val_loss, base * 1.03);
   EXPECT_GT(r["topk:0.01+int8 --error_feedback=off"].val_loss,
-            r["topk:0.01+int8"].val_loss + 0.02);
+            r["topk:0.01+int8"].val_loss + 0.1);
   // Pseudo-gradient payloads: int8+zstd at least 4x smaller than fp32,
   // int4 and top-k more. (Total bytes also hold membership gossip and round
   // control, about 1 MB per run, which no codec shrinks.)
@@ -73,10 +73,11 @@ TEST(CompressionQualityTest, CodecsKeepLearningQuality) {
   EXPECT_LT(r["int8+zstd"].bytes * 3.5, r["fp32"].bytes);
 }
 
-// 80 rounds, about 3 minutes. Error feedback's residual shrinks with the
-// inner learning rate's decay: held back unscaled, it was released in the
-// last rounds, when the inner steps had become small, and the validation
-// loss rose from 2.13 (round 63) to 2.36 at the end.
+// 80 rounds, about 3 minutes. The model keeps improving to the end: an
+// older error feedback, which restarted every round from θ_global and sent
+// its held-back residual later, released it in the last rounds, when the
+// inner steps had become small, and the validation loss rose from 2.13
+// (round 63) to 2.36 at the end.
 TEST(CompressionQualityTest, TopKKeepsImprovingToTheEndOfALongRun) {
   const Result r = Sim("--compression=topk:0.01+int8", 4000);
   EXPECT_TRUE(r.agree);
