@@ -1669,6 +1669,13 @@ int RunDiloco(NodeRun& run) {
       int64_t samples = 0;
       int steps = 0;
       bool abandoned = false, early = false;
+      // The divergence trigger measures from where this round started: with
+      // the residual in the model, θ_global − e (from θ_global, it would
+      // count the residual, which an early round does not shrink).
+      std::vector<float> own_start;
+      if (run.ef_in_model && sync.divergence && sync.divergence->enabled()) {
+        own_start = Flatten(run.params);
+      }
       while (steps < cap) {
         // SIGINT/SIGTERM: finish this round, then leave; a second one: leave
         // now, abandoning the round.
@@ -1703,7 +1710,9 @@ int RunDiloco(NodeRun& run) {
           statistic = sync.detector->statistic();
         } else if (sync.divergence && sync.divergence->enabled()) {
           std::vector<float> theta = Flatten(run.params);
-          if (sync.divergence->Exceeded(theta, theta_global, &statistic)) {
+          if (sync.divergence->Exceeded(
+                  theta, own_start.empty() ? theta_global : own_start,
+                  &statistic)) {
             trigger = "divergence";
           }
         }

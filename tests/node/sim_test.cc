@@ -669,6 +669,33 @@ TEST(SimTest, ALoneMembersResidualFlushEndsOnTheModelItTrained) {
       Field(rounds.values(6).struct_value(), "residual_flush").bool_value());
 }
 
+// The divergence trigger measures a node's progress in the round, from
+// where the round started: with the residual in the model that is
+// θ_global − e, not θ_global. Measured from θ_global it counted the residual
+// too, which an early round does not shrink, and fired after the first step
+// of every round (the median round ran 1 inner step; measured from the
+// round's start, 7).
+TEST(SimTest, TheDivergenceTriggerMeasuresFromTheRoundsStart) {
+  const std::string out = TempDir() + "/divergence";
+  auto r = RunStarling(absl::StrCat(
+      "sim --nodes=3 --steps=200 --inner_steps=20 --seed=0 "
+      "--compression=topk:0.01+int8 --divergence_threshold=5 --out=",
+      out));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto node = ReadJson(out + "/n0/summary.json");
+  std::vector<double> steps;
+  for (const auto& v : Field(node, "rounds").list_value().values()) {
+    const auto& round = v.struct_value();
+    if (round.fields().count("inner_steps")) {
+      steps.push_back(Field(round, "inner_steps").number_value());
+    }
+  }
+  ASSERT_GT(steps.size(), 3u);
+  std::sort(steps.begin(), steps.end());
+  EXPECT_GE(steps[steps.size() / 2], 4) << "median inner steps per round";
+  EXPECT_LT(steps.size(), 40u);
+}
+
 TEST(NodeTest, UnreachablePeerIsRetriedThenNamed) {
   const std::string out = TempDir() + "/node";
   auto r = RunStarling(
