@@ -713,19 +713,23 @@ TEST(NodeTest, MismatchedModelsRefuseEachOther) {
   std::string dir = TempDir();
   // Node a founds a swarm and waits for a second member; node b, whose
   // --width differs, tries to join it: the handshake names the difference.
+  // So does it for error feedback, which adds a round (the residual flush)
+  // that only one side would run.
   // Both listen on port 0, so no other process can hold their ports.
   pid_t a =
       SpawnStarling(absl::StrCat("node --insecure --listen=127.0.0.1:0 "
                                  "--min_members=2 "
-                                 "--connect_timeout=60 ",
+                                 "--connect_timeout=60 --compression=int4 ",
                                  TinyFlags(), " --steps=5 --out=", dir, "/a"),
                     dir + "/a.log");
   const std::string address = ListenAddress(dir + "/a.log", absl::Seconds(60));
   ASSERT_FALSE(address.empty()) << ReadFile(dir + "/a.log").value_or("");
-  auto r = RunStarling(absl::StrCat(
-      "node --insecure --listen=127.0.0.1:0 --peers=", address,
-      " --connect_timeout=20 ", TinyFlags(),
-      " --width=64 --aggregate=median --steps=5 --out=", dir, "/b"));
+  auto r = RunStarling(
+      absl::StrCat("node --insecure --listen=127.0.0.1:0 --peers=", address,
+                   " --connect_timeout=20 ", TinyFlags(),
+                   " --width=64 --aggregate=median --compression=int4 "
+                   "--error_feedback=off --steps=5 --out=",
+                   dir, "/b"));
   ::kill(a, SIGKILL);
   ::waitpid(a, nullptr, 0);
   EXPECT_EQ(r.exit_code, 2) << r.err;
@@ -733,6 +737,9 @@ TEST(NodeTest, MismatchedModelsRefuseEachOther) {
       << r.err;
   EXPECT_NE(r.err.find("aggregation (--aggregate, --norm_bound) differs"),
             std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("compression differs"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("bf16) with error feedback\")"), std::string::npos)
       << r.err;
 }
 
