@@ -40,8 +40,9 @@ struct RingOptions {
   // RingAllReduceSum: what owns the memory of its `data`, or null. With an
   // owner, raw fp32 segments go out from `data` itself, not from a copy;
   // the transport may hold a reference after an error (see
-  // Transport::SendPayload), so a caller that reuses the memory checks it
-  // holds the only one. RingWeightedAverage sets its own.
+  // Transport::SendPayload), so a caller that writes into the memory again
+  // after a failed call uses fresh memory instead (as the node does, one
+  // buffer per attempt). RingWeightedAverage sets its own.
   std::shared_ptr<const void> data_owner;
   // RingWeightedAverage only: values summed across ranks unweighted, after
   // the weight (e.g. stop votes, so all members stop after the same round).

@@ -770,16 +770,29 @@ struct NodeRun {
   double gossip_weight = 0;
   std::string resumed_weight;
 
-  // Sets the model to the node's own: θ_global − e with ef_in_model,
-  // θ_global otherwise.
-  absl::Status LoadNodeModel() {
-    if (!ef_in_model || feedback == nullptr) {
-      return Unflatten(*theta_global, params);
-    }
+  // The node's own model, flat: θ_global − e with ef_in_model, θ_global
+  // otherwise. Where each round starts.
+  std::vector<float> OwnModel() const {
     std::vector<float> own = *theta_global;
-    absl::Span<const float> e = feedback->residual();
-    for (size_t i = 0; i < own.size(); ++i) own[i] -= e[i];
-    return Unflatten(own, params);
+    if (ef_in_model && feedback != nullptr) {
+      absl::Span<const float> e = feedback->residual();
+      for (size_t i = 0; i < own.size(); ++i) own[i] -= e[i];
+    }
+    return own;
+  }
+  absl::Status LoadNodeModel() {
+    return ef_in_model ? Unflatten(OwnModel(), params)
+                       : Unflatten(*theta_global, params);
+  }
+
+  // ef_in_model: after the last round, one more (the flush) while this
+  // node still holds a residual.
+  bool FlushDue() const {
+    if (!ef_in_model || feedback == nullptr) return false;
+    for (float v : feedback->residual()) {
+      if (v != 0) return true;
+    }
+    return false;
   }
 
   // fn() with θ_global in the model, then the node's own model back:
@@ -1500,8 +1513,7 @@ int RunDiloco(NodeRun& run) {
     serve(rec.step);
     // The round's first member evaluates; with a residual flush to come,
     // after it (the final model), not before.
-    const bool flush_next = run.ef_in_model && !c.flush && rec.step == total;
-    if (c.flush) run.evaluated_step = -1;
+    const bool flush_next = !c.flush && rec.step == total && run.FlushDue();
     STARLING_RETURN_IF_ERROR(run.RecordRound(
         rec, !flush_next && !res->members.empty() && res->members[0] == node_id,
         c.prev_step, events));
@@ -1617,17 +1629,8 @@ int RunDiloco(NodeRun& run) {
     }
     return false;
   };
-  // ef_in_model: after the last round, one more (the flush) while this
-  // node still holds a residual.
-  auto flush_due = [&] {
-    if (!run.ef_in_model || run.feedback == nullptr) return false;
-    for (float v : run.feedback->residual()) {
-      if (v != 0) return true;
-    }
-    return false;
-  };
   for (bool training = true; training;) {
-    while (trainer.state().step() < total || flush_due()) {
+    while (trainer.state().step() < total || run.FlushDue()) {
       log_changes();
       // A second SIGINT/SIGTERM leaves at once (the first: see the vote).
       if (StopSignalCount() >= 2) {
@@ -1674,7 +1677,7 @@ int RunDiloco(NodeRun& run) {
       // count the residual, which an early round does not shrink).
       std::vector<float> own_start;
       if (run.ef_in_model && sync.divergence && sync.divergence->enabled()) {
-        own_start = Flatten(run.params);
+        own_start = run.OwnModel();
       }
       while (steps < cap) {
         // SIGINT/SIGTERM: finish this round, then leave; a second one: leave
@@ -1746,15 +1749,14 @@ int RunDiloco(NodeRun& run) {
       }
       // Δ = θ_start − θ_local: the round started from θ_global, or (when it
       // ran behind an exchange, --overlap) from `eager_start`.
+      // With ef_in_model, from θ_global − e (the node's own model).
       std::vector<float> delta = Flatten(run.params);
-      if (run.ef_in_model) {
-        // From where this round started: θ_global − e.
-        absl::Span<const float> e = run.feedback->residual();
-        for (size_t i = 0; i < delta.size(); ++i) {
-          delta[i] = (theta_global[i] - e[i]) - delta[i];
-        }
-      } else {
-        const std::vector<float>& base = pending ? eager_start : theta_global;
+      {
+        const std::vector<float> own =
+            run.ef_in_model ? run.OwnModel() : std::vector<float>();
+        const std::vector<float>& base = run.ef_in_model ? own
+                                         : pending       ? eager_start
+                                                         : theta_global;
         for (size_t i = 0; i < delta.size(); ++i) delta[i] = base[i] - delta[i];
       }
       if (pending) {
