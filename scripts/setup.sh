@@ -19,6 +19,8 @@ done
 PACKAGES=(
   # toolchain
   cmake g++ make pkg-config ccache git ca-certificates
+  # scripts/check_sizes.py (the house's function and file size rules)
+  universal-ctags
   # libraries (LibTorch, gRPC, Protobuf, Abseil, zstd, zlib, tests, benchmarks)
   libtorch-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
   protobuf-compiler libabsl-dev libzstd-dev zlib1g-dev libgtest-dev
