@@ -50,11 +50,11 @@ int main(int argc, char** argv) {
   }
   for (const starling::SubcommandEntry& e : starling::Subcommands()) {
     if (args[0] != e.sub.name) continue;
-    bool help = false;
+    starling::HelpRequest help = starling::HelpRequest::kNone;
     absl::Status s = starling::ParseSubcommandFlags(
         e.sub, std::vector<std::string>(args.begin() + 1, args.end()), &help);
-    if (help) {
-      std::fputs(starling::SubcommandUsage(e.sub).c_str(), stdout);
+    if (help != starling::HelpRequest::kNone) {
+      std::fputs(starling::SubcommandUsage(e.sub, help).c_str(), stdout);
       return 0;
     }
     if (!s.ok()) {
