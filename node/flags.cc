@@ -10,20 +10,31 @@
 #include "absl/strings/strip.h"
 #include "core/file_util.h"
 #include "core/status.h"
+#include "node/flag_sections.h"
 
 namespace starling {
 namespace {
 
+bool Accepts(const Subcommand& sub, absl::string_view name) {
+  return std::find(sub.flags.begin(), sub.flags.end(), name) != sub.flags.end();
+}
+
+HelpRequest HelpRequestOf(absl::string_view arg) {
+  if (arg == "--helpfull") return HelpRequest::kHelpFull;
+  if (arg == "--help" || arg == "-h") return HelpRequest::kHelp;
+  return HelpRequest::kNone;
+}
+
 absl::Status ParseArgs(const Subcommand& sub,
-                       const std::vector<std::string>& args, bool* help,
+                       const std::vector<std::string>& args, HelpRequest* help,
                        int depth) {
   if (depth > 8) {
     return absl::InvalidArgumentError("--flagfile nesting is too deep");
   }
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
-    if (arg == "--help" || arg == "-h" || arg == "--helpfull") {
-      *help = true;
+    if (HelpRequest asked = HelpRequestOf(arg); asked != HelpRequest::kNone) {
+      *help = std::max(*help, asked);
       continue;
     }
     if (!absl::StartsWith(arg, "-")) {
@@ -58,10 +69,7 @@ absl::Status ParseArgs(const Subcommand& sub,
       continue;
     }
     bool negated = false;
-    auto known = [&](const std::string& n) {
-      return std::find(sub.flags.begin(), sub.flags.end(), n) !=
-             sub.flags.end();
-    };
+    auto known = [&](absl::string_view n) { return Accepts(sub, n); };
     if (!known(name) && absl::StartsWith(name, "no") && !has_value &&
         known(name.substr(2))) {
       name = name.substr(2);
@@ -93,22 +101,57 @@ absl::Status ParseArgs(const Subcommand& sub,
   return absl::OkStatus();
 }
 
+// The flags of `sub` that the table places in `section`, in table order.
+std::vector<std::string> FlagsIn(const Subcommand& sub, FlagSection section) {
+  std::vector<std::string> names;
+  for (const PlacedFlag& f : FlagTable()) {
+    if (f.section == section && Accepts(sub, f.name)) {
+      names.emplace_back(f.name);
+    }
+  }
+  return names;
+}
+
+// The flags of `sub` that the table lacks: listed under "Other" rather than
+// left out (cli_test fails on them, so they get placed).
+std::vector<std::string> UnplacedFlags(const Subcommand& sub) {
+  std::vector<std::string> names;
+  for (const std::string& name : sub.flags) {
+    if (!SectionOfFlag(name).has_value()) names.push_back(name);
+  }
+  return names;
+}
+
+// One flag's entry: name and default, then its help text on the next line.
+std::string FlagUsage(const Subcommand& sub, const std::string& name) {
+  absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+  if (flag == nullptr) return "";
+  auto own_help = sub.help.find(name);
+  const std::string help =
+      own_help != sub.help.end() ? own_help->second : flag->Help();
+  auto own = sub.defaults.find(name);
+  std::string def =
+      own != sub.defaults.end() ? own->second : flag->DefaultValue();
+  return absl::StrCat("  --", name, "  (default: ", def.empty() ? "\"\"" : def,
+                      ")\n      ", help, "\n");
+}
+
 }  // namespace
 
 absl::Status ParseSubcommandFlags(const Subcommand& sub,
                                   const std::vector<std::string>& args,
-                                  bool* help) {
-  *help = false;
+                                  HelpRequest* help) {
+  *help = HelpRequest::kNone;
   std::vector<std::string> rest = args;
   if (!sub.operand.empty()) {
     if (!rest.empty() && rest[0] == sub.operand) {
       rest.erase(rest.begin());
-    } else if (std::find_if(rest.begin(), rest.end(), [](const std::string& a) {
-                 return a == "--help" || a == "-h" || a == "--helpfull";
-               }) != rest.end()) {
-      *help = true;
-      return absl::OkStatus();
     } else {
+      // Help needs no operand: `starling bench --help`.
+      for (const std::string& a : rest) {
+        *help = std::max(*help, HelpRequestOf(a));
+      }
+      if (*help != HelpRequest::kNone) return absl::OkStatus();
       return absl::InvalidArgumentError(absl::StrCat(
           "expected 'starling ", sub.name, " ", sub.operand, "'",
           rest.empty() ? "" : absl::StrCat(", got '", rest[0], "'")));
@@ -126,27 +169,36 @@ absl::Status ParseSubcommandFlags(const Subcommand& sub,
   return ParseArgs(sub, rest, help, 0);
 }
 
-std::string SubcommandUsage(const Subcommand& sub) {
-  std::string out =
-      absl::StrCat("usage: starling ", sub.name, sub.operand.empty() ? "" : " ",
-                   sub.operand, " [--flag=value ...] [--flagfile=FILE]\n\n",
-                   sub.description, "\n\nflags:\n");
-  for (const std::string& name : sub.flags) {
-    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-    if (flag == nullptr) continue;
-    auto own_help = sub.help.find(name);
-    const std::string help =
-        own_help != sub.help.end() ? own_help->second : flag->Help();
-    auto own = sub.defaults.find(name);
-    std::string def =
-        own != sub.defaults.end() ? own->second : flag->DefaultValue();
-    absl::StrAppend(&out, "  --", name,
-                    "  (default: ", def.empty() ? "\"\"" : def, ")\n      ",
-                    help, "\n");
+std::string SubcommandUsage(const Subcommand& sub, HelpRequest help) {
+  const bool full = help == HelpRequest::kHelpFull;
+  std::string out = absl::StrCat(
+      "usage: starling ", sub.name, sub.operand.empty() ? "" : " ", sub.operand,
+      " [--flag=value ...] [--flagfile=FILE]\n\n", sub.description, "\n");
+  auto section = [&](absl::string_view heading,
+                     const std::vector<std::string>& names) {
+    if (names.empty()) return;
+    absl::StrAppend(&out, "\n", heading, "\n");
+    for (const std::string& name : names) {
+      absl::StrAppend(&out, FlagUsage(sub, name));
+    }
+  };
+  int hidden = 0;
+  for (const FlagSectionInfo& s : FlagSections()) {
+    std::vector<std::string> names = FlagsIn(sub, s.section);
+    if (s.hidden && !full) {
+      hidden += static_cast<int>(names.size());
+    } else {
+      section(s.heading, names);
+    }
   }
+  section("Other flags:", UnplacedFlags(sub));
   absl::StrAppend(&out,
-                  "  --flagfile=FILE\n      read more flags from FILE, one "
-                  "--name=value per line ('#' starts a comment)\n");
+                  "\n--flagfile=FILE reads more flags from FILE, one "
+                  "--name=value per line ('#' starts a comment).\n");
+  if (hidden > 0) {
+    absl::StrAppend(&out, "--helpfull also lists the ", hidden, " test-only ",
+                    hidden == 1 ? "flag" : "flags", ", hidden here.\n");
+  }
   return out;
 }
 

@@ -1,7 +1,8 @@
 // Command-line parsing for the `starling` subcommands on top of absl flags.
 // Unlike absl::ParseCommandLine it reports every problem as a Status naming
 // the flag (so that main can exit with code 2), accepts only the flags that
-// belong to the subcommand, and expands --flagfile.
+// belong to the subcommand, and expands --flagfile. Also writes each
+// subcommand's --help, its flags grouped by node/flag_sections.h.
 // Not thread-safe: call once from main before starting threads.
 #ifndef STARLING_NODE_FLAGS_H_
 #define STARLING_NODE_FLAGS_H_
@@ -29,18 +30,25 @@ struct Subcommand {
   std::map<std::string, std::string> help;
 };
 
+// What the arguments ask of help: --help and -h list the flags a user needs,
+// --helpfull also the test-only ones (see node/flag_sections.h).
+enum class HelpRequest { kNone, kHelp, kHelpFull };
+
 // Parses args (without the program and subcommand names) into the absl
-// flags. Sets *help when --help / -h is present. InvalidArgument naming the
-// flag for unknown flags, flags of other subcommands, bad values, missing
+// flags. Sets *help to kHelp when --help or -h is present, to kHelpFull
+// when --helpfull is (it wins). InvalidArgument naming the flag for unknown
+// flags, flags of other subcommands, bad values, missing
 // values and unreadable flag files. A subcommand with an operand expects it
 // first in args and consumes it.
 absl::Status ParseSubcommandFlags(const Subcommand& sub,
                                   const std::vector<std::string>& args,
-                                  bool* help);
+                                  HelpRequest* help);
 
-// Usage text for one subcommand: description and each flag with its help
-// text and default.
-std::string SubcommandUsage(const Subcommand& sub);
+// Usage text for one subcommand: its description (which ends with an
+// example), then its flags with their help texts and defaults, grouped in
+// the sections of node/flag_sections.h. kHelpFull adds the hidden sections.
+std::string SubcommandUsage(const Subcommand& sub,
+                            HelpRequest help = HelpRequest::kHelp);
 
 }  // namespace starling
 

@@ -8,11 +8,8 @@
 #include "absl/strings/str_format.h"
 #include "compression/codec.h"
 #include "core/logging.h"
-#include "node/bench_command.h"
 #include "node/flags.h"
-#include "node/node_command.h"
-#include "node/sim_command.h"
-#include "node/train_command.h"
+#include "node/subcommands.h"
 
 namespace {
 
@@ -21,14 +18,9 @@ constexpr char kUsage[] =
     "usage: starling SUBCOMMAND [--flag=value ...]\n\n"
     "subcommands:\n";
 
-struct Entry {
-  const starling::Subcommand& sub;
-  int (*run)();
-};
-
-std::string TopUsage(const std::vector<Entry>& entries) {
+std::string TopUsage() {
   std::string out = kUsage;
-  for (const Entry& e : entries) {
+  for (const starling::SubcommandEntry& e : starling::Subcommands()) {
     absl::StrAppend(&out,
                     absl::StrFormat("  %-6s %s\n", e.sub.name, e.sub.summary));
   }
@@ -50,25 +42,19 @@ int main(int argc, char** argv) {
   // maximum) from the heap and keep up to 512 MiB of freed heap for reuse.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
-  const std::vector<Entry> entries = {
-      {starling::SimSubcommand(), &starling::RunSimCommand},
-      {starling::NodeSubcommand(), &starling::RunNodeCommand},
-      {starling::TrainSubcommand(), &starling::RunTrainCommand},
-      {starling::BenchSubcommand(), &starling::RunBenchCommand},
-  };
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" ||
       args[0] == "help") {
-    std::fputs(TopUsage(entries).c_str(), stdout);
+    std::fputs(TopUsage().c_str(), stdout);
     return args.empty() ? 2 : 0;
   }
-  for (const Entry& e : entries) {
+  for (const starling::SubcommandEntry& e : starling::Subcommands()) {
     if (args[0] != e.sub.name) continue;
-    bool help = false;
+    starling::HelpRequest help = starling::HelpRequest::kNone;
     absl::Status s = starling::ParseSubcommandFlags(
         e.sub, std::vector<std::string>(args.begin() + 1, args.end()), &help);
-    if (help) {
-      std::fputs(starling::SubcommandUsage(e.sub).c_str(), stdout);
+    if (help != starling::HelpRequest::kNone) {
+      std::fputs(starling::SubcommandUsage(e.sub, help).c_str(), stdout);
       return 0;
     }
     if (!s.ok()) {
@@ -79,6 +65,6 @@ int main(int argc, char** argv) {
     return e.run();
   }
   starling::WriteStderrLine(absl::StrCat("starling: unknown subcommand '",
-                                         args[0], "'\n\n", TopUsage(entries)));
+                                         args[0], "'\n\n", TopUsage()));
   return 2;
 }

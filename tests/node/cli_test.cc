@@ -4,12 +4,27 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/file_util.h"
 #include "gtest/gtest.h"
+#include "node/flag_sections.h"
+#include "node/flags.h"
+#include "node/subcommands.h"
 #include "tests/core/run_util.h"
 #include "tests/core/test_util.h"
+
+// A flag that no subcommand accepts and the section table lacks: help must
+// still list it.
+ABSL_FLAG(int, cli_test_unplaced, 0, "a flag the section table lacks");
 
 namespace starling {
 namespace {
@@ -46,7 +61,236 @@ TEST(CliTest, HelpListsSubcommandsAndFlags) {
       EXPECT_NE(help.out.find(flag), std::string::npos) << sub << " " << flag;
     }
   }
+  // The top-level help lists subcommands, not flags.
+  EXPECT_FALSE(absl::StrContains(top.out, "(default:")) << top.out;
+  auto bench = RunStarling("bench --help");
+  EXPECT_EQ(bench.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(bench.out, "--sizes_mib")) << bench.out;
   EXPECT_EQ(RunStarling("").exit_code, 2);
+}
+
+// Every flag a subcommand accepts is placed in a help section, so none is
+// left to "Other"; and every row of the table names a flag that some
+// subcommand accepts, once.
+TEST(CliTest, EveryAcceptedFlagHasAHelpSection) {
+  std::set<std::string> accepted;
+  for (const SubcommandEntry& e : Subcommands()) {
+    for (const std::string& name : e.sub.flags) {
+      accepted.insert(name);
+      EXPECT_TRUE(SectionOfFlag(name).has_value())
+          << "starling " << e.sub.name << " --" << name
+          << " has no help section: place it in node/flag_sections.cc";
+    }
+  }
+  // Test-only flags are those named test_* or documented "testing only".
+  for (const std::string& name : accepted) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    ASSERT_NE(flag, nullptr) << name;
+    const bool test_only = absl::StartsWith(name, "test_") ||
+                           absl::StartsWith(flag->Help(), "testing only");
+    EXPECT_EQ(SectionOfFlag(name) == FlagSection::kTestOnly, test_only)
+        << "--" << name;
+  }
+  // Landmarks a user looks for.
+  const std::map<std::string, FlagSection> landmarks = {
+      {"model", FlagSection::kModelAndData},
+      {"data", FlagSection::kModelAndData},
+      {"optimizer", FlagSection::kTraining},
+      {"algo", FlagSection::kTraining},
+      {"peers", FlagSection::kSwarm},
+      {"nodes", FlagSection::kSwarm},
+      {"compression", FlagSection::kCompression},
+      {"tls_cert", FlagSection::kSecurity},
+      {"join_token_file", FlagSection::kSecurity},
+      {"out", FlagSection::kOperations},
+      {"metrics_port", FlagSection::kOperations},
+  };
+  for (const auto& [name, section] : landmarks) {
+    EXPECT_EQ(SectionOfFlag(name), section) << "--" << name;
+  }
+  std::set<std::string> rows;
+  for (const PlacedFlag& f : FlagTable()) {
+    const std::string name(f.name);
+    EXPECT_TRUE(rows.insert(name).second) << "--" << name << " placed twice";
+    EXPECT_TRUE(accepted.count(name))
+        << "--" << name << " is placed but no subcommand accepts it";
+  }
+}
+
+// The headings of help, in the table's order, with "Other flags:" last.
+std::vector<std::string> KnownHeadings() {
+  std::vector<std::string> headings;
+  for (const FlagSectionInfo& s : FlagSections()) {
+    headings.emplace_back(s.heading);
+  }
+  headings.push_back("Other flags:");
+  return headings;
+}
+
+std::string HeadingOf(FlagSection section) {
+  for (const FlagSectionInfo& s : FlagSections()) {
+    if (s.section == section) return std::string(s.heading);
+  }
+  return "";
+}
+
+// What help shows: its headings in the order they appear, with how many
+// flags each lists, and for each flag the heading above it and how often it
+// is listed.
+struct HelpLayout {
+  std::vector<std::string> headings;
+  std::map<std::string, int> flags_under;
+  std::map<std::string, std::string> heading_of_flag;
+  std::map<std::string, int> times_listed;
+};
+
+HelpLayout ReadHelpLayout(const std::string& usage) {
+  const std::vector<std::string> known = KnownHeadings();
+  HelpLayout layout;
+  std::string heading;
+  for (absl::string_view line : absl::StrSplit(usage, '\n')) {
+    if (std::find(known.begin(), known.end(), line) != known.end()) {
+      heading = std::string(line);
+      layout.headings.push_back(heading);
+    } else if (absl::ConsumePrefix(&line, "  --")) {
+      const std::string name(line.substr(0, line.find(' ')));
+      layout.heading_of_flag[name] = heading;
+      ++layout.times_listed[name];
+      ++layout.flags_under[heading];
+    }
+  }
+  return layout;
+}
+
+// --help: the description with its example, then the sections in their
+// order, each flag once under its own heading; test-only flags only with
+// --helpfull.
+TEST(CliTest, HelpGroupsFlagsInSectionsInOrder) {
+  const std::vector<std::string> order = KnownHeadings();
+  for (const SubcommandEntry& e : Subcommands()) {
+    for (HelpRequest request : {HelpRequest::kHelp, HelpRequest::kHelpFull}) {
+      const bool full = request == HelpRequest::kHelpFull;
+      const std::string usage = SubcommandUsage(e.sub, request);
+      const std::string where =
+          absl::StrCat("starling ", e.sub.name, full ? " --helpfull" : "");
+      HelpLayout layout = ReadHelpLayout(usage);
+      ASSERT_FALSE(layout.headings.empty()) << where;
+      EXPECT_LT(usage.find(e.sub.description), usage.find(layout.headings[0]))
+          << where;
+      EXPECT_LT(usage.find(absl::StrCat("  starling ", e.sub.name,
+                                        e.sub.operand.empty() ? "" : " ",
+                                        e.sub.operand, " --")),
+                usage.find(layout.headings[0]))
+          << where << ": an example comes before the flags";
+      // Headings in the table's order, none twice, none empty, and every
+      // flag under one.
+      int last = -1;
+      for (const std::string& h : layout.headings) {
+        const int at = std::find(order.begin(), order.end(), h) - order.begin();
+        EXPECT_GT(at, last) << where << ": " << h;
+        last = at;
+        EXPECT_GT(layout.flags_under[h], 0) << where << ": " << h;
+      }
+      EXPECT_EQ(layout.flags_under[""], 0) << where;
+      int listed = 0;
+      for (const std::string& name : e.sub.flags) {
+        const std::optional<FlagSection> section = SectionOfFlag(name);
+        if (!section.has_value()) {  // EveryAcceptedFlagHasAHelpSection fails
+          EXPECT_EQ(layout.heading_of_flag[name], "Other flags:")
+              << where << " --" << name;
+          continue;
+        }
+        const bool hidden = *section == FlagSection::kTestOnly;
+        if (hidden && !full) {
+          EXPECT_EQ(layout.times_listed[name], 0) << where << " --" << name;
+          EXPECT_FALSE(absl::StrContains(usage, "--" + name))
+              << where << " --" << name;
+          continue;
+        }
+        ++listed;
+        EXPECT_EQ(layout.times_listed[name], 1) << where << " --" << name;
+        EXPECT_EQ(layout.heading_of_flag[name], HeadingOf(*section))
+            << where << " --" << name;
+      }
+      EXPECT_GT(listed, 0) << where;
+    }
+  }
+  // The sections in the order users look for them.
+  std::vector<FlagSection> sections;
+  for (const FlagSectionInfo& s : FlagSections()) {
+    sections.push_back(s.section);
+  }
+  EXPECT_EQ(sections, std::vector<FlagSection>(
+                          {FlagSection::kModelAndData, FlagSection::kTraining,
+                           FlagSection::kSwarm, FlagSection::kCompression,
+                           FlagSection::kSecurity, FlagSection::kOperations,
+                           FlagSection::kTestOnly}));
+}
+
+// A flag the table lacks is still listed, under "Other flags:".
+TEST(CliTest, HelpListsAFlagWithoutSectionUnderOther) {
+  const Subcommand sub{
+      "fake", "", "A subcommand of this test.", {"model", "cli_test_unplaced"}};
+  const std::string usage = SubcommandUsage(sub);
+  EXPECT_TRUE(absl::StrContains(usage, "\nOther flags:\n  --cli_test_unplaced"))
+      << usage;
+  EXPECT_LT(usage.find(HeadingOf(FlagSection::kModelAndData)),
+            usage.find("Other flags:"));
+}
+
+// Test-only flags are left out of --help, which says how to see them, yet
+// accepted by the subcommands that take them.
+TEST(CliTest, TestOnlyFlagsAreHiddenButAccepted) {
+  auto node = RunStarling("node --help");
+  EXPECT_EQ(node.exit_code, 0);
+  for (const char* flag :
+       {"--test_crash_at", "--test_poison", "--test_stall"}) {
+    EXPECT_FALSE(absl::StrContains(node.out, flag)) << flag;
+  }
+  EXPECT_TRUE(absl::StrContains(
+      node.out, "--helpfull also lists the 3 test-only flags, hidden here."))
+      << node.out;
+  auto full = RunStarling("node --helpfull");
+  EXPECT_EQ(full.exit_code, 0);
+  for (const char* flag :
+       {"--test_crash_at", "--test_poison", "--test_stall"}) {
+    EXPECT_TRUE(absl::StrContains(full.out, flag)) << flag;
+  }
+  EXPECT_TRUE(absl::StrContains(full.out, HeadingOf(FlagSection::kTestOnly)));
+  EXPECT_FALSE(absl::StrContains(full.out, "--helpfull also lists"));
+  // train takes no test-only flag, so its help has no such line.
+  auto train = RunStarling("train --help");
+  EXPECT_FALSE(absl::StrContains(train.out, "--helpfull")) << train.out;
+
+  absl::FlagSaver restore;
+  HelpRequest help = HelpRequest::kHelp;
+  const Subcommand* node_sub = nullptr;
+  const Subcommand* train_sub = nullptr;
+  for (const SubcommandEntry& e : Subcommands()) {
+    if (e.sub.name == "node") node_sub = &e.sub;
+    if (e.sub.name == "train") train_sub = &e.sub;
+  }
+  ASSERT_NE(node_sub, nullptr);
+  ASSERT_NE(train_sub, nullptr);
+  EXPECT_TRUE(
+      ParseSubcommandFlags(*node_sub,
+                           {"--test_crash_at=commit@2", "--test_poison=nan@2-4",
+                            "--test_stall", "5:1"},
+                           &help)
+          .ok());
+  EXPECT_EQ(help, HelpRequest::kNone);
+  absl::CommandLineFlag* stall = absl::FindCommandLineFlag("test_stall");
+  ASSERT_NE(stall, nullptr);
+  EXPECT_EQ(stall->CurrentValue(), "5:1");
+  absl::Status s =
+      ParseSubcommandFlags(*train_sub, {"--test_stall=5:1"}, &help);
+  EXPECT_TRUE(absl::StrContains(
+      s.message(), "unknown flag --test_stall for 'starling train'"))
+      << s;
+  // --helpfull wins over --help, wherever it stands.
+  ASSERT_TRUE(
+      ParseSubcommandFlags(*node_sub, {"--helpfull", "--help"}, &help).ok());
+  EXPECT_EQ(help, HelpRequest::kHelpFull);
 }
 
 TEST(CliTest, BadInputExitsTwoNamingTheInput) {

@@ -1,0 +1,20 @@
+#include "node/subcommands.h"
+
+#include "node/bench_command.h"
+#include "node/node_command.h"
+#include "node/sim_command.h"
+#include "node/train_command.h"
+
+namespace starling {
+
+const std::vector<SubcommandEntry>& Subcommands() {
+  static const auto* entries = new std::vector<SubcommandEntry>{
+      {SimSubcommand(), &RunSimCommand},
+      {NodeSubcommand(), &RunNodeCommand},
+      {TrainSubcommand(), &RunTrainCommand},
+      {BenchSubcommand(), &RunBenchCommand},
+  };
+  return *entries;
+}
+
+}  // namespace starling
