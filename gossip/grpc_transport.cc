@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "gossip/crash_point.h"
+#include "gossip/protocol.h"
 #include "starling/peer/v1/peer.grpc.pb.h"
 
 namespace starling {
@@ -56,12 +56,6 @@ absl::Status CheckPlan(const Message& m, const MailboxOptions& o) {
                    "): another coordinator numbered its attempt alike"));
 }
 
-// TensorChunk's `data` field key on the wire.
-constexpr uint32_t kDataTag =
-    google::protobuf::internal::WireFormatLite::MakeTag(
-        TensorChunk::kDataFieldNumber,
-        google::protobuf::internal::WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
-
 void AppendVarint(uint64_t v, std::string* out) {
   while (v >= 0x80) {
     out->push_back(static_cast<char>(v | 0x80));
@@ -92,7 +86,7 @@ class ChunkSerializer {
     header_.set_offset(static_cast<int64_t>(offset_));
     std::string head = header_.SerializeAsString();
     if (len > 0) {
-      AppendVarint(kDataTag, &head);
+      AppendVarint(kChunkDataTag, &head);
       AppendVarint(len, &head);
     }
     if (owner_ != nullptr && len > 0) {
@@ -212,49 +206,6 @@ void SetReconnectBackoff(grpc::ChannelArguments& args) {
   args.SetInt(
       GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
       static_cast<int>(absl::ToInt64Milliseconds(kMaxReconnectBackoff)));
-}
-
-peer::v1::ModelFingerprint MakeFingerprint(const std::string& architecture,
-                                           int64_t parameters,
-                                           const std::string& init_hash) {
-  peer::v1::ModelFingerprint f;
-  f.set_architecture(architecture);
-  f.set_parameters(parameters);
-  f.set_dtype("float32");
-  f.set_init_hash(init_hash);
-  return f;
-}
-
-std::string HandshakeMismatch(const HandshakeRequest& theirs,
-                              const PeerIdentity& mine) {
-  std::vector<std::string> diffs;
-  auto differ = [&](absl::string_view what, const std::string& a,
-                    const std::string& b) {
-    if (a != b) {
-      // The peer's value is its own: quoted, so it cannot forge log lines.
-      diffs.push_back(absl::StrCat(what, " differs (peer ", QuoteForLog(a, 256),
-                                   ", this node ", QuoteForLog(b, 256), ")"));
-    }
-  };
-  differ("protocol version", absl::StrCat(theirs.protocol_version()),
-         absl::StrCat(kProtocolVersion));
-  differ("run id", theirs.run_id(), mine.run_id);
-  differ("algorithm", theirs.algo(), mine.algo);
-  differ("member count", absl::StrCat(theirs.world()),
-         absl::StrCat(mine.world));
-  differ("compression", theirs.compression(), mine.compression);
-  differ("aggregation (--aggregate, --norm_bound)", theirs.aggregate(),
-         mine.aggregate);
-  differ("model architecture", theirs.model().architecture(),
-         mine.model.architecture());
-  differ("parameter count", absl::StrCat(theirs.model().parameters()),
-         absl::StrCat(mine.model.parameters()));
-  differ("dtype", theirs.model().dtype(), mine.model.dtype());
-  if (diffs.empty()) {
-    differ("initial model hash (use the same --seed)",
-           theirs.model().init_hash(), mine.model.init_hash());
-  }
-  return absl::StrJoin(diffs, "; ");
 }
 
 // Server side: handshakes and chunk streams, on gRPC's callback threads.
@@ -456,7 +407,7 @@ class GrpcTransport::Service final
         while (true) {
           const uint32_t tag = in.ReadTag();
           if (tag == 0) break;
-          if (tag == kDataTag) {
+          if (tag == kChunkDataTag) {
             if (!in.ReadVarint32(&data_len)) return malformed;
             break;
           }
@@ -744,11 +695,6 @@ class GrpcTransport::Service final
   }
 
  private:
-  // In sequence numbers: four rounds' attempts. (It was 4096 when a round
-  // had 1024 attempts; left at that with 2^20, a sender one round ahead
-  // was refused and sent again: 4% more ring bytes in the default sim.)
-  static constexpr int64_t kEarlyWindow = kEarlyRounds * kAttemptsPerRound;
-  static constexpr int64_t kMinChunkBytes = 256;
   static constexpr int64_t kEarlyBytes = int64_t{1} << 30;
 
   const PeerIdentity identity_;

@@ -25,6 +25,7 @@
 #include "gossip/link_shaper.h"
 #include "gossip/peer_credentials.h"
 #include "gossip/peer_limits.h"
+#include "gossip/protocol.h"
 #include "gossip/transport.h"
 #include "starling/peer/v1/peer.pb.h"
 
@@ -35,27 +36,6 @@ class Service;
 }  // namespace grpc
 
 namespace starling {
-
-// Elastic rounds (gossip/swarm.h) number the mailbox sequence of a round's
-// attempt as round * kAttemptsPerRound + attempt. The transport holds a
-// message that arrives before its attempt is installed when it is at most
-// kEarlyRounds rounds ahead.
-constexpr int kAttemptsPerRound = 1 << 20;
-constexpr int64_t kEarlyRounds = 4;
-
-// 2: lineages carry a weight (member_rounds) that orders them at one round,
-// and the swarm state holds it; a node of version 1 would order them apart.
-constexpr uint32_t kProtocolVersion = 2;
-
-// What a node tells its peers about itself; peers must match it exactly.
-struct PeerIdentity {
-  std::string run_id;
-  std::string algo;  // "diloco" or "ddp"
-  int world = 1;
-  std::string compression = "fp32";  // members must use the same codec
-  std::string aggregate = "mean";    // and the same --aggregate/--norm_bound
-  peer::v1::ModelFingerprint model;
-};
 
 struct GrpcTransportOptions {
   std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free one
@@ -186,11 +166,6 @@ class GrpcTransport : public Transport {
   std::set<std::string> slow_links_logged_ ABSL_GUARDED_BY(slow_mu_);
 };
 
-// Why `theirs` may not join a run with `mine`: empty when compatible,
-// otherwise a message naming every field that differs.
-std::string HandshakeMismatch(const peer::v1::HandshakeRequest& theirs,
-                              const PeerIdentity& mine);
-
 // Peers come and go: reconnect after 100 ms, backing off to
 // kMaxReconnectBackoff at most (gRPC's default starts at 1 s and grows to
 // 2 min). Until its backoff ends, a channel whose last connection attempt
@@ -198,11 +173,6 @@ std::string HandshakeMismatch(const peer::v1::HandshakeRequest& theirs,
 // is up again by then.
 inline constexpr absl::Duration kMaxReconnectBackoff = absl::Seconds(1);
 void SetReconnectBackoff(grpc::ChannelArguments& args);
-
-// Fingerprint fields for a flat fp32 model.
-peer::v1::ModelFingerprint MakeFingerprint(const std::string& architecture,
-                                           int64_t parameters,
-                                           const std::string& init_hash);
 
 }  // namespace starling
 
