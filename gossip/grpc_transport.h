@@ -76,8 +76,8 @@ struct GrpcTransportOptions {
 class RpcErrorCounter {
  public:
   // Counts `code` (a grpc::StatusCode value) unless it is OK.
-  void Record(int code);
-  std::map<std::string, int64_t> Snapshot() const;
+  void Record(int code) ABSL_LOCKS_EXCLUDED(mu_);
+  std::map<std::string, int64_t> Snapshot() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   mutable absl::Mutex mu_;
