@@ -1,13 +1,18 @@
-// The Transport over gRPC: a Peer service (callback API) that admits peers
-// through a handshake and assembles streamed chunks into mailbox messages,
-// and client stubs that stream each message to a peer in chunks of
-// `chunk_bytes` under a deadline, through the link emulator when one is set
-// (latency once per message, bandwidth per chunk; handshakes are not
-// shaped). TLS or plaintext per GrpcTransportOptions::credentials, which
-// also sign every call and admit only signed ones when there is a join
-// token.
-// Thread-safe. The server's reactors never block: they validate, copy into
-// the mailbox and finish.
+// The Transport over gRPC. Its server (the Peer service, callback API)
+// admits peers through a handshake (protocol.h) and reads each incoming
+// chunk stream with a reactor of chunk_reader.h, which assembles it into
+// the installed attempt's mailbox; Send streams a message to a peer with
+// chunk_writer.h, in chunks of `chunk_bytes` under a deadline, through the
+// link emulator when one is set (latency once per message, bandwidth per
+// chunk; handshakes are not shaped). TLS or plaintext per
+// GrpcTransportOptions::credentials, which also sign every call and admit
+// only signed ones when there is a join token.
+// Ownership: the transport owns its server, its channels to peers and the
+// current mailbox (shared with the streams that began under it).
+// Thread-safety: Send, SendPayload and the counters may be called from any
+// thread; Connect and InstallRound by the one thread that runs the
+// collectives, while no send of this transport is in flight. The server's
+// reactors never block: they validate, copy into the mailbox and finish.
 #ifndef STARLING_GOSSIP_GRPC_TRANSPORT_H_
 #define STARLING_GOSSIP_GRPC_TRANSPORT_H_
 
@@ -25,6 +30,7 @@
 #include "gossip/link_shaper.h"
 #include "gossip/peer_credentials.h"
 #include "gossip/peer_limits.h"
+#include "gossip/protocol.h"
 #include "gossip/transport.h"
 #include "starling/peer/v1/peer.pb.h"
 
@@ -35,27 +41,6 @@ class Service;
 }  // namespace grpc
 
 namespace starling {
-
-// Elastic rounds (gossip/swarm.h) number the mailbox sequence of a round's
-// attempt as round * kAttemptsPerRound + attempt. The transport holds a
-// message that arrives before its attempt is installed when it is at most
-// kEarlyRounds rounds ahead.
-constexpr int kAttemptsPerRound = 1 << 20;
-constexpr int64_t kEarlyRounds = 4;
-
-// 2: lineages carry a weight (member_rounds) that orders them at one round,
-// and the swarm state holds it; a node of version 1 would order them apart.
-constexpr uint32_t kProtocolVersion = 2;
-
-// What a node tells its peers about itself; peers must match it exactly.
-struct PeerIdentity {
-  std::string run_id;
-  std::string algo;  // "diloco" or "ddp"
-  int world = 1;
-  std::string compression = "fp32";  // members must use the same codec
-  std::string aggregate = "mean";    // and the same --aggregate/--norm_bound
-  peer::v1::ModelFingerprint model;
-};
 
 struct GrpcTransportOptions {
   std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free one
@@ -91,8 +76,8 @@ struct GrpcTransportOptions {
 class RpcErrorCounter {
  public:
   // Counts `code` (a grpc::StatusCode value) unless it is OK.
-  void Record(int code);
-  std::map<std::string, int64_t> Snapshot() const;
+  void Record(int code) ABSL_LOCKS_EXCLUDED(mu_);
+  std::map<std::string, int64_t> Snapshot() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   mutable absl::Mutex mu_;
@@ -157,6 +142,9 @@ class GrpcTransport : public Transport {
   GrpcTransport(const GrpcTransportOptions& options,
                 const PeerIdentity& identity);
   void SetPeers(const std::vector<std::string>& members, int rank);
+  // Connect's handshake with rank `r`, retried until `deadline`.
+  absl::Status HandshakeWith(int r, const peer::v1::HandshakeRequest& req,
+                             absl::Time deadline);
   absl::Status SendOnce(int to, const Message& header,
                         absl::string_view payload,
                         const std::shared_ptr<const void>& owner,
@@ -166,30 +154,32 @@ class GrpcTransport : public Transport {
   // the link cannot carry it within the receiver's stream limits.
   absl::StatusOr<int64_t> ChunkBytesFor(const LinkShaper& link,
                                         const std::string& address,
-                                        int64_t payload_bytes);
+                                        int64_t payload_bytes)
+      ABSL_LOCKS_EXCLUDED(slow_mu_);
 
+  // Constant after Start.
   const GrpcTransportOptions options_;
   const PeerIdentity identity_;
   std::string address_;
   std::shared_ptr<StreamDeadlines> deadlines_;  // outlives server_
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
+
+  // Set by Connect and InstallRound (the collectives' thread), read by
+  // sends.
   std::vector<std::string> members_;
   std::map<std::string, std::unique_ptr<Peer>> stubs_;  // by address
   std::vector<Peer*> peers_;  // by rank; null for self
   int rank_ = 0;
   bool elastic_ = false;
   std::shared_ptr<Mailbox> mailbox_;
+
   std::atomic<int64_t> sent_{0};
   RpcErrorCounter rpc_errors_;
   absl::Mutex slow_mu_;
+  // The links whose slowness ChunkBytesFor has logged.
   std::set<std::string> slow_links_logged_ ABSL_GUARDED_BY(slow_mu_);
 };
-
-// Why `theirs` may not join a run with `mine`: empty when compatible,
-// otherwise a message naming every field that differs.
-std::string HandshakeMismatch(const peer::v1::HandshakeRequest& theirs,
-                              const PeerIdentity& mine);
 
 // Peers come and go: reconnect after 100 ms, backing off to
 // kMaxReconnectBackoff at most (gRPC's default starts at 1 s and grows to
@@ -198,11 +188,6 @@ std::string HandshakeMismatch(const peer::v1::HandshakeRequest& theirs,
 // is up again by then.
 inline constexpr absl::Duration kMaxReconnectBackoff = absl::Seconds(1);
 void SetReconnectBackoff(grpc::ChannelArguments& args);
-
-// Fingerprint fields for a flat fp32 model.
-peer::v1::ModelFingerprint MakeFingerprint(const std::string& architecture,
-                                           int64_t parameters,
-                                           const std::string& init_hash);
 
 }  // namespace starling
 

@@ -69,7 +69,7 @@ class LinkShaper {
   // or taking the tokens) when that would be after `deadline`; Cancelled
   // (giving the tokens back) when `sleep` is called off.
   absl::Status Acquire(int64_t bytes, absl::Time deadline,
-                       const Sleep& sleep = nullptr);
+                       const Sleep& sleep = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The time a message of `bytes` takes on this link once its burst is
   // spent, as it is after a run's first messages: its latency plus the
@@ -177,7 +177,7 @@ class LinkEmulator {
 
   // The shaper of the link to `address`, or null when that link is not
   // shaped. Shapers live as long as the emulator.
-  LinkShaper* For(const std::string& address);
+  LinkShaper* For(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
 
   // ShapedChunkBytes for a message to `address` over `link` (its shaper).
   // The first error is kept for Error(): the emulated links stay as they
@@ -185,9 +185,10 @@ class LinkEmulator {
   absl::StatusOr<int64_t> ChunkBytes(const LinkShaper& link,
                                      const std::string& address,
                                      int64_t payload_bytes, int64_t chunk_bytes,
-                                     const StreamLimits& limits);
+                                     const StreamLimits& limits)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Not OK once ChunkBytes found a link too slow for the run.
-  absl::Status Error() const;
+  absl::Status Error() const ABSL_LOCKS_EXCLUDED(mu_);
 
   const LinkEmulatorOptions& options() const { return options_; }
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "compression/codec.h"
 #include "core/logging.h"
+#include "core/status.h"
 #include "gossip/crash_point.h"
 
 namespace starling {
@@ -35,164 +36,220 @@ int BlamedRank(const absl::Status& s) {
   return rank;
 }
 
-absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
-                              const RingOptions& o) {
-  const int n = t.world(), r = t.rank();
-  if (n == 1) return absl::OkStatus();
-  const int64_t total = static_cast<int64_t>(data.size());
-  const int next = (r + 1) % n, prev = (r + n - 1) % n;
-  auto segment = [&](int s) {
-    return data.subspan(SegmentOffset(total, n, s), SegmentLength(total, n, s));
-  };
-  auto fail = [&](const absl::Status& s, absl::string_view what) {
+namespace {
+
+// One rank's run of RingAllReduceSum over `data`: 2(n-1) steps, each a send
+// to the next rank and a receive from the previous one. Steps 0..n-2 are
+// the reduce-scatter: after step k, rank r holds the partial sum of segment
+// (r-k-1) over ranks r-k-1..r, and ends owning segment r+1. Steps n-1..
+// 2n-3 are the all-gather: the owners' reduced segments travel round the
+// ring unchanged.
+class RingRun {
+ public:
+  RingRun(Transport& t, absl::Span<float> data, const RingOptions& o)
+      : t_(t),
+        data_(data),
+        o_(o),
+        n_(t.world()),
+        r_(t.rank()),
+        next_((r_ + 1) % n_),
+        prev_((r_ + n_ - 1) % n_),
+        total_(static_cast<int64_t>(data.size())),
+        steps_(2 * (n_ - 1)),
+        sinks_(steps_) {}
+
+  // Every sink is closed on every way out, before `data` can go away.
+  ~RingRun() {
+    for (std::shared_ptr<Sink>& s : sinks_) {
+      if (s != nullptr) s->Close();
+    }
+  }
+
+  absl::Status Run() {
+    for (int i = 0; i < steps_; ++i) STARLING_RETURN_IF_ERROR(Step(i));
+    return absl::OkStatus();
+  }
+
+ private:
+  RingPhase PhaseOf(int i) const {
+    return i < n_ - 1 ? RingPhase::kReduceScatter : RingPhase::kAllGather;
+  }
+  // The segment step i sends and the one it receives.
+  int SendSegment(int i) const {
+    const int shift = i < n_ - 1 ? 0 : 1, k = i % (n_ - 1);
+    return ((r_ + shift - k) % n_ + n_) % n_;
+  }
+  int RecvSegment(int i) const {
+    const int shift = i < n_ - 1 ? 0 : 1, k = i % (n_ - 1);
+    return ((r_ + shift - k - 1) % n_ + n_) % n_;
+  }
+  int64_t Offset(int s) const { return SegmentOffset(total_, n_, s); }
+  absl::Span<float> Segment(int s) const {
+    return data_.subspan(Offset(s), SegmentLength(total_, n_, s));
+  }
+  absl::Status Fail(const absl::Status& s, absl::string_view what) const {
     return absl::Status(
-        s.code(), absl::StrCat("round ", o.round, ": ", what, s.message()));
-  };
-  // The bytes the all-gather forwards: the owner's encoded segment first,
-  // then what arrived in the previous step, unchanged. Encoded bytes are
-  // shared with the transport, which sends them without a copy.
-  std::shared_ptr<const std::string> forward;
+        s.code(), absl::StrCat("round ", o_.round, ": ", what, s.message()));
+  }
+
   // Raw fp32: the transport may add (copy) what arrives straight into the
   // receiving segment, chunk by chunk, through a sink the mailbox hands it
   // (see Mailbox::Expect). Step i's sink is set up before step i-1's send
   // when that send reads another segment (3 or more ranks), so that a
-  // sender that is a step ahead still finds it. Every sink is closed on
-  // every way out, before `data` can go away.
-  const int steps = 2 * (n - 1);
-  auto phase_of = [&](int i) {
-    return i < n - 1 ? RingPhase::kReduceScatter : RingPhase::kAllGather;
-  };
-  auto recv_seg_of = [&](int i) {
-    const int shift = i < n - 1 ? 0 : 1, k = i % (n - 1);
-    return ((r + shift - k - 1) % n + n) % n;
-  };
-  std::vector<std::shared_ptr<Sink>> sinks(steps);
-  struct CloseSinks {
-    std::vector<std::shared_ptr<Sink>>& sinks;
-    ~CloseSinks() {
-      for (auto& s : sinks) {
-        if (s != nullptr) s->Close();
-      }
-    }
-  } close_sinks{sinks};
-  auto expect = [&](int i) {
-    if (o.codec != nullptr || i >= steps || sinks[i] != nullptr) return;
-    sinks[i] = t.mailbox().Expect(
-        prev, o.round, o.tensor, phase_of(i), i % (n - 1), recv_seg_of(i),
-        segment(recv_seg_of(i)), phase_of(i) == RingPhase::kReduceScatter);
-  };
-  for (RingPhase phase : {RingPhase::kReduceScatter, RingPhase::kAllGather}) {
-    for (int k = 0; k < n - 1; ++k) {
-      const int i = (phase == RingPhase::kReduceScatter ? 0 : n - 1) + k;
-      // Reduce-scatter: after step k, rank r holds the partial sum of
-      // segment (r-k-1) over ranks r-k-1..r; rank r ends owning segment r+1.
-      // All-gather: owners' reduced segments travel round the ring unchanged.
-      const int shift = phase == RingPhase::kReduceScatter ? 0 : 1;
-      const int send_seg = ((r + shift - k) % n + n) % n;
-      const int recv_seg = ((r + shift - k - 1) % n + n) % n;
-      Message m;
-      m.from = r;
-      m.round = o.round;
-      m.tensor = o.tensor;
-      m.phase = phase;
-      m.step = k;
-      m.segment = send_seg;
-      m.total_elements = total;
-      absl::Span<float> out_seg = segment(send_seg);
-      if (phase == RingPhase::kAllGather && k == 0 && o.codec != nullptr) {
-        // The owner quantizes its reduced segment once and keeps exactly
-        // what the others will decode.
-        absl::StatusOr<std::string> enc =
-            o.codec->EncodeSlice(SegmentOffset(total, n, send_seg), out_seg);
-        if (!enc.ok()) return fail(enc.status(), "encoding: ");
-        absl::Status s = o.codec->DecodeSlice(SegmentOffset(total, n, send_seg),
-                                              *enc, out_seg);
-        if (!s.ok()) return fail(s, "decoding own segment: ");
-        forward = std::make_shared<const std::string>(std::move(enc).value());
-      }
-      // What travels: raw fp32 straight from `data` (the transport streams
-      // it without a copy when `data` has an owner), or the encoded bytes
-      // (never copied).
-      absl::string_view payload;
-      std::shared_ptr<const void> owner;
-      if (phase == RingPhase::kAllGather && o.codec != nullptr) {
-        payload = *forward;
-        owner = forward;
-      } else if (o.codec != nullptr) {
-        absl::StatusOr<std::string> enc =
-            o.codec->EncodeSlice(SegmentOffset(total, n, send_seg), out_seg);
-        if (!enc.ok()) return fail(enc.status(), "encoding: ");
-        auto encoded =
-            std::make_shared<const std::string>(std::move(enc).value());
-        payload = *encoded;
-        owner = std::move(encoded);
-      } else {
-        payload = Bytes(out_seg);
-        owner = o.data_owner;
-      }
-      if (o.stats != nullptr) {
-        o.stats->raw_bytes += static_cast<int64_t>(out_seg.size()) * 4;
-        o.stats->wire_bytes += static_cast<int64_t>(payload.size());
-      }
-      expect(i);
-      if (n >= 3) expect(i + 1);
-      const absl::Time deadline = absl::Now() + o.step_timeout;
-      absl::Status s = t.SendPayload(next, m, payload, owner, deadline);
-      expect(i + 1);
-      if (!s.ok()) {
-        return fail(s, absl::StrCat("sending to rank ", next, " failed: "));
-      }
-      if (phase == RingPhase::kAllGather) CrashPoint("all_gather");
-      absl::StatusOr<Message> in =
-          t.mailbox().Take(prev, o.round, o.tensor, phase, k, deadline);
-      if (absl::IsInvalidArgument(in.status())) {
-        return BlameRank(fail(in.status(), ""), prev);
-      }
-      if (!in.ok()) return fail(in.status(), "");
-      if (phase == RingPhase::kReduceScatter) CrashPoint("reduce");
-      if (in->segment != recv_seg) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "round ", o.round, ": rank ", prev, " sent segment ", in->segment,
-            " at step ", k, "; the ring expects segment ", recv_seg));
-      }
-      absl::Span<float> dst = segment(recv_seg);
-      const int64_t dst_offset = SegmentOffset(total, n, recv_seg);
-      if (o.codec != nullptr) {
-        // The codecs refuse NaN/Inf in a payload, decode finite values
-        // only, and refuse a sum that overflows (checked as it is added):
-        // no non-finite value gets into `dst` unnoticed.
-        absl::Status d =
-            phase == RingPhase::kReduceScatter
-                ? o.codec->DecodeSliceAccumulate(dst_offset, in->payload, dst)
-                : o.codec->DecodeSlice(dst_offset, in->payload, dst);
-        if (!d.ok()) {
-          // The codecs decode finite values only: an overflow error with a
-          // NaN in the sum is this node's own value, nobody else's fault.
-          if (d == AccumulateOverflowError()) {
-            absl::Status own = OwnValueNotFinite(dst);
-            if (!own.ok()) {
-              return fail(own, absl::StrCat("segment ", recv_seg, " from rank ",
-                                            prev, ": "));
-            }
-          }
-          return BlameRank(
-              fail(d, absl::StrCat("bad compressed segment from rank ", prev,
-                                   ": ")),
-              prev);
-        }
-        forward = std::make_shared<const std::string>(std::move(in->payload));
-      } else if (!in->applied) {
-        absl::Status a =
-            ApplyFromPeer(in->payload, dst, phase == RingPhase::kReduceScatter);
-        if (!a.ok()) {
-          const absl::Status why = fail(
-              a, absl::StrCat("segment ", recv_seg, " from rank ", prev, ": "));
-          return absl::IsInvalidArgument(a) ? BlameRank(why, prev) : why;
-        }
-      }
-    }
+  // sender that is a step ahead still finds it.
+  void Expect(int i) {
+    if (o_.codec != nullptr || i >= steps_ || sinks_[i] != nullptr) return;
+    const int seg = RecvSegment(i);
+    sinks_[i] = t_.mailbox().Expect(prev_, o_.round, o_.tensor, PhaseOf(i),
+                                    i % (n_ - 1), seg, Segment(seg),
+                                    PhaseOf(i) == RingPhase::kReduceScatter);
   }
-  return absl::OkStatus();
+
+  absl::Status Step(int i) {
+    const RingPhase phase = PhaseOf(i);
+    const int k = i % (n_ - 1);
+    const int send_seg = SendSegment(i), recv_seg = RecvSegment(i);
+    Message m;
+    m.from = r_;
+    m.round = o_.round;
+    m.tensor = o_.tensor;
+    m.phase = phase;
+    m.step = k;
+    m.segment = send_seg;
+    m.total_elements = total_;
+    absl::string_view payload;
+    std::shared_ptr<const void> owner;
+    STARLING_RETURN_IF_ERROR(Outgoing(i, &payload, &owner));
+    if (o_.stats != nullptr) {
+      o_.stats->raw_bytes += static_cast<int64_t>(Segment(send_seg).size()) * 4;
+      o_.stats->wire_bytes += static_cast<int64_t>(payload.size());
+    }
+    Expect(i);
+    if (n_ >= 3) Expect(i + 1);
+    const absl::Time deadline = absl::Now() + o_.step_timeout;
+    absl::Status s = t_.SendPayload(next_, m, payload, owner, deadline);
+    Expect(i + 1);
+    if (!s.ok()) {
+      return Fail(s, absl::StrCat("sending to rank ", next_, " failed: "));
+    }
+    if (phase == RingPhase::kAllGather) CrashPoint("all_gather");
+    absl::StatusOr<Message> in =
+        t_.mailbox().Take(prev_, o_.round, o_.tensor, phase, k, deadline);
+    if (absl::IsInvalidArgument(in.status())) {
+      return BlameRank(Fail(in.status(), ""), prev_);
+    }
+    if (!in.ok()) return Fail(in.status(), "");
+    if (phase == RingPhase::kReduceScatter) CrashPoint("reduce");
+    if (in->segment != recv_seg) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "round ", o_.round, ": rank ", prev_, " sent segment ", in->segment,
+          " at step ", k, "; the ring expects segment ", recv_seg));
+    }
+    if (o_.codec != nullptr) return DecodeIncoming(i, std::move(*in));
+    if (in->applied) return absl::OkStatus();
+    return ApplyIncoming(i, *in);
+  }
+
+  // What step i sends: raw fp32 straight from `data` (the transport streams
+  // it without a copy when `data` has an owner), or encoded bytes (never
+  // copied, owned by the shared string).
+  absl::Status Outgoing(int i, absl::string_view* payload,
+                        std::shared_ptr<const void>* owner) {
+    const int send_seg = SendSegment(i);
+    const absl::Span<float> out_seg = Segment(send_seg);
+    if (o_.codec == nullptr) {
+      *payload = Bytes(out_seg);
+      *owner = o_.data_owner;
+      return absl::OkStatus();
+    }
+    if (PhaseOf(i) == RingPhase::kAllGather) {
+      if (i == n_ - 1) STARLING_RETURN_IF_ERROR(EncodeOwnSegment(send_seg));
+      *payload = *forward_;
+      *owner = forward_;
+      return absl::OkStatus();
+    }
+    absl::StatusOr<std::string> enc =
+        o_.codec->EncodeSlice(Offset(send_seg), out_seg);
+    if (!enc.ok()) return Fail(enc.status(), "encoding: ");
+    auto encoded = std::make_shared<const std::string>(std::move(enc).value());
+    *payload = *encoded;
+    *owner = std::move(encoded);
+    return absl::OkStatus();
+  }
+
+  // The all-gather's first step: the owner quantizes its reduced segment
+  // once and keeps exactly what the others will decode.
+  absl::Status EncodeOwnSegment(int seg) {
+    const absl::Span<float> values = Segment(seg);
+    absl::StatusOr<std::string> enc =
+        o_.codec->EncodeSlice(Offset(seg), values);
+    if (!enc.ok()) return Fail(enc.status(), "encoding: ");
+    absl::Status s = o_.codec->DecodeSlice(Offset(seg), *enc, values);
+    if (!s.ok()) return Fail(s, "decoding own segment: ");
+    forward_ = std::make_shared<const std::string>(std::move(enc).value());
+    return absl::OkStatus();
+  }
+
+  // Step i's compressed segment `in`: added (reduce-scatter) or copied
+  // (all-gather) into its segment, and kept to forward unchanged. The
+  // codecs refuse NaN/Inf in a payload, decode finite values only, and
+  // refuse a sum that overflows (checked as it is added): no non-finite
+  // value gets into `data` unnoticed.
+  absl::Status DecodeIncoming(int i, Message in) {
+    const int seg = RecvSegment(i);
+    const absl::Span<float> dst = Segment(seg);
+    absl::Status d =
+        PhaseOf(i) == RingPhase::kReduceScatter
+            ? o_.codec->DecodeSliceAccumulate(Offset(seg), in.payload, dst)
+            : o_.codec->DecodeSlice(Offset(seg), in.payload, dst);
+    if (!d.ok()) {
+      // An overflow error with a NaN in the sum is this node's own value,
+      // nobody else's fault.
+      if (d == AccumulateOverflowError()) {
+        absl::Status own = OwnValueNotFinite(dst);
+        if (!own.ok()) {
+          return Fail(
+              own, absl::StrCat("segment ", seg, " from rank ", prev_, ": "));
+        }
+      }
+      return BlameRank(Fail(d, absl::StrCat("bad compressed segment from rank ",
+                                            prev_, ": ")),
+                       prev_);
+    }
+    forward_ = std::make_shared<const std::string>(std::move(in.payload));
+    return absl::OkStatus();
+  }
+
+  // Step i's raw segment `in`, which no sink took: added or copied, checked.
+  absl::Status ApplyIncoming(int i, const Message& in) {
+    const int seg = RecvSegment(i);
+    absl::Status a = ApplyFromPeer(in.payload, Segment(seg),
+                                   PhaseOf(i) == RingPhase::kReduceScatter);
+    if (a.ok()) return a;
+    const absl::Status why =
+        Fail(a, absl::StrCat("segment ", seg, " from rank ", prev_, ": "));
+    return absl::IsInvalidArgument(a) ? BlameRank(why, prev_) : why;
+  }
+
+  Transport& t_;
+  const absl::Span<float> data_;
+  const RingOptions& o_;
+  const int n_, r_, next_, prev_;
+  const int64_t total_;
+  const int steps_;
+  // The bytes the all-gather forwards: the owner's encoded segment first,
+  // then what arrived in the previous step, unchanged. Shared with the
+  // transport, which sends them without a copy.
+  std::shared_ptr<const std::string> forward_;
+  std::vector<std::shared_ptr<Sink>> sinks_;  // by step; raw fp32 only
+};
+
+}  // namespace
+
+absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
+                              const RingOptions& o) {
+  if (t.world() == 1) return absl::OkStatus();
+  return RingRun(t, data, o).Run();
 }
 
 absl::Status AllGatherWhole(Transport& t, absl::Span<const float> mine,

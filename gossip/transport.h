@@ -1,6 +1,12 @@
-// The transport interface collectives are written against, and an
-// in-process implementation for tests that run N ranks as threads.
-// Implementations are thread-safe.
+// The transport interface the collectives (ring_allreduce.h) are written
+// against, as gloo's are against its transport: a rank among `world`
+// members sends whole messages to another rank's mailbox and takes what
+// arrives from its own. Also an in-process implementation for tests that
+// run N ranks as threads. GrpcTransport (grpc_transport.h) is the real one.
+// Ownership: a transport owns its mailbox; a caller of SendPayload keeps
+// the payload unchanged until it returns (see `owner` for longer).
+// Thread-safety: implementations are thread-safe; several threads may send
+// at once (AllGatherWhole sends to every peer in parallel).
 #ifndef STARLING_GOSSIP_TRANSPORT_H_
 #define STARLING_GOSSIP_TRANSPORT_H_
 

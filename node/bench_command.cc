@@ -247,6 +247,69 @@ HostTicks ReadHostTicks() {
   return t;
 }
 
+// Size `size`'s rows: its table rows appended to *md, and its JSON entry.
+JsonObject SizeReport(int64_t size, int n, const std::vector<Method>& methods,
+                      std::string* md) {
+  const int64_t elems = size / 4;
+  const double payload = static_cast<double>(elems) * 4;
+  const double gloo = Median(methods[0].seconds);
+  int64_t gloo_bytes = 0;  // the ring's: all but one segment, twice
+  for (int s = 0; s < n - 1; ++s) gloo_bytes += SegmentLength(elems, n, s);
+  gloo_bytes *= 2 * 4;
+  JsonArray gloo_all;
+  for (double x : methods[0].seconds) gloo_all.Push(x);
+  JsonArray starling;
+  const double gloo_cpu = Median(methods[0].cpu_seconds);
+  absl::StrAppend(md, "| ", SizeLabel(size), " | Gloo | ", Seconds(gloo),
+                  " | 1.00 | ", FormatBytes(gloo_bytes), " | ",
+                  absl::StrFormat("%.2f", payload / gloo / 1e9), " | ",
+                  Seconds(gloo_cpu), " |\n");
+  for (size_t m = 1; m < methods.size(); ++m) {
+    const double sec = Median(methods[m].seconds);
+    const double cpu = Median(methods[m].cpu_seconds);
+    JsonArray all;
+    for (double x : methods[m].seconds) all.Push(x);
+    JsonObject o;
+    o.Add("compression", methods[m].codec)
+        .Add("seconds", sec)
+        .Add("seconds_all", all)
+        .Add("ratio_to_gloo", sec / gloo)
+        .Add("bytes_sent_per_rank", methods[m].bytes_sent)
+        .Add("payload_bytes_sent_per_rank", methods[m].wire_bytes)
+        .Add("algbw_GBps", payload / sec / 1e9)
+        .Add("cpu_seconds_per_rank", cpu);
+    starling.Push(o);
+    absl::StrAppend(md, "| ", SizeLabel(size), " | Starling ", methods[m].codec,
+                    " | ", Seconds(sec), " | ",
+                    absl::StrFormat("%.2f", sec / gloo), " | ",
+                    FormatBytes(static_cast<double>(methods[m].bytes_sent)),
+                    " | ", absl::StrFormat("%.2f", payload / sec / 1e9), " | ",
+                    Seconds(cpu), " |\n");
+  }
+  JsonObject entry;
+  if (size % (1 << 20) == 0) {
+    entry.Add("size_mib", size >> 20);
+  } else {
+    entry.Add("size_mib", static_cast<double>(size) / (1 << 20));
+  }
+  entry.Add("payload_bytes", static_cast<int64_t>(payload))
+      .Add("gloo_seconds", gloo)
+      .Add("gloo_seconds_all", gloo_all)
+      .Add("gloo_bytes_sent_per_rank", gloo_bytes)
+      .Add("gloo_algbw_GBps", payload / gloo / 1e9)
+      .Add("gloo_cpu_seconds_per_rank", gloo_cpu)
+      .Add("starling", starling);
+  return entry;
+}
+
+// The share of the host's CPU time the hypervisor gave others since
+// `host_start` (steal), or -1 when /proc/stat cannot tell.
+double StealSince(const HostTicks& host_start) {
+  const HostTicks host_end = ReadHostTicks();
+  const double host_ticks = host_end.total - host_start.total;
+  return host_ticks > 0 ? (host_end.steal - host_start.steal) / host_ticks : -1;
+}
+
 // The JSON and markdown reports, written by rank 0. `host_start`: the
 // host's ticks when the bench began.
 absl::Status WriteReports(const BenchConfig& c,
@@ -272,64 +335,11 @@ absl::Status WriteReports(const BenchConfig& c,
       "algbw GB/s | CPU s per rank |\n",
       "|---:|---|---:|---:|---:|---:|---:|\n");
   for (size_t i = 0; i < c.sizes.size(); ++i) {
-    const int64_t elems = c.sizes[i] / 4;
-    const double payload = static_cast<double>(elems) * 4;
-    const std::vector<Method>& methods = results[i];
-    const double gloo = Median(methods[0].seconds);
-    int64_t gloo_bytes = 0;  // the ring's: all but one segment, twice
-    for (int s = 0; s < n - 1; ++s) gloo_bytes += SegmentLength(elems, n, s);
-    gloo_bytes *= 2 * 4;
-    JsonArray gloo_all;
-    for (double x : methods[0].seconds) gloo_all.Push(x);
-    JsonArray starling;
-    const double gloo_cpu = Median(methods[0].cpu_seconds);
-    absl::StrAppend(&md, "| ", SizeLabel(c.sizes[i]), " | Gloo | ",
-                    Seconds(gloo), " | 1.00 | ", FormatBytes(gloo_bytes), " | ",
-                    absl::StrFormat("%.2f", payload / gloo / 1e9), " | ",
-                    Seconds(gloo_cpu), " |\n");
-    for (size_t m = 1; m < methods.size(); ++m) {
-      const double sec = Median(methods[m].seconds);
-      const double cpu = Median(methods[m].cpu_seconds);
-      JsonArray all;
-      for (double x : methods[m].seconds) all.Push(x);
-      JsonObject o;
-      o.Add("compression", methods[m].codec)
-          .Add("seconds", sec)
-          .Add("seconds_all", all)
-          .Add("ratio_to_gloo", sec / gloo)
-          .Add("bytes_sent_per_rank", methods[m].bytes_sent)
-          .Add("payload_bytes_sent_per_rank", methods[m].wire_bytes)
-          .Add("algbw_GBps", payload / sec / 1e9)
-          .Add("cpu_seconds_per_rank", cpu);
-      starling.Push(o);
-      absl::StrAppend(&md, "| ", SizeLabel(c.sizes[i]), " | Starling ",
-                      methods[m].codec, " | ", Seconds(sec), " | ",
-                      absl::StrFormat("%.2f", sec / gloo), " | ",
-                      FormatBytes(static_cast<double>(methods[m].bytes_sent)),
-                      " | ", absl::StrFormat("%.2f", payload / sec / 1e9),
-                      " | ", Seconds(cpu), " |\n");
-    }
-    JsonObject size;
-    if (c.sizes[i] % (1 << 20) == 0) {
-      size.Add("size_mib", c.sizes[i] >> 20);
-    } else {
-      size.Add("size_mib", static_cast<double>(c.sizes[i]) / (1 << 20));
-    }
-    size.Add("payload_bytes", static_cast<int64_t>(payload))
-        .Add("gloo_seconds", gloo)
-        .Add("gloo_seconds_all", gloo_all)
-        .Add("gloo_bytes_sent_per_rank", gloo_bytes)
-        .Add("gloo_algbw_GBps", payload / gloo / 1e9)
-        .Add("gloo_cpu_seconds_per_rank", gloo_cpu)
-        .Add("starling", starling);
-    sizes.Push(size);
+    sizes.Push(SizeReport(c.sizes[i], n, results[i], &md));
   }
   // The same code's ratios have differed by 1.5x between days on one VM
   // type: say how loaded this one was.
-  const HostTicks host_end = ReadHostTicks();
-  const double host_ticks = host_end.total - host_start.total;
-  const double steal =
-      host_ticks > 0 ? (host_end.steal - host_start.steal) / host_ticks : -1;
+  const double steal = StealSince(host_start);
   if (steal >= 0) {
     absl::StrAppend(
         &md, absl::StrFormat(
@@ -365,30 +375,26 @@ absl::Status WriteReports(const BenchConfig& c,
   return WriteFileAtomic(absl::StrCat(c.out, "/allreduce.md"), md);
 }
 
-absl::Status RunWorker(const BenchConfig& c, int rank,
-                       const std::string& store_path) {
-  const int n = c.nodes;
-  const HostTicks host_start = ReadHostTicks();
-  // Gloo's process group, as torch.distributed builds it for backend="gloo"
-  // (two worker threads, a TCP device on the loopback address).
-  auto store = c10::make_intrusive<::c10d::FileStore>(store_path, n);
+// Gloo's process group, as torch.distributed builds it for backend="gloo"
+// (two worker threads, a TCP device on the loopback address).
+c10::intrusive_ptr<::c10d::ProcessGroupGloo> StartGloo(
+    const c10::intrusive_ptr<::c10d::Store>& store, int rank, int n) {
   auto gloo_options =
       ::c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(300));
   gloo_options->devices.push_back(
       ::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
   gloo_options->threads = 2;
-  auto pg = c10::make_intrusive<::c10d::ProcessGroupGloo>(store, rank, n,
-                                                          gloo_options);
-  auto barrier = [&] { pg->barrier()->wait(); };
+  return c10::make_intrusive<::c10d::ProcessGroupGloo>(store, rank, n,
+                                                       gloo_options);
+}
 
-  // Starling's transport, one tensor name per (size, codec).
+// The methods of each size, Gloo's first, and the tensors Starling's take
+// (one mailbox tensor per size and codec) in *mailbox.
+absl::StatusOr<std::vector<std::vector<Method>>> MakeMethods(
+    const BenchConfig& c, MailboxOptions* mailbox) {
   std::vector<std::vector<Method>> results(c.sizes.size());
-  MailboxOptions mailbox;
-  mailbox.run_id = "bench-allreduce";
-  int64_t total_elements = 0;
   for (size_t i = 0; i < c.sizes.size(); ++i) {
     const int64_t elems = c.sizes[i] / 4;
-    total_elements += elems;
     Method gloo;
     gloo.name = "gloo";
     results[i].push_back(std::move(gloo));
@@ -401,12 +407,23 @@ absl::Status RunWorker(const BenchConfig& c, int rank,
         PolicyOptions po;
         po.main = codec;
         STARLING_ASSIGN_OR_RETURN(m.policy, PolicyCodec::Create({elems}, po));
-        mailbox.compressed_bytes_per_element[m.tensor] = 8;
+        mailbox->compressed_bytes_per_element[m.tensor] = 8;
       }
-      mailbox.tensors[m.tensor] = elems;
+      mailbox->tensors[m.tensor] = elems;
       results[i].push_back(std::move(m));
     }
   }
+  return results;
+}
+
+// Starling's transport, connected to every rank: each publishes its
+// address in the store and reads the others'.
+absl::StatusOr<std::unique_ptr<GrpcTransport>> StartStarling(
+    const BenchConfig& c, int rank, ::c10d::Store& store,
+    const MailboxOptions& mailbox) {
+  const int n = c.nodes;
+  int64_t total_elements = 0;
+  for (int64_t size : c.sizes) total_elements += size / 4;
   PeerIdentity id;
   id.run_id = mailbox.run_id;
   id.algo = "diloco";
@@ -419,128 +436,203 @@ absl::Status RunWorker(const BenchConfig& c, int rank,
   STARLING_ASSIGN_OR_RETURN(std::unique_ptr<GrpcTransport> transport,
                             GrpcTransport::Start(to, id));
   const std::string address = transport->address();
-  store->set(absl::StrCat("starling/address/", rank),
-             std::vector<uint8_t>(address.begin(), address.end()));
+  store.set(absl::StrCat("starling/address/", rank),
+            std::vector<uint8_t>(address.begin(), address.end()));
   std::vector<std::string> members;
   for (int r = 0; r < n; ++r) {
-    std::vector<uint8_t> a = store->get(absl::StrCat("starling/address/", r));
+    std::vector<uint8_t> a = store.get(absl::StrCat("starling/address/", r));
     members.emplace_back(a.begin(), a.end());
   }
   STARLING_RETURN_IF_ERROR(transport->Connect(members, rank, mailbox,
                                               absl::Now() + absl::Seconds(60)));
+  return transport;
+}
 
-  int64_t round = 0;
-  for (size_t i = 0; i < c.sizes.size(); ++i) {
-    const int64_t elems = c.sizes[i] / 4;
-    std::vector<Method>& methods = results[i];
-    const int count = static_cast<int>(methods.size());
-    std::vector<float> mine(kPeriod), sum(kPeriod, 0.0f);
-    for (int64_t k = 0; k < kPeriod; ++k) {
-      mine[k] = Pattern(k, rank);
-      for (int r = 0; r < n; ++r) sum[k] += Pattern(k, r);
-    }
-    // Shared, so that Starling's fp32 sends go out from it with no copy, as
-    // in `starling node` (a run that fails ends the bench, so nothing
-    // writes into memory a failed send still holds).
-    auto shared = std::make_shared<std::vector<float>>(elems);
-    std::vector<float>& buf = *shared;
-    at::Tensor tensor = at::from_blob(buf.data(), {elems}, at::kFloat);
-    std::vector<at::Tensor> gloo_tensors = {tensor};
-    for (int it = 0; it <= c.iterations; ++it) {  // iteration 0: warm-up
-      std::vector<double> seconds(count), cpu(count);
-      std::vector<int64_t> checksums(count);
-      // Rotate the order so that no method always runs first.
-      for (int j = 0; j < count; ++j) {
-        Method& m = methods[(j + it) % count];
-        FillPeriodic(mine, absl::MakeSpan(buf));
-        RingStats stats;
-        barrier();
-        const int64_t sent_before = transport->bytes_sent();
-        const double cpu_start = ProcessCpuSeconds();
-        const absl::Time start = absl::Now();
-        if (m.codec.empty()) {
-          pg->allreduce(gloo_tensors)->wait();
-        } else {
-          transport->mailbox().AdvanceRound(round);
-          RingOptions ro;
-          ro.tensor = m.tensor;
-          ro.round = round++;
-          ro.codec = m.policy.get();
-          ro.stats = &stats;
-          ro.data_owner = shared;
-          STARLING_RETURN_IF_ERROR(
-              RingAllReduceSum(*transport, absl::MakeSpan(buf), ro));
-        }
-        seconds[(j + it) % count] = absl::ToDoubleSeconds(absl::Now() - start);
-        cpu[(j + it) % count] = ProcessCpuSeconds() - cpu_start;
-        m.bytes_sent = transport->bytes_sent() - sent_before;
-        m.wire_bytes = stats.wire_bytes;
-        // The result against the exact sum.
-        const double bound = ErrorBound(m.codec.empty() ? "fp32" : m.codec, n);
-        size_t k = 0;
-        for (int64_t e = 0; e < elems; ++e) {
-          const float want = sum[k];
-          if (++k == sum.size()) k = 0;
-          const float got = buf[e];
-          const bool ok = bound == 0  ? got == want
-                          : bound > 0 ? std::fabs(got - want) <= bound
-                                      : std::isfinite(got);
-          if (!ok) {
-            return absl::InternalError(absl::StrFormat(
-                "%s, %s: element %d is %.9g, the exact sum is %.9g "
-                "(allowed error %g): the all-reduce is wrong",
-                m.name, SizeLabel(c.sizes[i]), e, got, want,
-                std::max(bound, 0.0)));
-          }
-        }
-        checksums[(j + it) % count] = Checksum(buf);
-      }
-      // Per method: the slowest rank's time, the ranks' CPU time, and
-      // whether all ranks hold the same bytes.
-      at::Tensor t = at::tensor(seconds, at::kDouble);
-      at::Tensor cpu_sum = at::tensor(cpu, at::kDouble);
-      at::Tensor lo = at::tensor(checksums, at::kLong);
-      at::Tensor hi = lo.clone();
-      std::vector<at::Tensor> v = {t};
-      ::c10d::AllreduceOptions max;
-      max.reduceOp = ::c10d::ReduceOp::MAX;
-      pg->allreduce(v, max)->wait();
-      v = {hi};
-      pg->allreduce(v, max)->wait();
-      ::c10d::AllreduceOptions min;
-      min.reduceOp = ::c10d::ReduceOp::MIN;
-      v = {lo};
-      pg->allreduce(v, min)->wait();
-      v = {cpu_sum};
-      pg->allreduce(v)->wait();  // SUM
-      std::vector<std::string> line;
-      for (int m = 0; m < count; ++m) {
-        if (lo[m].item<int64_t>() != hi[m].item<int64_t>()) {
-          return absl::InternalError(
-              absl::StrCat(methods[m].name, ", ", SizeLabel(c.sizes[i]),
-                           ": the ranks ended with different bytes"));
-        }
-        const double s = t[m].item<double>();
-        if (it > 0) {
-          methods[m].seconds.push_back(s);
-          methods[m].cpu_seconds.push_back(cpu_sum[m].item<double>() / n);
-        }
-        line.push_back(absl::StrCat(m == 0 ? "gloo" : methods[m].codec, " ",
-                                    Seconds(s), "s"));
-      }
-      if (rank == 0) {
-        WriteStderrLine(absl::StrCat(
-            "bench allreduce: ", SizeLabel(c.sizes[i]), " ",
-            it == 0 ? "warm-up" : absl::StrCat(it, "/", c.iterations), ": ",
-            absl::StrJoin(line, ", ")));
-      }
+// Checks `buf`, the result of method `m` at size `size`, against the exact
+// sum (`sum`, one period of it) within the codec's error bound.
+absl::Status CheckSum(const Method& m, int64_t size, int n,
+                      absl::Span<const float> buf,
+                      const std::vector<float>& sum) {
+  const double bound = ErrorBound(m.codec.empty() ? "fp32" : m.codec, n);
+  size_t k = 0;
+  for (size_t e = 0; e < buf.size(); ++e) {
+    const float want = sum[k];
+    if (++k == sum.size()) k = 0;
+    const float got = buf[e];
+    const bool ok = bound == 0  ? got == want
+                    : bound > 0 ? std::fabs(got - want) <= bound
+                                : std::isfinite(got);
+    if (!ok) {
+      return absl::InternalError(
+          absl::StrFormat("%s, %s: element %d is %.9g, the exact sum is %.9g "
+                          "(allowed error %g): the all-reduce is wrong",
+                          m.name, SizeLabel(size), static_cast<int64_t>(e), got,
+                          want, std::max(bound, 0.0)));
     }
   }
-  barrier();
+  return absl::OkStatus();
+}
+
+// One worker's state across its all-reduces.
+struct Worker {
+  const BenchConfig& c;
+  int rank;
+  ::c10d::ProcessGroupGloo& pg;
+  GrpcTransport& transport;
+  int64_t round = 0;  // Starling's next all-reduce round
+};
+
+// What one all-reduce measured on this rank.
+struct Sample {
+  double seconds = 0;
+  double cpu_seconds = 0;
+  int64_t checksum = 0;
+};
+
+// One all-reduce of `m` over `buf` (filled with this rank's `mine`),
+// timed from a barrier, and its result checked against `sum`.
+absl::StatusOr<Sample> AllReduceOnce(
+    Worker& w, Method& m, int64_t size, const std::vector<float>& mine,
+    const std::vector<float>& sum,
+    const std::shared_ptr<std::vector<float>>& shared,
+    std::vector<at::Tensor>& gloo_tensors) {
+  std::vector<float>& buf = *shared;
+  FillPeriodic(mine, absl::MakeSpan(buf));
+  RingStats stats;
+  w.pg.barrier()->wait();
+  const int64_t sent_before = w.transport.bytes_sent();
+  const double cpu_start = ProcessCpuSeconds();
+  const absl::Time start = absl::Now();
+  if (m.codec.empty()) {
+    w.pg.allreduce(gloo_tensors)->wait();
+  } else {
+    w.transport.mailbox().AdvanceRound(w.round);
+    RingOptions ro;
+    ro.tensor = m.tensor;
+    ro.round = w.round++;
+    ro.codec = m.policy.get();
+    ro.stats = &stats;
+    ro.data_owner = shared;
+    STARLING_RETURN_IF_ERROR(
+        RingAllReduceSum(w.transport, absl::MakeSpan(buf), ro));
+  }
+  Sample sample;
+  sample.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  sample.cpu_seconds = ProcessCpuSeconds() - cpu_start;
+  m.bytes_sent = w.transport.bytes_sent() - sent_before;
+  m.wire_bytes = stats.wire_bytes;
+  STARLING_RETURN_IF_ERROR(CheckSum(m, size, w.c.nodes, buf, sum));
+  sample.checksum = Checksum(buf);
+  return sample;
+}
+
+// Per method, over the ranks: the slowest rank's time, the ranks' mean CPU
+// time, and whether all hold the same bytes. Records them in `methods`
+// unless `warm_up`; returns the progress line's entries.
+absl::StatusOr<std::vector<std::string>> Gather(
+    Worker& w, int64_t size, bool warm_up, const std::vector<Sample>& samples,
+    std::vector<Method>& methods) {
+  const int count = static_cast<int>(methods.size());
+  std::vector<double> seconds(count), cpu(count);
+  std::vector<int64_t> checksums(count);
+  for (int m = 0; m < count; ++m) {
+    seconds[m] = samples[m].seconds;
+    cpu[m] = samples[m].cpu_seconds;
+    checksums[m] = samples[m].checksum;
+  }
+  at::Tensor t = at::tensor(seconds, at::kDouble);
+  at::Tensor cpu_sum = at::tensor(cpu, at::kDouble);
+  at::Tensor lo = at::tensor(checksums, at::kLong);
+  at::Tensor hi = lo.clone();
+  std::vector<at::Tensor> v = {t};
+  ::c10d::AllreduceOptions max;
+  max.reduceOp = ::c10d::ReduceOp::MAX;
+  w.pg.allreduce(v, max)->wait();
+  v = {hi};
+  w.pg.allreduce(v, max)->wait();
+  ::c10d::AllreduceOptions min;
+  min.reduceOp = ::c10d::ReduceOp::MIN;
+  v = {lo};
+  w.pg.allreduce(v, min)->wait();
+  v = {cpu_sum};
+  w.pg.allreduce(v)->wait();  // SUM
+  std::vector<std::string> line;
+  for (int m = 0; m < count; ++m) {
+    if (lo[m].item<int64_t>() != hi[m].item<int64_t>()) {
+      return absl::InternalError(
+          absl::StrCat(methods[m].name, ", ", SizeLabel(size),
+                       ": the ranks ended with different bytes"));
+    }
+    const double s = t[m].item<double>();
+    if (!warm_up) {
+      methods[m].seconds.push_back(s);
+      methods[m].cpu_seconds.push_back(cpu_sum[m].item<double>() / w.c.nodes);
+    }
+    line.push_back(
+        absl::StrCat(m == 0 ? "gloo" : methods[m].codec, " ", Seconds(s), "s"));
+  }
+  return line;
+}
+
+// Every method at payload size `size`: one warm-up, then the timed
+// iterations, each method taking its turn on the same buffer.
+absl::Status RunSize(Worker& w, int64_t size, std::vector<Method>& methods) {
+  const int n = w.c.nodes;
+  const int64_t elems = size / 4;
+  const int count = static_cast<int>(methods.size());
+  std::vector<float> mine(kPeriod), sum(kPeriod, 0.0f);
+  for (int64_t k = 0; k < kPeriod; ++k) {
+    mine[k] = Pattern(k, w.rank);
+    for (int r = 0; r < n; ++r) sum[k] += Pattern(k, r);
+  }
+  // Shared, so that Starling's fp32 sends go out from it with no copy, as
+  // in `starling node` (a run that fails ends the bench, so nothing
+  // writes into memory a failed send still holds).
+  auto shared = std::make_shared<std::vector<float>>(elems);
+  at::Tensor tensor = at::from_blob(shared->data(), {elems}, at::kFloat);
+  std::vector<at::Tensor> gloo_tensors = {tensor};
+  for (int it = 0; it <= w.c.iterations; ++it) {  // iteration 0: warm-up
+    std::vector<Sample> samples(count);
+    // Rotate the order so that no method always runs first.
+    for (int j = 0; j < count; ++j) {
+      const int m = (j + it) % count;
+      STARLING_ASSIGN_OR_RETURN(
+          samples[m],
+          AllReduceOnce(w, methods[m], size, mine, sum, shared, gloo_tensors));
+    }
+    STARLING_ASSIGN_OR_RETURN(std::vector<std::string> line,
+                              Gather(w, size, it == 0, samples, methods));
+    if (w.rank == 0) {
+      WriteStderrLine(absl::StrCat(
+          "bench allreduce: ", SizeLabel(size), " ",
+          it == 0 ? "warm-up" : absl::StrCat(it, "/", w.c.iterations), ": ",
+          absl::StrJoin(line, ", ")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunWorker(const BenchConfig& c, int rank,
+                       const std::string& store_path) {
+  const HostTicks host_start = ReadHostTicks();
+  auto store = c10::make_intrusive<::c10d::FileStore>(store_path, c.nodes);
+  c10::intrusive_ptr<::c10d::ProcessGroupGloo> pg =
+      StartGloo(store, rank, c.nodes);
+  MailboxOptions mailbox;
+  mailbox.run_id = "bench-allreduce";
+  STARLING_ASSIGN_OR_RETURN(std::vector<std::vector<Method>> results,
+                            MakeMethods(c, &mailbox));
+  STARLING_ASSIGN_OR_RETURN(std::unique_ptr<GrpcTransport> transport,
+                            StartStarling(c, rank, *store, mailbox));
+  Worker w{c, rank, *pg, *transport};
+  for (size_t i = 0; i < c.sizes.size(); ++i) {
+    STARLING_RETURN_IF_ERROR(RunSize(w, c.sizes[i], results[i]));
+  }
+  pg->barrier()->wait();
   if (rank == 0) {
     STARLING_RETURN_IF_ERROR(WriteReports(c, results, host_start));
   }
-  barrier();
+  pg->barrier()->wait();
   transport->Shutdown();
   return absl::OkStatus();
 }
@@ -567,6 +659,68 @@ int Worker(const BenchConfig& c, const std::string& spec) {
     return 1;
   }
   return 0;
+}
+
+// Starts one worker process per rank (this binary again, told its rank and
+// Gloo's store through kWorkerEnv) and waits for all of them; when one
+// fails, stops the others, which would otherwise wait for it until Gloo's
+// timeout. 0 when every worker succeeded.
+int RunWorkers(const BenchConfig& c, const std::string& store) {
+  std::vector<std::string> args = {
+      "starling",
+      "bench",
+      "allreduce",
+      absl::StrCat("--out=", c.out),
+      absl::StrCat("--nodes=", c.nodes),
+      absl::StrCat("--sizes_mib=",
+                   absl::StrJoin(c.sizes, ",",
+                                 [](std::string* out, int64_t b) {
+                                   out->append(SizeArg(b));
+                                 })),
+      absl::StrCat("--iterations=", c.iterations),
+      absl::StrCat("--compression=", absl::StrJoin(c.codecs, ",")),
+      absl::StrCat("--chunk_bytes=", c.chunk_bytes)};
+  std::vector<pid_t> pids;
+  for (int r = 0; r < c.nodes; ++r) {
+    const std::string env = absl::StrCat(kWorkerEnv, "=", r, ":", store);
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      WriteStderrLine("starling bench allreduce: error: fork failed");
+      for (pid_t p : pids) ::kill(p, SIGTERM);
+      return 1;
+    }
+    if (pid == 0) {
+      ::putenv(const_cast<char*>(env.c_str()));
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv("/proc/self/exe", argv.data());
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  int rc = 0;
+  std::vector<bool> running(pids.size(), true);
+  for (size_t left = pids.size(); left > 0; --left) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, 0);
+    if (pid < 0) break;
+    const size_t rank = std::find(pids.begin(), pids.end(), pid) - pids.begin();
+    if (rank < running.size()) running[rank] = false;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+    if (rc == 0) {
+      WriteStderrLine(absl::StrCat(
+          "starling bench allreduce: error: worker rank ", rank,
+          WIFEXITED(status)
+              ? absl::StrCat(" exited with ", WEXITSTATUS(status))
+              : absl::StrCat(" died of signal ", WTERMSIG(status))));
+      for (size_t r = 0; r < pids.size(); ++r) {
+        if (running[r]) ::kill(pids[r], SIGTERM);
+      }
+    }
+    rc = 1;
+  }
+  return rc;
 }
 
 }  // namespace
@@ -637,62 +791,7 @@ int RunBenchCommand() {
           [](std::string* out, int64_t b) { out->append(SizeLabel(b)); }),
       ", gloo vs starling ", absl::StrJoin(c.codecs, ","), ", ", c.iterations,
       " timed iterations each; writing ", c.out));
-  std::vector<std::string> args = {
-      "starling",
-      "bench",
-      "allreduce",
-      absl::StrCat("--out=", c.out),
-      absl::StrCat("--nodes=", c.nodes),
-      absl::StrCat("--sizes_mib=",
-                   absl::StrJoin(c.sizes, ",",
-                                 [](std::string* out, int64_t b) {
-                                   out->append(SizeArg(b));
-                                 })),
-      absl::StrCat("--iterations=", c.iterations),
-      absl::StrCat("--compression=", absl::StrJoin(c.codecs, ",")),
-      absl::StrCat("--chunk_bytes=", c.chunk_bytes)};
-  std::vector<pid_t> pids;
-  for (int r = 0; r < c.nodes; ++r) {
-    const std::string env = absl::StrCat(kWorkerEnv, "=", r, ":", store);
-    pid_t pid = ::fork();
-    if (pid < 0) {
-      WriteStderrLine("starling bench allreduce: error: fork failed");
-      for (pid_t p : pids) ::kill(p, SIGTERM);
-      return 1;
-    }
-    if (pid == 0) {
-      ::putenv(const_cast<char*>(env.c_str()));
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv("/proc/self/exe", argv.data());
-      ::_exit(127);
-    }
-    pids.push_back(pid);
-  }
-  // Wait for all; when one fails the others would wait for it until Gloo's
-  // timeout, so stop them.
-  int rc = 0;
-  std::vector<bool> running(pids.size(), true);
-  for (size_t left = pids.size(); left > 0; --left) {
-    int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, 0);
-    if (pid < 0) break;
-    const size_t rank = std::find(pids.begin(), pids.end(), pid) - pids.begin();
-    if (rank < running.size()) running[rank] = false;
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
-    if (rc == 0) {
-      WriteStderrLine(absl::StrCat(
-          "starling bench allreduce: error: worker rank ", rank,
-          WIFEXITED(status)
-              ? absl::StrCat(" exited with ", WEXITSTATUS(status))
-              : absl::StrCat(" died of signal ", WTERMSIG(status))));
-      for (size_t r = 0; r < pids.size(); ++r) {
-        if (running[r]) ::kill(pids[r], SIGTERM);
-      }
-    }
-    rc = 1;
-  }
+  const int rc = RunWorkers(c, store);
   std::error_code ignored;
   std::filesystem::remove_all(tmp, ignored);
   if (rc != 0) return rc;

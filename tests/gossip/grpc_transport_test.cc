@@ -578,14 +578,9 @@ TEST(GrpcTransportTest, MismatchMessageNamesEveryField) {
   EXPECT_NE(why.find("run id differs"), std::string::npos) << why;
   EXPECT_NE(why.find("algorithm differs"), std::string::npos);
   EXPECT_NE(why.find("member count differs"), std::string::npos);
-  theirs = peer::v1::HandshakeRequest();
-  theirs.set_protocol_version(kProtocolVersion);
-  theirs.set_run_id(mine.run_id);
-  theirs.set_algo(mine.algo);
-  theirs.set_world(mine.world);
-  theirs.set_compression(mine.compression);
-  theirs.set_aggregate(mine.aggregate);
-  *theirs.mutable_model() = mine.model;
+  theirs = MakeHandshakeRequest(mine, "127.0.0.1:1");
+  EXPECT_EQ(theirs.protocol_version(), kProtocolVersion);
+  EXPECT_EQ(theirs.address(), "127.0.0.1:1");
   EXPECT_EQ(HandshakeMismatch(theirs, mine), "");
   theirs.set_compression("int8");
   EXPECT_NE(HandshakeMismatch(theirs, mine).find("compression differs"),
