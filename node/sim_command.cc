@@ -1,9 +1,6 @@
 #include "node/sim_command.h"
 
 #include <malloc.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <map>
@@ -68,30 +65,6 @@ namespace {
 int Fail(const absl::Status& s, int code) {
   WriteStderrLine(absl::StrCat("starling sim: error: ", s.message()));
   return code;
-}
-
-// Free loopback ports, held open until all are chosen so they differ.
-absl::StatusOr<std::vector<int>> PickPorts(int n) {
-  std::vector<int> fds, ports;
-  absl::Status status;
-  for (int i = 0; i < n && status.ok(); ++i) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr = {};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    socklen_t len = sizeof(addr);
-    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      status = absl::UnavailableError("cannot find a free loopback port");
-    } else {
-      ports.push_back(ntohs(addr.sin_port));
-    }
-    if (fd >= 0) fds.push_back(fd);
-  }
-  for (int fd : fds) ::close(fd);
-  if (!status.ok()) return status;
-  return ports;
 }
 
 // Whether `starling node` accepts --NAME (the sim runs the same binary).
@@ -378,7 +351,7 @@ absl::StatusOr<NodeLaunch> PrepareLaunch(const SimSetup& s,
     STARLING_RETURN_IF_ERROR(WriteFileAtomic(launch.partition_file, ""));
   }
   STARLING_ASSIGN_OR_RETURN(std::vector<int> ports,
-                            PickPorts(static_cast<int>(s.ids.size())));
+                            PickLoopbackPorts(static_cast<int>(s.ids.size())));
   for (int p : ports) {
     launch.addresses.push_back(absl::StrCat("127.0.0.1:", p));
   }
@@ -441,7 +414,7 @@ JsonObject SimConfigJson(const SimSetup& s, const std::string& run_id) {
 // run time (1).
 int ReportFailedNode(const SimSetup& s, const SimRunResult& run) {
   const std::string& id = s.ids[run.failed];
-  const std::string log = absl::StrCat(s.config.out(), "/", id, "/node.log");
+  const std::string log = NodeLogPath(s.config.out(), id);
   absl::StatusOr<std::string> text = ReadFile(log);
   WriteStderrLine(
       FailedNodeMessage(id, run.failed_code, text.ok() ? *text : "", log));

@@ -1,8 +1,10 @@
 #include "node/sim_processes.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +20,33 @@
 #include "core/status.h"
 
 namespace starling {
+
+absl::StatusOr<std::vector<int>> PickLoopbackPorts(int n) {
+  std::vector<int> fds, ports;
+  absl::Status status;
+  for (int i = 0; i < n && status.ok(); ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    socklen_t len = sizeof(addr);
+    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      status = absl::UnavailableError("cannot find a free loopback port");
+    } else {
+      ports.push_back(ntohs(addr.sin_port));
+    }
+    if (fd >= 0) fds.push_back(fd);
+  }
+  for (int fd : fds) ::close(fd);
+  if (!status.ok()) return status;
+  return ports;
+}
+
+std::string NodeLogPath(const std::string& dir, const std::string& id) {
+  return absl::StrCat(dir, "/", id, "/node.log");
+}
 
 std::vector<std::string> NodeArgs(const NodeLaunch& launch, int i, bool restart,
                                   bool has_checkpoint) {
@@ -81,16 +110,12 @@ int NodeProcessGroup::IndexOf(const std::string& id) const {
       launch_.ids.begin());
 }
 
-std::string NodeProcessGroup::LogPath(int i) const {
-  return absl::StrCat(launch_.dir, "/", launch_.ids[i], "/node.log");
-}
-
 absl::Status NodeProcessGroup::Start(int i, bool restart) {
   const std::string node_dir = absl::StrCat(launch_.dir, "/", launch_.ids[i]);
   STARLING_RETURN_IF_ERROR(MakeDirs(node_dir));
   std::vector<std::string> args = NodeArgs(
       launch_, i, restart, FileExists(CheckpointPathInRunDir(node_dir)));
-  const std::string log = LogPath(i);
+  const std::string log = NodeLogPath(launch_.dir, launch_.ids[i]);
   if (restart) {
     (void)AppendLine(log, absl::StrCat("--- starling sim: restarting ",
                                        launch_.ids[i], " ---"));

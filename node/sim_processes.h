@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "node/faults.h"
@@ -48,6 +49,13 @@ struct NodeLaunch {
   std::vector<std::string> common;
   int snapshot_every = 0;  // > 0: --snapshot_every=N last (gossip's default)
 };
+
+// `n` distinct free ports on 127.0.0.1 (each held open until all are
+// chosen). Unavailable when there are not enough.
+absl::StatusOr<std::vector<int>> PickLoopbackPorts(int n);
+
+// Where node `id` of the sim in `dir` logs: DIR/ID/node.log.
+std::string NodeLogPath(const std::string& dir, const std::string& id);
 
 // Node `i`'s argv: "starling node" and its flags. A late node (a restart,
 // or a joiner) joins a running swarm, so it waits for no quorum
@@ -76,9 +84,6 @@ class NodeProcessGroup {
   int IndexOf(const std::string& id) const;
   // Node ids in the order they first started.
   const std::vector<std::string>& started() const { return started_; }
-  // DIR/ID/node.log.
-  std::string LogPath(int i) const;
-
   // Starts node `i` with NodeArgs, its output going to its node.log
   // (appended to, after a marker line, on a restart).
   absl::Status Start(int i, bool restart);
