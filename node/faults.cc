@@ -135,117 +135,156 @@ std::string PartitionLine(const std::vector<std::vector<std::string>>& groups) {
                        });
 }
 
-absl::StatusOr<FaultPlan> ParseFaultPlan(
-    const FaultFlags& flags, const std::vector<std::string>& initial_ids) {
-  FaultPlan plan;
-  const std::set<std::string> initial(initial_ids.begin(), initial_ids.end());
-  // Joins first: the other flags may name joiners.
-  const SpecError join_error("join", flags.join);
+namespace {
+
+// The ids a plan may name: the initial nodes and the joiners parsed so far.
+class KnownNodes {
+ public:
+  explicit KnownNodes(const std::vector<std::string>& initial)
+      : initial_ids_(initial), initial_(initial.begin(), initial.end()) {}
+
+  bool initial(const std::string& id) const { return initial_.count(id) > 0; }
+  bool known(const std::string& id) const {
+    return initial(id) || join_at_.count(id) > 0;
+  }
+  // When `id` joins; nullptr for an initial node.
+  const absl::Duration* join_at(const std::string& id) const {
+    auto it = join_at_.find(id);
+    return it == join_at_.end() ? nullptr : &it->second;
+  }
+  void AddJoiner(const std::string& id, absl::Duration at) {
+    join_at_[id] = at;
+    joiners_.push_back(id);
+  }
+  const std::vector<std::string>& initial_ids() const { return initial_ids_; }
+  // "unknown node ID (nodes: ...)".
+  std::string Unknown(const std::string& id) const {
+    return absl::StrCat("unknown node ", id,
+                        " (nodes: ", KnownIds(initial_ids_, joiners_), ")");
+  }
+
+ private:
+  const std::vector<std::string>& initial_ids_;
+  const std::set<std::string> initial_;
+  std::map<std::string, absl::Duration> join_at_;
+  std::vector<std::string> joiners_;
+};
+
+// --join: new ids, each joining once.
+absl::Status ParseJoins(const std::string& value, KnownNodes* nodes,
+                        FaultPlan* plan) {
+  const SpecError error("join", value);
   STARLING_ASSIGN_OR_RETURN(std::vector<IdAt> joins,
-                            ParseIdTimes(join_error, flags.join));
-  std::map<std::string, absl::Duration> join_at;
+                            ParseIdTimes(error, value));
   for (const IdAt& j : joins) {
-    const std::string& entry = j.entry;
-    if (initial.count(j.id)) {
-      return join_error(
-          entry, absl::StrCat("node ", j.id, " already exists (initial nodes: ",
-                              absl::StrJoin(initial_ids, ", "),
-                              "); pick a new id, e.g. n", initial_ids.size()));
+    if (nodes->initial(j.id)) {
+      return error(j.entry,
+                   absl::StrCat("node ", j.id,
+                                " already exists (initial "
+                                "nodes: ",
+                                absl::StrJoin(nodes->initial_ids(), ", "),
+                                "); pick a new id, e.g. n",
+                                nodes->initial_ids().size()));
     }
-    if (join_at.count(j.id)) {
-      return join_error(entry, absl::StrCat(j.id,
-                                            " joins twice; use --restart "
-                                            "to start it again"));
+    if (nodes->join_at(j.id) != nullptr) {
+      return error(j.entry, absl::StrCat(j.id,
+                                         " joins twice; use --restart "
+                                         "to start it again"));
     }
-    join_at[j.id] = j.at;
-    plan.joiners.push_back(j.id);
-    plan.events.push_back({FaultKind::kJoin, j.id, j.at, {}, {}});
+    nodes->AddJoiner(j.id, j.at);
+    plan->joiners.push_back(j.id);
+    plan->events.push_back({FaultKind::kJoin, j.id, j.at, {}, {}});
   }
-  auto known = [&](const std::string& id) {
-    return initial.count(id) > 0 || join_at.count(id) > 0;
-  };
+  return absl::OkStatus();
+}
 
-  const struct {
-    const char* name;
-    const std::string* value;
-    FaultKind kind;
-  } node_flags[] = {{"kill", &flags.kill, FaultKind::kKill},
-                    {"restart", &flags.restart, FaultKind::kRestart},
-                    {"leave", &flags.leave, FaultKind::kLeave}};
-  for (const auto& f : node_flags) {
-    const SpecError error(f.name, *f.value);
-    STARLING_ASSIGN_OR_RETURN(std::vector<IdAt> items,
-                              ParseIdTimes(error, *f.value));
-    for (const IdAt& item : items) {
-      const std::string& entry = item.entry;
-      if (!known(item.id)) {
-        return error(entry,
-                     absl::StrCat("unknown node ", item.id, " (nodes: ",
-                                  KnownIds(initial_ids, plan.joiners), ")"));
-      }
-      auto j = join_at.find(item.id);
-      if (j != join_at.end() && item.at < j->second) {
-        return error(entry, absl::StrCat(item.id, " joins only at ",
-                                         absl::FormatDuration(j->second)));
-      }
-      plan.events.push_back({f.kind, item.id, item.at, {}, {}});
+// --kill, --restart or --leave: known ids, a joiner only once it joined.
+absl::Status ParseNodeEvents(const char* flag, const std::string& value,
+                             FaultKind kind, const KnownNodes& nodes,
+                             FaultPlan* plan) {
+  const SpecError error(flag, value);
+  STARLING_ASSIGN_OR_RETURN(std::vector<IdAt> items,
+                            ParseIdTimes(error, value));
+  for (const IdAt& item : items) {
+    if (!nodes.known(item.id)) return error(item.entry, nodes.Unknown(item.id));
+    const absl::Duration* joins = nodes.join_at(item.id);
+    if (joins != nullptr && item.at < *joins) {
+      return error(item.entry, absl::StrCat(item.id, " joins only at ",
+                                            absl::FormatDuration(*joins)));
     }
+    plan->events.push_back({kind, item.id, item.at, {}, {}});
   }
+  return absl::OkStatus();
+}
 
-  const SpecError part_error("partition", flags.partition);
+// The groups of one partition entry: known ids, each in one group, at
+// least two groups.
+absl::Status ParseGroups(const SpecError& error, absl::string_view entry,
+                         absl::string_view groups, const KnownNodes& nodes,
+                         FaultEvent* ev) {
+  std::set<std::string> seen;
+  for (absl::string_view group : Entries(groups, '|')) {
+    std::vector<std::string> ids;
+    for (absl::string_view id : Entries(group, ',')) {
+      if (absl::Status s = CheckIdSyntax(id); !s.ok()) {
+        return error(entry, group.empty() ? "empty group" : s.message());
+      }
+      std::string sid(id);
+      if (!nodes.known(sid)) return error(entry, nodes.Unknown(sid));
+      if (!seen.insert(sid).second) {
+        return error(entry, absl::StrCat("node ", sid, " is in two groups"));
+      }
+      ids.push_back(std::move(sid));
+    }
+    ev->groups.push_back(std::move(ids));
+  }
+  if (ev->groups.size() < 2) {
+    return error(entry, "want at least two groups separated by '|'");
+  }
+  return absl::OkStatus();
+}
+
+// One --partition entry: GROUP|GROUP@START-END.
+absl::StatusOr<FaultEvent> ParsePartition(const SpecError& error,
+                                          absl::string_view entry,
+                                          const KnownNodes& nodes) {
+  if (entry.empty()) return error(entry, "empty entry (stray ';'?)");
+  std::vector<absl::string_view> parts = absl::StrSplit(entry, '@');
+  if (parts.size() != 2) {
+    return error(entry,
+                 "want GROUP|GROUP@START-END, e.g. "
+                 "n0,n1|n2,n3@20s-40s");
+  }
+  std::vector<absl::string_view> span =
+      absl::StrSplit(absl::StripAsciiWhitespace(parts[1]), '-');
+  if (span.size() != 2) {
+    return error(entry, "want a time span START-END, e.g. 20s-40s");
+  }
+  FaultEvent ev;
+  ev.kind = FaultKind::kPartitionStart;
+  absl::StatusOr<absl::Duration> start =
+      ParseTime(absl::StripAsciiWhitespace(span[0]));
+  if (!start.ok()) return error(entry, start.status().message());
+  absl::StatusOr<absl::Duration> end =
+      ParseTime(absl::StripAsciiWhitespace(span[1]));
+  if (!end.ok()) return error(entry, end.status().message());
+  if (*end <= *start) return error(entry, "the end must be after the start");
+  ev.at = *start;
+  ev.until = *end;
+  STARLING_RETURN_IF_ERROR(ParseGroups(error, entry, parts[0], nodes, &ev));
+  return ev;
+}
+
+// --partition: entries that do not overlap in time, each a start and an
+// end event.
+absl::Status ParsePartitions(const std::string& value, const KnownNodes& nodes,
+                             FaultPlan* plan) {
+  const SpecError error("partition", value);
   std::vector<std::pair<std::string, FaultEvent>> partitions;  // entry, event
-  if (!absl::StripAsciiWhitespace(flags.partition).empty()) {
-    for (absl::string_view entry : Entries(flags.partition, ';')) {
-      if (entry.empty()) return part_error(entry, "empty entry (stray ';'?)");
-      std::vector<absl::string_view> parts = absl::StrSplit(entry, '@');
-      if (parts.size() != 2) {
-        return part_error(entry,
-                          "want GROUP|GROUP@START-END, e.g. "
-                          "n0,n1|n2,n3@20s-40s");
-      }
-      std::vector<absl::string_view> span =
-          absl::StrSplit(absl::StripAsciiWhitespace(parts[1]), '-');
-      if (span.size() != 2) {
-        return part_error(entry, "want a time span START-END, e.g. 20s-40s");
-      }
-      FaultEvent ev;
-      ev.kind = FaultKind::kPartitionStart;
-      absl::StatusOr<absl::Duration> start =
-          ParseTime(absl::StripAsciiWhitespace(span[0]));
-      if (!start.ok()) return part_error(entry, start.status().message());
-      absl::StatusOr<absl::Duration> end =
-          ParseTime(absl::StripAsciiWhitespace(span[1]));
-      if (!end.ok()) return part_error(entry, end.status().message());
-      if (*end <= *start) {
-        return part_error(entry, "the end must be after the start");
-      }
-      ev.at = *start;
-      ev.until = *end;
-      std::set<std::string> seen;
-      for (absl::string_view group : Entries(parts[0], '|')) {
-        std::vector<std::string> ids;
-        for (absl::string_view id : Entries(group, ',')) {
-          if (absl::Status s = CheckIdSyntax(id); !s.ok()) {
-            return part_error(entry,
-                              group.empty() ? "empty group" : s.message());
-          }
-          std::string sid(id);
-          if (!known(sid)) {
-            return part_error(
-                entry, absl::StrCat("unknown node ", sid, " (nodes: ",
-                                    KnownIds(initial_ids, plan.joiners), ")"));
-          }
-          if (!seen.insert(sid).second) {
-            return part_error(entry,
-                              absl::StrCat("node ", sid, " is in two groups"));
-          }
-          ids.push_back(std::move(sid));
-        }
-        ev.groups.push_back(std::move(ids));
-      }
-      if (ev.groups.size() < 2) {
-        return part_error(entry, "want at least two groups separated by '|'");
-      }
+  if (!absl::StripAsciiWhitespace(value).empty()) {
+    for (absl::string_view entry : Entries(value, ';')) {
+      STARLING_ASSIGN_OR_RETURN(FaultEvent ev,
+                                ParsePartition(error, entry, nodes));
       partitions.emplace_back(std::string(entry), std::move(ev));
     }
   }
@@ -254,20 +293,37 @@ absl::StatusOr<FaultPlan> ParseFaultPlan(
       [](const auto& a, const auto& b) { return a.second.at < b.second.at; });
   for (size_t i = 0; i + 1 < partitions.size(); ++i) {
     if (partitions[i + 1].second.at < partitions[i].second.until) {
-      return part_error(
-          partitions[i + 1].first,
-          absl::StrCat("overlaps in time with '", partitions[i].first,
-                       "'; one partition at a time"));
+      return error(partitions[i + 1].first,
+                   absl::StrCat("overlaps in time with '", partitions[i].first,
+                                "'; one partition at a time"));
     }
   }
   for (const auto& entry_event : partitions) {
     const FaultEvent& p = entry_event.second;
-    plan.events.push_back(p);
+    plan->events.push_back(p);
     FaultEvent end = p;
     end.kind = FaultKind::kPartitionEnd;
     end.at = p.until;
-    plan.events.push_back(std::move(end));
+    plan->events.push_back(std::move(end));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<FaultPlan> ParseFaultPlan(
+    const FaultFlags& flags, const std::vector<std::string>& initial_ids) {
+  FaultPlan plan;
+  KnownNodes nodes(initial_ids);
+  // Joins first: the other flags may name joiners.
+  STARLING_RETURN_IF_ERROR(ParseJoins(flags.join, &nodes, &plan));
+  STARLING_RETURN_IF_ERROR(
+      ParseNodeEvents("kill", flags.kill, FaultKind::kKill, nodes, &plan));
+  STARLING_RETURN_IF_ERROR(ParseNodeEvents("restart", flags.restart,
+                                           FaultKind::kRestart, nodes, &plan));
+  STARLING_RETURN_IF_ERROR(
+      ParseNodeEvents("leave", flags.leave, FaultKind::kLeave, nodes, &plan));
+  STARLING_RETURN_IF_ERROR(ParsePartitions(flags.partition, nodes, &plan));
   std::stable_sort(plan.events.begin(), plan.events.end(),
                    [](const FaultEvent& a, const FaultEvent& b) {
                      if (a.at != b.at) return a.at < b.at;

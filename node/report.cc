@@ -120,14 +120,12 @@ struct Chart {
   std::string script;  // gnuplot commands after the terminal/output lines
 };
 
-}  // namespace
-
-absl::Status WriteReport(const std::string& dir, const ReportData& d) {
-  const std::string rdir = absl::StrCat(dir, "/report");
-  STARLING_RETURN_IF_ERROR(MakeDirs(rdir));
+// The data behind the charts: DIR/report/*.csv.
+absl::Status WriteCsvFiles(const std::string& rdir, const ReportData& d) {
   std::string val = "wall_seconds,val_loss\n";
-  for (auto [t, v] : d.val_vs_time)
+  for (auto [t, v] : d.val_vs_time) {
     absl::StrAppendFormat(&val, "%.3f,%.6f\n", t, v);
+  }
   std::string rounds =
       "round,cumulative_mb,train_loss,wall_seconds,hashes_agree,members\n";
   for (const auto& r : d.rounds) {
@@ -144,12 +142,12 @@ absl::Status WriteReport(const std::string& dir, const ReportData& d) {
   STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/val_loss.csv", val));
   STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/rounds.csv", rounds));
   STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/nodes.csv", nodes));
-  std::string faults = "wall_seconds,kind,node,skipped\n";
-  for (const auto& f : d.faults) {
-    absl::StrAppendFormat(&faults, "%.3f,%s,\"%s\",\"%s\"\n", f.wall_seconds,
-                          f.kind, f.node, f.skipped);
-  }
   if (!d.faults.empty()) {
+    std::string faults = "wall_seconds,kind,node,skipped\n";
+    for (const auto& f : d.faults) {
+      absl::StrAppendFormat(&faults, "%.3f,%s,\"%s\",\"%s\"\n", f.wall_seconds,
+                            f.kind, f.node, f.skipped);
+    }
     STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/faults.csv", faults));
   }
   if (!d.loss_marks.empty()) {
@@ -160,7 +158,18 @@ absl::Status WriteReport(const std::string& dir, const ReportData& d) {
     }
     STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/drift.csv", marks));
   }
+  if (!d.consensus.empty()) {
+    std::string csv = "step,distance,nodes\n";
+    for (const auto& c : d.consensus) {
+      absl::StrAppendFormat(&csv, "%d,%.9g,%d\n", c.step, c.distance, c.nodes);
+    }
+    STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/consensus.csv", csv));
+  }
+  return absl::OkStatus();
+}
 
+// The charts the data has points for, in the page's order.
+std::vector<Chart> ChartsFor(const ReportData& d) {
   std::vector<Chart> charts = {
       {"val_loss_vs_time.png",
        d.loss_marks.empty() ? "Validation loss vs wall time"
@@ -199,11 +208,6 @@ absl::Status WriteReport(const std::string& dir, const ReportData& d) {
                  charts.end());
   }
   if (!d.consensus.empty()) {
-    std::string csv = "step,distance,nodes\n";
-    for (const auto& c : d.consensus) {
-      absl::StrAppendFormat(&csv, "%d,%.9g,%d\n", c.step, c.distance, c.nodes);
-    }
-    STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/consensus.csv", csv));
     charts.push_back(
         {"consensus.png", "Consensus distance (gossip)",
          "set xlabel 'step'; set ylabel '(1/n) sum |theta_i - mean|^2';"
@@ -211,6 +215,11 @@ absl::Status WriteReport(const std::string& dir, const ReportData& d) {
          "plot 'consensus.csv' using 1:2 with linespoints lw 2 pt 7 title "
          "'consensus distance over the nodes with a snapshot'"});
   }
+  return charts;
+}
+
+// The gnuplot script that draws `charts` from the CSV files.
+std::string ChartsScript(const std::vector<Chart>& charts) {
   std::string script;
   for (const Chart& c : charts) {
     // columnhead makes gnuplot read each CSV's first line as the header.
@@ -221,21 +230,53 @@ absl::Status WriteReport(const std::string& dir, const ReportData& d) {
                     "set output '",
                     c.file, "';\nset title '", c.title, "';\n", c.script, "\n");
   }
-  STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/charts.gp", script));
-  absl::Status charts_status = absl::OkStatus();
+  return script;
+}
+
+// Runs gnuplot on DIR/report/charts.gp. An error says why the page has no
+// charts.
+absl::Status DrawCharts(const std::string& rdir) {
   if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
-    charts_status = absl::FailedPreconditionError(
+    return absl::FailedPreconditionError(
         "gnuplot is not installed (apt-get install gnuplot-nox); report.html "
         "has no charts");
-  } else {
-    std::string cmd =
-        absl::StrCat("cd '", rdir, "' && gnuplot charts.gp >gnuplot.log 2>&1");
-    if (std::system(cmd.c_str()) != 0) {
-      charts_status = absl::InternalError(
-          absl::StrCat("gnuplot failed; see ", rdir, "/gnuplot.log"));
-    }
   }
+  std::string cmd =
+      absl::StrCat("cd '", rdir, "' && gnuplot charts.gp >gnuplot.log 2>&1");
+  if (std::system(cmd.c_str()) != 0) {
+    return absl::InternalError(
+        absl::StrCat("gnuplot failed; see ", rdir, "/gnuplot.log"));
+  }
+  return absl::OkStatus();
+}
 
+// The table of figures, then the table of fault events if any.
+std::string TablesHtml(const ReportData& d) {
+  std::string html = "<table>\n";
+  for (const auto& [k, v] : d.facts) {
+    absl::StrAppend(&html, "<tr><th>", Html(k), "</th><td>", Html(v),
+                    "</td></tr>\n");
+  }
+  absl::StrAppend(&html, "</table>\n");
+  if (d.faults.empty()) return html;
+  absl::StrAppend(&html,
+                  "<h2>Fault events</h2>\n<table>\n<tr><th>wall "
+                  "seconds</th><th>event</th><th>node</th><th>outcome</th>"
+                  "</tr>\n");
+  for (const auto& f : d.faults) {
+    absl::StrAppendFormat(
+        &html, "<tr><td>%.1f</td><td>%s</td><td>%s</td><td>%s</td></tr>\n",
+        f.wall_seconds, Html(f.kind), Html(f.node),
+        f.skipped.empty() ? std::string("carried out")
+                          : Html(absl::StrCat("skipped: ", f.skipped)));
+  }
+  absl::StrAppend(&html, "</table>\n");
+  return html;
+}
+
+// report.html: the tables, each chart (or why it is missing), the data.
+std::string ReportHtml(const ReportData& d, const std::vector<Chart>& charts,
+                       const absl::Status& charts_status) {
   std::string html = absl::StrCat(
       "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>",
       Html(d.title),
@@ -243,26 +284,7 @@ absl::Status WriteReport(const std::string& dir, const ReportData& d) {
       "auto}table{border-collapse:collapse}td,th{border:1px solid "
       "#ccc;padding:4px 10px;text-align:left}img{max-width:100%}</style>"
       "</head><body>\n<h1>",
-      Html(d.title), "</h1>\n<table>\n");
-  for (const auto& [k, v] : d.facts) {
-    absl::StrAppend(&html, "<tr><th>", Html(k), "</th><td>", Html(v),
-                    "</td></tr>\n");
-  }
-  absl::StrAppend(&html, "</table>\n");
-  if (!d.faults.empty()) {
-    absl::StrAppend(&html,
-                    "<h2>Fault events</h2>\n<table>\n<tr><th>wall "
-                    "seconds</th><th>event</th><th>node</th><th>outcome</th>"
-                    "</tr>\n");
-    for (const auto& f : d.faults) {
-      absl::StrAppendFormat(
-          &html, "<tr><td>%.1f</td><td>%s</td><td>%s</td><td>%s</td></tr>\n",
-          f.wall_seconds, Html(f.kind), Html(f.node),
-          f.skipped.empty() ? std::string("carried out")
-                            : Html(absl::StrCat("skipped: ", f.skipped)));
-    }
-    absl::StrAppend(&html, "</table>\n");
-  }
+      Html(d.title), "</h1>\n", TablesHtml(d));
   for (const Chart& c : charts) {
     absl::StrAppend(&html, "<h2>", Html(c.title), "</h2>\n");
     if (charts_status.ok()) {
@@ -280,7 +302,21 @@ absl::Status WriteReport(const std::string& dir, const ReportData& d) {
       "href=\"report/nodes.csv\">nodes.csv</a>, ",
       d.faults.empty() ? "" : "<a href=\"report/faults.csv\">faults.csv</a>, ",
       "<a href=\"summary.json\">summary.json</a>.</p>\n</body></html>\n");
-  STARLING_RETURN_IF_ERROR(WriteFileAtomic(dir + "/report.html", html));
+  return html;
+}
+
+}  // namespace
+
+absl::Status WriteReport(const std::string& dir, const ReportData& d) {
+  const std::string rdir = absl::StrCat(dir, "/report");
+  STARLING_RETURN_IF_ERROR(MakeDirs(rdir));
+  STARLING_RETURN_IF_ERROR(WriteCsvFiles(rdir, d));
+  const std::vector<Chart> charts = ChartsFor(d);
+  STARLING_RETURN_IF_ERROR(
+      WriteFileAtomic(rdir + "/charts.gp", ChartsScript(charts)));
+  const absl::Status charts_status = DrawCharts(rdir);
+  STARLING_RETURN_IF_ERROR(WriteFileAtomic(
+      dir + "/report.html", ReportHtml(d, charts, charts_status)));
   return charts_status;
 }
 
