@@ -1,8 +1,16 @@
 #include "node/diloco_loop.h"
 
-#include <future>
+#include <algorithm>
+#include <cmath>
+#include <utility>
 
-#include "node/node_flags.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/flat_params.h"
+#include "core/logging.h"
+#include "core/status.h"
+#include "node/elastic_swarm.h"
 
 namespace starling {
 namespace {
@@ -20,891 +28,779 @@ bool SteadyMembers(const Swarm& swarm, std::vector<std::string> last,
   return alive == last;
 }
 
-// DiLoCo's adaptive sync (flags --round_seconds ... --divergence_threshold):
+ExchangeSettings ExchangeSettingsOf(const NodeRun& run) {
+  ExchangeSettings s;
+  s.rpc_timeout = run.config.net.round_timeout;
+  s.round_deadline = run.config.net.round_deadline;
+  s.ring_codec = run.codecs.ring_codec;
+  s.flush_codec = run.codecs.flush.get();
+  s.robust = run.config.diloco.robust;
+  s.aggregate = run.config.diloco.aggregate;
+  s.norm_bound = run.config.diloco.norm_bound;
+  s.n_params = run.n_params;
+  s.watchdog = run.ops.watchdog.get();
+  return s;
+}
 
-// `step` < 0: the trainer's (--overlap serves a θ_global that its trainer
-// has already trained past: the step its round ended at).
-SwarmState CurrentState(const NodeRun& run,
-                        const std::vector<float>& theta_global,
-                        const std::string& lineage, int step = -1) {
-  SwarmState st;
-  st.round = run.round;
-  st.step = step >= 0 ? step : run.trainer->state().step();
-  st.lineage = lineage;
-  st.member_rounds = run.member_rounds;
-  st.theta = theta_global;
-  st.outer_state = run.outer->SaveState();
-  return st;
+DilocoRoundOptions RoundOptionsOf(const NodeRun& run) {
+  DilocoRoundOptions o;
+  o.weighting = run.config.diloco.sync.weighting;
+  o.inner_steps = run.config.inner_steps;
+  o.ef_in_model = run.codecs.ef_in_model;
+  return o;
 }
 
 }  // namespace
 
-// Elastic DiLoCo over a Swarm (gossip/swarm.h describes the protocol).
-int RunDiloco(NodeRun& run) {
-  Trainer& trainer = *run.trainer;
-  const TrainConfig& config = run.config;
-  absl::StatusOr<SwarmOptions> shared = SharedSwarmOptions(run, "diloco");
-  if (!shared.ok()) return Fail(shared.status(), 2);
-  SwarmOptions so = std::move(shared).value();
-  const std::string node_id = so.node_id;
-  const int min_members = absl::GetFlag(FLAGS_min_members);
-  const double deadline_s = absl::GetFlag(FLAGS_round_deadline);
+int RunDiloco(NodeRun& run) { return DilocoLoop(run).Run(); }
 
-  std::vector<float> theta_global = Flatten(run.params);
-  std::string lineage = FlatHash(theta_global);
-  run.theta_global = &theta_global;
-  // A resumed node trains on from its own model (its residual restored).
-  if (absl::Status s = run.LoadNodeModel(); !s.ok()) return Fail(s, 1);
-  // Where this node is: the next round, on θ_global (hash and weight).
-  auto here = [&] {
-    return Swarm::Lineage{run.round, lineage, run.member_rounds, {}};
-  };
-  EventLog events(absl::StrCat(run.out, "/events.jsonl"), node_id,
-                  trainer.state().wall_seconds());
-  MemberChanges changes(node_id);
-  so.identity.compression = run.ring_policy->Name();
-  so.identity.aggregate = AggregateName(run.aggregate);
-  if (run.norm_bound > 0) {
-    absl::StrAppend(&so.identity.aggregate, ",norm_bound=", run.norm_bound);
+DilocoLoop::DilocoLoop(NodeRun& run)
+    : run_(run),
+      trainer_(run.trainer),
+      config_(run.config),
+      total_(run.config.train.steps()),
+      n_rounds_((total_ + run.config.inner_steps - 1) / run.config.inner_steps +
+                (run.codecs.ef_in_model ? 1 : 0)),  // the flush
+      round_options_(RoundOptionsOf(run)),
+      exchange_settings_(ExchangeSettingsOf(run)),
+      session_(run, run.config.net.node_id),
+      sync_(run.config.diloco.sync) {
+  session_.SetSharedModelScope([this](const std::function<absl::Status()>& fn) {
+    return WithGlobalModel(fn);
+  });
+}
+
+DilocoLoop::~DilocoLoop() { abandon_ = true; }
+
+int DilocoLoop::Run() {
+  if (absl::Status s = Start(); !s.ok()) return Fail(s);
+  absl::StatusOr<bool> left = Train();
+  if (!left.ok()) return Fail(left.status());
+  return End(*left);
+}
+
+// ---------------------------------------------------------------------------
+// Start
+
+SwarmOptions DilocoLoop::DilocoSwarmOptions(SwarmOptions so) {
+  const NodeCodecs& codecs = run_.codecs;
+  const int64_t pack = run_.n_params + kWeightingSlots + 1;
+  so.identity.compression = codecs.ring->Name();
+  so.identity.aggregate = AggregateName(config_.diloco.aggregate);
+  if (config_.diloco.norm_bound > 0) {
+    absl::StrAppend(&so.identity.aggregate,
+                    ",norm_bound=", config_.diloco.norm_bound);
   }
-  so.round_deadline = absl::Seconds(deadline_s);
+  so.round_deadline = config_.net.round_deadline;
   so.mailbox.run_id = so.identity.run_id;
-  so.mailbox.tensors = {{kPseudoGrad, run.n_params + kWeightingSlots + 1},
-                        {kPseudoGradWhole, run.n_params + kWeightingSlots + 1}};
+  so.mailbox.tensors = {{kPseudoGrad, pack}, {kPseudoGradWhole, pack}};
   so.mailbox.whole_tensors = {kPseudoGradWhole};
-  if (run.ring_codec != nullptr) {
+  if (codecs.ring_codec != nullptr) {
     so.mailbox.compressed_bytes_per_element = {{kPseudoGrad, 8}};
   }
-  if (run.ef_in_model) {
-    so.mailbox.tensors[kResidualFlush] = run.n_params + kWeightingSlots + 1;
+  if (codecs.ef_in_model) {
+    so.mailbox.tensors[kResidualFlush] = pack;
     so.mailbox.compressed_bytes_per_element[kResidualFlush] = 8;
     // Members that flush and members that do not cannot share rounds.
     absl::StrAppend(&so.identity.compression, " with error feedback");
   }
-  so.on_member_change = [&](const MembershipChange& c) { changes.Add(c); };
+  MemberChanges* changes = &session_.changes();
+  so.on_member_change = [changes](const MembershipChange& c) {
+    changes->Add(c);
+  };
   // A second SIGINT/SIGTERM leaves at once, also from the middle of an
-  // all-reduce that waits for a slow or silent peer.
-  so.interrupted = [] { return StopSignalCount() >= 2; };
-  absl::StatusOr<std::unique_ptr<Swarm>> started = Swarm::Start(so);
-  if (!started.ok()) {
-    return Fail(started.status(),
-                absl::IsInvalidArgument(started.status()) ? 2 : 1);
-  }
-  Swarm& swarm = **started;
-  auto bytes_sent = [&] { return run.prior[0] + swarm.bytes_sent(); };
-  auto bytes_received = [&] { return run.prior[1] + swarm.bytes_received(); };
-  auto log_changes = [&] { changes.Log(events); };
+  // all-reduce that waits for a slow or silent peer; so does a loop that
+  // ends with a round in flight.
+  so.interrupted = [abandon = &abandon_] {
+    return StopSignalCount() >= 2 || abandon->load();
+  };
+  return so;
+}
+
+absl::Status DilocoLoop::Start() {
+  absl::StatusOr<SwarmOptions> shared = ElasticSwarmOptions(run_, "diloco");
+  if (!shared.ok()) return WithExitCode(shared.status(), 2);
+  theta_global_ = Flatten(run_.params);
+  lineage_ = FlatHash(theta_global_);
+  // A resumed node trains on from its own model (its residual restored).
+  STARLING_RETURN_IF_ERROR(LoadNodeModel());
+  const SwarmOptions so = DilocoSwarmOptions(*std::move(shared));
+  STARLING_ASSIGN_OR_RETURN(std::unique_ptr<Swarm> swarm, StartSwarm(so));
+  swarm_ = &session_.AttachSwarm(std::move(swarm));
   // Not joining: a fresh node starts on the initial lineage with the others;
   // one that is behind turns to joining while it catches up.
-  swarm.SetProgress(here(), /*joining=*/false);
-  STARLING_LOG(INFO) << node_id << " (diloco, elastic) listening on "
-                     << swarm.address() << ", "
-                     << trainer.model().Architecture() << ", " << run.n_params
-                     << " parameters, data " << trainer.dataset().Describe();
-  const absl::Duration connect =
-      absl::Seconds(absl::GetFlag(FLAGS_connect_timeout));
-  NodeOps& ops = *run.ops;
-  ops.watchdog->Waiting(2 * connect);
-  // Metrics that change outside the training thread: traffic, peers, RPC
-  // errors, refreshed every second.
-  std::atomic<int64_t> before_compression{run.prior[2]};
-  std::atomic<int64_t> after_compression{run.prior[3]};
-  std::atomic<bool> poll_stop{false};
-  std::thread poller;
-  if (ops.metrics) {
-    poller = std::thread([&] {
-      while (!poll_stop.load()) {
-        ops.metrics->SetTraffic(bytes_sent(), bytes_received(),
-                                before_compression.load(),
-                                after_compression.load());
-        int known = 0, connected = 0;
-        for (const peer::v1::MemberEntry& e : swarm.Members()) {
-          if (e.id() == node_id) continue;
-          if (e.state() == peer::v1::MEMBER_ALIVE) ++connected;
-          if (e.state() == peer::v1::MEMBER_ALIVE ||
-              e.state() == peer::v1::MEMBER_SUSPECT) {
-            ++known;
-          }
-        }
-        ops.metrics->SetPeers(known, connected);
-        ops.metrics->SetRpcErrors(swarm.rpc_errors());
-        ops.metrics->SetRefusals(swarm.refusals());
-        absl::SleepFor(absl::Seconds(1));
-      }
-    });
-  }
-  struct PollerJoin {
-    std::atomic<bool>& stop;
-    std::thread& t;
-    ~PollerJoin() {
-      stop = true;
-      if (t.joinable()) t.join();
+  swarm_->SetProgress(Here(), /*joining=*/false);
+  session_.LogModel(absl::StrCat(config_.net.node_id,
+                                 " (diloco, elastic) listening on ",
+                                 swarm_->address()));
+  run_.ops.watchdog->Waiting(2 * config_.net.connect_timeout);
+  session_.SetCompressionTraffic(run_.state.prior.before_compression,
+                                 run_.state.prior.after_compression);
+  session_.StartMetricsPoller();
+  if (run_.ops.metrics) run_.ops.metrics->SetOuterLr(config_.diloco.outer.lr);
+  STARLING_RETURN_IF_ERROR(JoinSwarm(run_, session_, *swarm_));
+  STARLING_RETURN_IF_ERROR(WaitForMembers(run_, *swarm_));
+  session_.Start(JsonObject()
+                     .Add("algo", "diloco")
+                     .Add("address", swarm_->address())
+                     .Add("round", run_.state.round)
+                     .Add("step", static_cast<int64_t>(trainer_.state().step()))
+                     .Add("parameters", run_.n_params)
+                     .Add("model_hash", lineage_));
+  Serve();
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// The round loop
+
+absl::StatusOr<bool> DilocoLoop::Train() {
+  for (;;) {
+    STARLING_ASSIGN_OR_RETURN(const bool left, RunRounds());
+    if (pending_) {
+      // Left while a round was in flight (a second signal): settle it, so
+      // that the checkpoint holds a θ_global the swarm agreed on.
+      std::unique_ptr<RoundInFlight> prev = std::move(pending_);
+      STARLING_RETURN_IF_ERROR(
+          FinishRound(*prev, /*overlapped=*/true).status());
     }
-  } poller_join{poll_stop, poller};
-  if (ops.metrics) ops.metrics->SetOuterLr(absl::GetFlag(FLAGS_outer_lr));
-  if (absl::Status s = swarm.JoinSwarm(absl::Now() + connect); !s.ok()) {
-    events.Write("error", JsonObject().Add("message", s.message()));
-    return Fail(s, absl::IsFailedPrecondition(s) ? 2 : 1);
+    session_.LogMemberChanges();
+    run_.ops.SetReady(false);
+    if (left) return true;
+    if (!StayUntilCaughtUp()) return false;
   }
-  if (absl::Status s = swarm.WaitForMembers(min_members, absl::Now() + connect);
-      !s.ok()) {
-    return Fail(s, 1);
+}
+
+absl::StatusOr<bool> DilocoLoop::RunRounds() {
+  while (trainer_.state().step() < total_ || FlushDue()) {
+    session_.LogMemberChanges();
+    // A second SIGINT/SIGTERM leaves at once (the first: see the vote).
+    if (StopSignalCount() >= 2) return true;
+    STARLING_ASSIGN_OR_RETURN(const bool go_on, RunRound());
+    if (!go_on) return true;
   }
-  events.Write(config.resume() ? "resume" : "start",
-               JsonObject()
-                   .Add("algo", "diloco")
-                   .Add("address", swarm.address())
-                   .Add("round", run.round)
-                   .Add("step", static_cast<int64_t>(trainer.state().step()))
-                   .Add("parameters", run.n_params)
-                   .Add("model_hash", lineage));
-  InstallStopSignals();
+  return false;
+}
 
-  const int total = config.steps();
-  const int64_t n_rounds =
-      (total + run.h - 1) / run.h + (run.ef_in_model ? 1 : 0);  // the flush
-  int last_rank = 0, last_world = 1;
-  bool left = false;
-  auto serve = [&](int step = -1) {
-    swarm.ServeState(CurrentState(run, theta_global, lineage, step));
-  };
-  serve();
+absl::StatusOr<bool> DilocoLoop::RunRound() {
+  const Swarm::Lineage best = swarm_->Best();
+  if (!pending_ && Swarm::Ahead(best, Here()) && !best.donors.empty()) {
+    CatchUpOrPause(best);
+    return true;
+  }
+  swarm_->SetProgress(Here(), /*joining=*/false);
+  // On the best lineage, with the model: ready (and it stays so).
+  run_.ops.SetReady(StopSignal() == 0);
+  STARLING_ASSIGN_OR_RETURN(const InnerSteps inner, RunInnerSteps());
+  if (inner.abandoned) {
+    trainer_.set_step(inner.prev_step);
+    STARLING_RETURN_IF_ERROR(LoadNodeModel());
+    return false;
+  }
+  std::vector<float> delta = RoundPseudoGradient();
+  if (pending_) {
+    // --overlap: the previous round's outcome. When it did not commit,
+    // this round's inner steps are dropped too: they started from a
+    // θ_global the swarm did not keep.
+    std::unique_ptr<RoundInFlight> prev = std::move(pending_);
+    STARLING_ASSIGN_OR_RETURN(const RoundAction a,
+                              FinishRound(*prev, /*overlapped=*/true));
+    if (a == RoundAction::kLeave) return false;
+    if (a == RoundAction::kRetry) return true;
+  }
+  std::vector<float> eager_start;
+  if (config_.diloco.overlap) {
+    eager_start = theta_global_;
+    for (size_t i = 0; i < delta.size(); ++i) eager_start[i] -= delta[i];
+  }
+  STARLING_ASSIGN_OR_RETURN(std::unique_ptr<RoundInFlight> round,
+                            BuildRound(inner, std::move(delta)));
+  const bool overlap_now = OverlapNow(inner.prev_step);
+  // Not "round": scripts read "round":N as that round's commit.
+  session_.events().Write(
+      "sync", JsonObject()
+                  .Add("sync_round", run_.state.round)
+                  .Add("step", static_cast<int64_t>(trainer_.state().step()))
+                  .Add("overlapped", overlap_now));
+  round->exchange->Launch(*swarm_, Here(), overlap_now, abandon_);
+  if (overlap_now) {
+    STARLING_RETURN_IF_ERROR(StartEagerly(std::move(eager_start)));
+    pending_ = std::move(round);
+    return true;
+  }
+  STARLING_ASSIGN_OR_RETURN(const RoundAction a,
+                            FinishRound(*round, /*overlapped=*/false));
+  return a != RoundAction::kLeave;
+}
 
-  // Catches up with the best lineage in the swarm (a joiner, a restarted
-  // node, a member that missed a round, the losing side of a partition).
+// ---------------------------------------------------------------------------
+// Catching up
+
+absl::Status DilocoLoop::CatchUp(const Swarm::Lineage& best) {
   // What failed attempts moved and retried counts in the transfer that
   // succeeds after them (e.g. a donor died mid-transfer, and the others had
   // not reached its round yet).
-  Swarm::FetchStats fetch_stats;
-  auto catch_up = [&](const Swarm::Lineage& best) -> absl::Status {
-    ops.watchdog->Waiting(so.rpc_timeout);
-    swarm.SetProgress(here(), /*joining=*/true);
-    absl::StatusOr<SwarmState> st = swarm.FetchState(
-        best.donors, &best, absl::Now() + so.rpc_timeout, &fetch_stats);
-    if (!st.ok()) return st.status();
-    STARLING_RETURN_IF_ERROR(run.outer->LoadState(st->outer_state));
-    theta_global = std::move(st->theta);
-    STARLING_RETURN_IF_ERROR(Unflatten(theta_global, run.params));
-    const int64_t from_round = run.round;
-    run.round = st->round;
-    lineage = st->lineage;
-    run.member_rounds = st->member_rounds;
-    trainer.set_step(static_cast<int>(st->step));
-    // The residual belongs to the abandoned lineage.
-    if (run.feedback)
-      run.feedback = std::make_unique<ErrorFeedback>(run.n_params);
-    events.Write("state_transfer",
-                 JsonObject()
-                     .Add("from", fetch_stats.donor)
-                     .Add("round", run.round)
-                     .Add("from_round", from_round)
-                     .Add("step", static_cast<int64_t>(st->step))
-                     .Add("bytes", fetch_stats.bytes)
-                     .Add("seconds", fetch_stats.seconds)
-                     .Add("retries", static_cast<int64_t>(fetch_stats.retries))
-                     .Add("model_hash", lineage));
-    SetLogPosition(run.round, st->step);
-    LogEvent(LogLevel::kInfo, "state_transfer",
-             absl::StrFormat(
-                 "%s caught up: round %d, step %d from %s (%s in %.2f s)",
-                 node_id, run.round, st->step, fetch_stats.donor,
-                 FormatBytes(static_cast<double>(fetch_stats.bytes)),
-                 fetch_stats.seconds),
-             {{"peer", fetch_stats.donor}});
-    fetch_stats = Swarm::FetchStats();
-    serve();
-    swarm.SetProgress(here(), /*joining=*/false);
-    return absl::OkStatus();
-  };
+  const absl::Duration timeout = config_.net.round_timeout;
+  run_.ops.watchdog->Waiting(timeout);
+  swarm_->SetProgress(Here(), /*joining=*/true);
+  STARLING_ASSIGN_OR_RETURN(
+      SwarmState st, swarm_->FetchState(best.donors, &best,
+                                        absl::Now() + timeout, &fetch_stats_));
+  NodeState& state = run_.state;
+  STARLING_RETURN_IF_ERROR(state.outer->LoadState(st.outer_state));
+  theta_global_ = std::move(st.theta);
+  STARLING_RETURN_IF_ERROR(Unflatten(theta_global_, run_.params));
+  const int64_t from_round = state.round;
+  state.round = st.round;
+  lineage_ = st.lineage;
+  state.member_rounds = st.member_rounds;
+  trainer_.set_step(static_cast<int>(st.step));
+  // The residual belongs to the abandoned lineage.
+  if (state.feedback) *state.feedback = ErrorFeedback(run_.n_params);
+  session_.events().Write(
+      "state_transfer",
+      JsonObject()
+          .Add("from", fetch_stats_.donor)
+          .Add("round", state.round)
+          .Add("from_round", from_round)
+          .Add("step", static_cast<int64_t>(st.step))
+          .Add("bytes", fetch_stats_.bytes)
+          .Add("seconds", fetch_stats_.seconds)
+          .Add("retries", static_cast<int64_t>(fetch_stats_.retries))
+          .Add("model_hash", lineage_));
+  SetLogPosition(state.round, st.step);
+  LogEvent(LogLevel::kInfo, "state_transfer",
+           absl::StrFormat(
+               "%s caught up: round %d, step %d from %s (%s in %.2f s)",
+               config_.net.node_id, state.round, st.step, fetch_stats_.donor,
+               FormatBytes(static_cast<double>(fetch_stats_.bytes)),
+               fetch_stats_.seconds),
+           {{"peer", fetch_stats_.donor}});
+  fetch_stats_ = Swarm::FetchStats();
+  Serve();
+  swarm_->SetProgress(Here(), /*joining=*/false);
+  return absl::OkStatus();
+}
 
-  // When the last round committed here (see --round_seconds).
-  absl::Time committed_at = absl::InfiniteFuture();
-  // One round's exchange, from its inner steps to its outer step. With
-  // --overlap it outlives the loop iteration that launched it.
-  struct RoundCtx {
-    int prev_step = 0, steps = 0;
-    bool early = false;
-    // The residual flush after the last round (ef_in_model): no inner
-    // steps; the ring averages the members' residuals.
-    bool flush = false;
-    double loss_sum = 0;
-    int64_t samples = 0, sent_before = 0;
-    absl::Time round_start, sync_start, sync_end;
-    std::string ef_before;
-    std::vector<float> input, delta;
-    // What the attempt all-reduces. Shared, because the ring sends from it
-    // with no copy and gRPC may hold it after a failed send.
-    std::shared_ptr<std::vector<float>> work;
-    RingStats attempt_stats;
-    int attempts_run = 0, rank = 0, world = 1;
-    // --aggregate / --norm_bound: the last attempt's verdict on each
-    // member's contribution, by rank (members: their ids).
-    std::vector<PackVerdict> verdicts;
-    std::vector<std::string> members;
-    std::future<absl::StatusOr<Swarm::RoundResult>> result;
-  };
-  enum class RoundAction { kNext, kRetry, kLeave };
-  const bool overlap = absl::GetFlag(FLAGS_overlap);
-  // Set when this function returns with a round still in flight (an
-  // error): the round then gives up at its next wait instead of holding the
-  // exit up (the future's destructor waits for it).
-  std::atomic<bool> abandon_round{false};
-  std::shared_ptr<RoundCtx> pending;  // --overlap: the round in flight
-  double last_train_loss = 0;         // of the last round recorded
-  struct AbandonOnExit {
-    std::atomic<bool>& flag;
-    ~AbandonOnExit() { flag = true; }
-  } abandon_on_exit{abandon_round};       // destroyed before `pending`
-  std::vector<float> eager_start;         // where the round behind it started
-  std::vector<std::string> last_members;  // of the last committed round
-  int64_t recorded_sent = -1;  // bytes_sent() as the last round was recorded
-  // Runs the round protocol for `ctx` on run.round: on a thread of its own
-  // (async: the training thread goes on), or deferred to finish_round.
-  auto launch_round = [&](const std::shared_ptr<RoundCtx>& ctx, bool async) {
-    Swarm::Reduce reduce = [&ops, &so, &run, ctx, async, round = run.round](
-                               Transport& t, int64_t seq,
-                               const std::vector<std::string>& members) {
-      ++ctx->attempts_run;
-      if (!async) ops.watchdog->Waiting(so.rpc_timeout * 2);
-      // Fresh memory per attempt: a failed attempt's send may still hold
-      // the last one.
-      ctx->work = std::make_shared<std::vector<float>>(ctx->input);
-      ctx->attempt_stats = RingStats();
-      RingOptions o;
-      o.step_timeout = so.rpc_timeout;
-      o.tensor = ctx->flush ? kResidualFlush : kPseudoGrad;
-      o.round = seq;
-      o.codec = ctx->flush ? run.flush_policy.get() : run.ring_codec;
-      o.stats = &ctx->attempt_stats;
-      ctx->rank = t.rank();
-      ctx->world = t.world();
-      if (!run.robust) {
-        o.data_owner = ctx->work;
-        return RingAllReduceSum(t, absl::MakeSpan(*ctx->work), o);
-      }
-      // Every member gets every member's pack, checks each and combines
-      // the accepted ones by the same rule: the same bytes everywhere.
-      o.tensor = kPseudoGradWhole;
-      o.codec = nullptr;
-      std::vector<std::vector<float>> packs;
-      std::vector<std::string> refused;
-      STARLING_RETURN_IF_ERROR(
-          AllGatherWhole(t, ctx->input, o, &packs, &refused));
-      std::vector<absl::Span<const float>> spans(packs.begin(), packs.end());
-      ctx->verdicts.assign(packs.size(), PackVerdict());
-      for (size_t i = 0; i < packs.size(); ++i) {
-        ctx->verdicts[i].reason = refused[i];
-      }
-      ctx->members = members;
-      absl::StatusOr<AggregateStats> st = AggregatePacks(
-          run.aggregate, run.norm_bound, run.n_params, /*extras=*/1, spans,
-          &ctx->verdicts, absl::MakeSpan(*ctx->work));
-      for (size_t i = 0; i < ctx->verdicts.size(); ++i) {
-        if (ctx->verdicts[i].accepted) continue;
-        const std::string who =
-            i < members.size() ? members[i] : absl::StrCat("rank ", i);
-        LogEvent(LogLevel::kWarning, "contribution_dropped",
-                 absl::StrCat("round ", round, ": dropped the contribution of ",
-                              who, ": ", ctx->verdicts[i].reason),
-                 {{"peer", who}});
-      }
-      if (!st.ok()) return st.status();
-      if (st->fell_back_to_median) {
-        LogEvent(
-            LogLevel::kWarning, "aggregate",
-            absl::StrCat("round ", round, ": only ", st->accepted,
-                         " contributions passed, too few for ",
-                         AggregateName(run.aggregate), "; used their median"));
-      }
-      return absl::OkStatus();
-    };
-    ctx->sync_start = absl::Now();
-    auto body = [&swarm, &ops, &so, &abandon_round, at = here(), reduce, ctx,
-                 async]() {
-      // The training thread keeps the watchdog fed while it trains.
-      auto alive = [&] {
-        if (!async) ops.watchdog->Waiting(so.round_deadline + so.rpc_timeout);
-      };
-      alive();
-      absl::StatusOr<Swarm::RoundResult> r = swarm.SyncRound(at, reduce, [&] {
-        alive();  // polled while the protocol waits: the loop is alive
-        return StopSignalCount() >= 2 || abandon_round.load();
-      });
-      ctx->sync_end = absl::Now();
-      return r;
-    };
-    ctx->result = std::async(async ? std::launch::async : std::launch::deferred,
-                             std::move(body));
-  };
-  // Waits for `c`'s outcome and applies it: the outer step on commit;
-  // otherwise back to the round's start (and, overlapped, the inner steps
-  // run since then are dropped too). kRetry: catch up, then go on.
-  auto finish_round = [&](RoundCtx& c,
-                          bool overlapped) -> absl::StatusOr<RoundAction> {
-    if (overlapped) {
-      ops.watchdog->Waiting(so.round_deadline + so.rpc_timeout);
-      while (c.result.wait_for(std::chrono::milliseconds(200)) !=
-             std::future_status::ready) {
-        ops.watchdog->Waiting(so.round_deadline + so.rpc_timeout);
+bool DilocoLoop::CatchUpOrPause(const Swarm::Lineage& best) {
+  committed_at_ = absl::InfiniteFuture();
+  absl::Status s = CatchUp(best);
+  if (s.ok()) return true;
+  LogEvent(LogLevel::kWarning, "state_transfer",
+           absl::StrCat(config_.net.node_id, ": catching up failed (",
+                        s.message(), "); retrying"));
+  absl::SleepFor(absl::Seconds(1));
+  return false;
+}
+
+// ---------------------------------------------------------------------------
+// Inner steps
+
+absl::StatusOr<DilocoLoop::InnerSteps> DilocoLoop::RunInnerSteps() {
+  InnerSteps in;
+  in.round_start = absl::Now();
+  in.sent_before = session_.BytesSent();
+  in.prev_step = trainer_.state().step();
+  in.flush = in.prev_step >= total_;
+  // How many inner steps this round: H (adaptive between --min_inner_steps
+  // and --max_inner_steps), or as many as fit in --round_seconds. Either
+  // way a drift alarm or divergence here, or an early-sync request from any
+  // member, ends the round sooner.
+  const bool timed = sync_.round_seconds > 0;
+  int cap = total_ - in.prev_step;
+  if (!timed) {
+    cap = std::min(cap, sync_.h->current());
+  } else if (sync_.max_steps > 0) {
+    cap = std::min(cap, sync_.max_steps);
+  }
+  // The time budget counts from the previous commit, which every member saw
+  // at about the same moment: a member that spent part of it evaluating or
+  // checkpointing runs fewer steps instead of holding the others back.
+  const absl::Time budget_end = std::min(in.round_start, committed_at_) +
+                                absl::Seconds(timed ? sync_.round_seconds : 0);
+  // The divergence trigger measures from where this round started: with the
+  // residual in the model, θ_global − e (from θ_global, it would count the
+  // residual, which an early round does not shrink).
+  std::vector<float> own_start;
+  if (run_.codecs.ef_in_model && sync_.divergence &&
+      sync_.divergence->enabled()) {
+    own_start = OwnModel();
+  }
+  while (in.steps < cap) {
+    // SIGINT/SIGTERM: finish this round, then leave; a second one: leave
+    // now, abandoning the round.
+    if (StopSignalCount() >= 2) {
+      in.abandoned = true;
+      break;
+    }
+    if (in.steps > 0) {
+      if (timed && absl::Now() >= budget_end) break;
+      if (swarm_->EarlySyncRequested(run_.state.round)) {
+        in.early = true;
+        break;
       }
     }
-    absl::StatusOr<Swarm::RoundResult> res = c.result.get();
-    // The round protocol fails only for this node's own reasons (an
-    // emulated link too slow for the run, say): go back to the last commit
-    // and checkpoint it, as a node leaving on a signal does, before failing.
-    auto back_to_commit = [&] {
-      if (run.feedback) (void)run.feedback->LoadState(c.ef_before);
-      trainer.set_step(c.prev_step);
-      return run.LoadNodeModel();
-    };
-    if (!res.ok()) {
-      run.CheckpointBeforeFailing(back_to_commit(), run.round, bytes_sent(),
-                                  bytes_received(), events.WallSeconds());
-      return res.status();
+    STARLING_ASSIGN_OR_RETURN(
+        const StepResult r,
+        session_.Step(run_.state.round, /*log_data_drift=*/true));
+    ++in.steps;
+    in.loss_sum += r.loss;
+    in.samples += r.samples;
+    if (trainer_.state().step() == config_.train.warmup() && sync_.detector) {
+      sync_.detector->Suppress();  // the LR schedule turns
     }
-    if (c.attempts_run > 0) {
-      last_rank = c.rank;
-      last_world = c.world;
+    if (DriftTriggered(r, own_start)) {
+      in.early = true;
+      break;
     }
-    const double sync_seconds =
-        absl::ToDoubleSeconds(c.sync_end - c.sync_start);
-    if (ops.metrics) {
-      const bool committed = res->outcome == Swarm::Outcome::kCommitted;
-      for (int i = 0; i < c.attempts_run - (committed ? 1 : 0); ++i) {
-        ops.metrics->Round(kRoundAborted, 0, 0);
-      }
-      ops.metrics->Round(committed ? "committed"
-                         : res->outcome == Swarm::Outcome::kStopped ? "stopped"
-                                                                    : "stale",
-                         absl::ToDoubleSeconds(absl::Now() - c.round_start),
-                         sync_seconds);
+  }
+  return in;
+}
+
+bool DilocoLoop::DriftTriggered(const StepResult& r,
+                                const std::vector<float>& own_start) {
+  const char* trigger = nullptr;
+  double statistic = 0;
+  if (sync_.detector && sync_.detector->Add(r.loss)) {
+    trigger = "page_hinkley";
+    statistic = sync_.detector->statistic();
+  } else if (sync_.divergence && sync_.divergence->enabled()) {
+    std::vector<float> theta = Flatten(run_.params);
+    if (sync_.divergence->Exceeded(
+            theta, own_start.empty() ? theta_global_ : own_start, &statistic)) {
+      trigger = "divergence";
     }
-    if (res->outcome != Swarm::Outcome::kCommitted) {
-      committed_at = absl::InfiniteFuture();
-      STARLING_RETURN_IF_ERROR(back_to_commit());
-      if (res->outcome == Swarm::Outcome::kStopped) return RoundAction::kLeave;
-      // Stale: the swarm committed this round without us. Wait (briefly)
-      // until gossip shows who is ahead, then catch up at the loop's top.
-      LogEvent(
-          LogLevel::kInfo, "stale",
-          absl::StrCat(node_id, " missed round ", run.round, "; catching up"));
-      const absl::Time until = absl::Now() + absl::Seconds(5);
-      while (absl::Now() < until && !Swarm::Ahead(swarm.Best(), here())) {
-        absl::SleepFor(absl::Milliseconds(100));
-      }
-      return RoundAction::kRetry;
-    }
-    run.ring_stats.raw_bytes += c.attempt_stats.raw_bytes;
-    run.ring_stats.wire_bytes += c.attempt_stats.wire_bytes;
-    for (size_t i = 0; i < c.verdicts.size(); ++i) {
-      if (c.verdicts[i].accepted) continue;
-      ++run.contributions_dropped;
-      events.Write("contribution_dropped",
-                   JsonObject()
-                       .Add("round", run.round)
-                       .Add("peer", i < c.members.size() ? c.members[i] : "")
-                       .Add("reason", c.verdicts[i].reason)
-                       .Add("norm", c.verdicts[i].norm));
-    }
-    before_compression = run.prior[2] + run.ring_stats.raw_bytes;
-    after_compression = run.prior[3] + run.ring_stats.wire_bytes;
-    if (c.work == nullptr || c.work->empty()) {
-      return absl::InternalError(absl::StrCat(
-          "round ", run.round, " committed without an all-reduce here"));
-    }
-    const bool stop_voted = c.work->back() > 0;
-    absl::StatusOr<Averaged> avg = UnpackAverage(
-        run.sync.weighting,
-        absl::MakeConstSpan(*c.work).subspan(0, c.work->size() - 1),
-        absl::MakeSpan(c.delta));
-    if (!avg.ok()) return avg.status();
-    double norm2 = 0;
-    for (float d : c.delta) norm2 += static_cast<double>(d) * d;
-    if (ops.metrics) ops.metrics->SetPseudoGradientNorm(std::sqrt(norm2));
-    // A round shorter or longer than H moves the outer momentum in
-    // proportion (OuterOptimizer::Step's span).
-    if (c.flush) {
-      // θ_global − mean(e): the average of the members' models. The outer
-      // momentum is left as it was.
-      for (size_t i = 0; i < theta_global.size(); ++i) {
-        theta_global[i] -= c.delta[i];
-      }
-    } else {
-      STARLING_RETURN_IF_ERROR(
-          run.outer->Step(absl::MakeSpan(theta_global), c.delta,
-                          avg->effective_steps / static_cast<double>(run.h)));
-    }
-    STARLING_RETURN_IF_ERROR(run.LoadNodeModel());
-    lineage = FlatHash(theta_global);
-    run.member_rounds =
-        std::min(kMaxMemberRounds,
-                 run.member_rounds + static_cast<int64_t>(res->members.size()));
-    committed_at = absl::Now();
-    const int end_step = c.prev_step + c.steps;
-    if (!overlapped && !c.flush) {
-      // Every member moves the LR schedule by the round's mean step count
-      // (FedNova's τ_eff; H when all ran H), so members that ran different
-      // step counts agree on the step again. (--overlap needs a fixed H.)
-      trainer.set_step(std::clamp(
-          c.prev_step + static_cast<int>(std::llround(avg->effective_steps)),
-          c.prev_step + 1, total));
-    }
-    if (c.early) run.sync.h->OnDrift();
-    if (!c.flush) run.sync.h->OnRoundEnd(c.early);
-    if (run.sync.detector) run.sync.detector->Suppress();  // θ → θ_global
-    RoundRecord rec;
-    rec.round = run.round;
-    rec.step = overlapped ? end_step : trainer.state().step();
-    rec.inner_steps = c.steps;
-    rec.early = c.early;
-    rec.sync_seconds = sync_seconds;
-    rec.overlapped = overlapped;
-    rec.members = res->members;
-    rec.model_hash = lineage;
-    rec.train_loss =
-        c.flush ? last_train_loss : c.loss_sum / std::max(1, c.steps);
-    last_train_loss = rec.train_loss;
-    rec.residual_flush = c.flush;
-    // What was sent since the last round was recorded (the first: since
-    // its inner steps began). With --overlap a round's exchange runs during
-    // the next round's inner steps, so counting from each round's own start
-    // counted it twice. Attempts that did not commit count in the round
-    // that did.
-    const int64_t sent_now = bytes_sent();
-    rec.bytes = sent_now - (recorded_sent >= 0 ? recorded_sent : c.sent_before);
-    recorded_sent = sent_now;
-    rec.seconds = absl::ToDoubleSeconds(absl::Now() - c.round_start);
-    ++run.round;
-    last_members = res->members;
-    swarm.SetProgress(here(), /*joining=*/false);
-    serve(rec.step);
-    // The round's first member evaluates; with a residual flush to come,
-    // after it (the final model), not before.
-    const bool flush_next = !c.flush && rec.step == total && run.FlushDue();
-    STARLING_RETURN_IF_ERROR(run.RecordRound(
-        rec, !flush_next && !res->members.empty() && res->members[0] == node_id,
-        c.prev_step, events));
-    double elapsed = events.WallSeconds();
-    double eta = rec.step > 0 ? elapsed * (total - rec.step) / rec.step : 0;
-    SetLogPosition(run.round, rec.step);
-    LogEvent(LogLevel::kInfo, "round",
-             absl::StrFormat("%s round %d/%d | step %d/%d | members %d | loss "
-                             "%.4f | sent %s | hash %s | eta %s",
-                             node_id, run.round, n_rounds, rec.step, total,
-                             res->members.size(), rec.train_loss,
-                             FormatBytes(static_cast<double>(bytes_sent())),
-                             rec.model_hash.substr(0, 8), FormatDuration(eta)),
-             {{"members", absl::StrJoin(res->members, ",")},
-              {"model_hash", rec.model_hash}});
-    if (config.checkpoint_every() > 0 &&
-        rec.step / config.checkpoint_every() >
-            c.prev_step / config.checkpoint_every() &&
-        rec.step < total) {
-      STARLING_RETURN_IF_ERROR(run.Checkpoint(
-          run.round, bytes_sent(), bytes_received(), events.WallSeconds()));
-    }
-    if (stop_voted && StopSignal() != 0 && rec.step < total) {
-      // Overlapped: the inner steps run since are dropped, as at every
-      // member, so all resume from this round.
-      if (overlapped) trainer.set_step(end_step);
-      return RoundAction::kLeave;
-    }
-    return RoundAction::kNext;
-  };
-  // catch_up from the round loop and from the end wait: false, after a
-  // warning and a pause, when it failed (the caller tries again).
-  auto catch_up_or_pause = [&](const Swarm::Lineage& best) -> bool {
-    committed_at = absl::InfiniteFuture();
-    absl::Status s = catch_up(best);
-    if (s.ok()) return true;
-    LogEvent(LogLevel::kWarning, "state_transfer",
-             absl::StrCat(node_id, ": catching up failed (", s.message(),
-                          "); retrying"));
-    absl::SleepFor(absl::Seconds(1));
-    return false;
-  };
-  // Done. A member that missed the last rounds (stopped, starved) catches
-  // up from a member's served state; once every member on this lineage has
-  // left it could only run those rounds alone, to another final model. So
-  // stay, serving, while a live member is behind (at an earlier round, or
-  // on a worse lineage at this one): until it has caught up, is declared
-  // dead (2 × --suspect_timeout), or for as long as a round may wait for it
-  // plus a transfer. And a member that sees a better lineage than its own
-  // (the other side of a partition that healed as both sides finished, or
-  // the swarm, after this node ran the last round apart) fetches its state
-  // first, as it would before a round. A signal ends the wait. True when
-  // the state fetched has steps left to train: back to the rounds.
-  auto stay_until_caught_up = [&]() -> bool {
-    const absl::Time start = absl::Now();
-    const absl::Time until = start + so.round_deadline + so.rpc_timeout;
-    std::string waited_for;
-    while (StopSignal() == 0) {
-      log_changes();  // the others leaving, as they catch up
-      const Swarm::Lineage best = swarm.Best();
-      if (Swarm::Ahead(best, here()) && !best.donors.empty()) {
-        if (absl::Now() >= until) {
-          LogEvent(LogLevel::kWarning, "straggler",
-                   absl::StrCat(node_id, " leaves on its own model (round ",
-                                run.round,
-                                "): it could not fetch the state "
-                                "of round ",
-                                best.round, " of the others' lineage"));
-          return false;
-        }
-        if (catch_up_or_pause(best) && trainer.state().step() < total) {
-          return true;
-        }
-        continue;
-      }
-      std::vector<std::string> behind;
-      for (const peer::v1::MemberEntry& e : swarm.Behind(here())) {
-        behind.push_back(e.round() < run.round
-                             ? absl::StrCat(e.id(), " (round ", e.round(), ")")
-                             : absl::StrCat(e.id(), " (round ", e.round(),
-                                            ", model ",
-                                            e.lineage().substr(0, 8), ")"));
-      }
-      const std::string names = absl::StrJoin(behind, ", ");
-      // Nobody behind, in a view that has settled: this node has not
-      // refuted its death for 3 s. After a heal, a member of the other side
-      // still dead here may be about to refute its own, which takes a
-      // gossip exchange each way (each up to a second with a hung member).
-      const bool settled =
-          absl::Now() - changes.LastRefuted() >= absl::Seconds(3);
-      if ((behind.empty() && settled) || absl::Now() >= until) {
-        if (!behind.empty()) {
-          LogEvent(LogLevel::kWarning, "straggler",
-                   absl::StrCat(node_id, " leaves with ", names,
-                                " still behind round ", run.round, ", model ",
-                                lineage.substr(0, 8)));
-        }
+  }
+  if (trigger == nullptr) return false;
+  const int step = trainer_.state().step();
+  swarm_->RequestEarlySync(run_.state.round);
+  session_.events().Write("drift_detected",
+                          JsonObject()
+                              .Add("step", static_cast<int64_t>(step))
+                              .Add("round", run_.state.round)
+                              .Add("by", trigger)
+                              .Add("statistic", statistic)
+                              .Add("loss", r.loss));
+  LogEvent(LogLevel::kInfo, "drift_detected",
+           absl::StrFormat("%s: drift (%s, %.3g) at step %d: asking for an "
+                           "early sync",
+                           config_.net.node_id, trigger, statistic, step));
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// The round's contribution and its exchange
+
+std::vector<float> DilocoLoop::RoundPseudoGradient() const {
+  // The round started from θ_global, or (when it ran behind an exchange,
+  // --overlap) from eager_start_; with the residual in the model, from
+  // θ_global − e (the node's own model).
+  const std::vector<float> trained = Flatten(run_.params);
+  if (run_.codecs.ef_in_model) return PseudoGradient(OwnModel(), trained);
+  return PseudoGradient(pending_ ? eager_start_ : theta_global_, trained);
+}
+
+absl::StatusOr<std::unique_ptr<DilocoLoop::RoundInFlight>>
+DilocoLoop::BuildRound(const InnerSteps& inner, std::vector<float> delta) {
+  const int64_t n = static_cast<int64_t>(delta.size());
+  RoundWork work;
+  work.steps = inner.steps;
+  work.samples = inner.samples;
+  // FedNova weighs a node by its share of the data (its train set, in units
+  // of 2^20 examples so that p·τ stays exact in fp32).
+  work.data_share = std::ldexp(static_cast<double>(std::max<int64_t>(
+                                   1, trainer_.dataset().train_size())),
+                               -20);
+  work.flush = inner.flush;
+  // After a round whose votes sum above zero, every member that has a
+  // pending signal leaves: members signalled together (a sim's Ctrl-C) all
+  // stop after the same round and resume exactly, while one signalled alone
+  // leaves and the others go on.
+  work.stop_vote = StopSignal() != 0;
+  work.lr_start = trainer_.lr_at(inner.prev_step);
+  work.lr_end = trainer_.lr_at(inner.prev_step + inner.steps);
+  STARLING_ASSIGN_OR_RETURN(
+      DilocoRound round,
+      DilocoRound::Begin(round_options_, work, std::move(delta),
+                         run_.codecs.params.get(), run_.state.feedback.get()));
+  const int64_t number = run_.state.round;
+  if (const PoisonWindow* w = PoisonFor(config_.diloco.poison, number)) {
+    const std::string what =
+        ApplyPoison(*w, static_cast<uint64_t>(number) * 7919 + 17,
+                    round.mutable_contribution().data(), n);
+    LogEvent(LogLevel::kWarning, "test_poison",
+             absl::StrCat("--test_poison: sending ", what,
+                          " as this node's pseudo-gradient in round ", number));
+  }
+  auto c = std::make_unique<RoundInFlight>();
+  c->inner = inner;
+  c->exchange = std::make_unique<RoundExchange>(exchange_settings_,
+                                                std::move(round), number);
+  return c;
+}
+
+bool DilocoLoop::OverlapNow(int prev_step) const {
+  // While the membership is steady, run this round's exchange behind the
+  // next round's inner steps. Checkpoints, the last round and any change of
+  // members (a joiner, a departure, a stale lineage) take the synchronous
+  // path, which the elastic protocol already handles.
+  const int end_step = trainer_.state().step();
+  return config_.diloco.overlap && end_step < total_ && StopSignal() == 0 &&
+         !session_.CheckpointDue(prev_step, end_step) &&
+         SteadyMembers(*swarm_, last_members_, config_.net.node_id) &&
+         !Swarm::Ahead(swarm_->Best(), Here());
+}
+
+absl::Status DilocoLoop::StartEagerly(std::vector<float> eager_start) {
+  // The swarm's update for the round behind it replaces this node's own
+  // progress one round later.
+  eager_start_ = std::move(eager_start);
+  STARLING_RETURN_IF_ERROR(Unflatten(eager_start_, run_.params));
+  if (sync_.detector) sync_.detector->Suppress();  // θ jumps to θ_global
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// The round's outcome
+
+absl::StatusOr<DilocoLoop::RoundAction> DilocoLoop::FinishRound(
+    RoundInFlight& c, bool overlapped) {
+  absl::StatusOr<Swarm::RoundResult> res = c.exchange->Wait();
+  // The round protocol fails only for this node's own reasons (an emulated
+  // link too slow for the run, say): go back to the last commit and
+  // checkpoint it, as a node leaving on a signal does, before failing.
+  if (!res.ok()) {
+    session_.CheckpointBeforeFailing(BackToCommit(c), run_.state.round);
+    return res.status();
+  }
+  if (c.exchange->attempts() > 0) {
+    last_rank_ = c.exchange->rank();
+    last_world_ = c.exchange->world();
+  }
+  ReportRoundMetrics(c, *res);
+  if (res->outcome != Swarm::Outcome::kCommitted) return MissedRound(c, *res);
+  return CommitRound(c, *res, overlapped);
+}
+
+absl::Status DilocoLoop::BackToCommit(const RoundInFlight& c) {
+  if (run_.state.feedback) {
+    (void)c.exchange->round().Restore(run_.state.feedback.get());
+  }
+  trainer_.set_step(c.inner.prev_step);
+  return LoadNodeModel();
+}
+
+void DilocoLoop::ReportRoundMetrics(const RoundInFlight& c,
+                                    const Swarm::RoundResult& res) const {
+  NodeMetrics* metrics = run_.ops.metrics.get();
+  if (metrics == nullptr) return;
+  const bool committed = res.outcome == Swarm::Outcome::kCommitted;
+  for (int i = 0; i < c.exchange->attempts() - (committed ? 1 : 0); ++i) {
+    metrics->Round(kRoundAborted, 0, 0);
+  }
+  metrics->Round(committed                                 ? kRoundCommitted
+                 : res.outcome == Swarm::Outcome::kStopped ? kRoundStopped
+                                                           : kRoundStale,
+                 absl::ToDoubleSeconds(absl::Now() - c.inner.round_start),
+                 c.exchange->sync_seconds());
+}
+
+absl::StatusOr<DilocoLoop::RoundAction> DilocoLoop::MissedRound(
+    const RoundInFlight& c, const Swarm::RoundResult& res) {
+  committed_at_ = absl::InfiniteFuture();
+  STARLING_RETURN_IF_ERROR(BackToCommit(c));
+  if (res.outcome == Swarm::Outcome::kStopped) return RoundAction::kLeave;
+  // Stale: the swarm committed this round without us. Wait (briefly) until
+  // gossip shows who is ahead, then catch up at the loop's top.
+  LogEvent(LogLevel::kInfo, "stale",
+           absl::StrCat(config_.net.node_id, " missed round ", run_.state.round,
+                        "; catching up"));
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < until && !Swarm::Ahead(swarm_->Best(), Here())) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return RoundAction::kRetry;
+}
+
+absl::StatusOr<DilocoLoop::RoundAction> DilocoLoop::CommitRound(
+    RoundInFlight& c, const Swarm::RoundResult& res, bool overlapped) {
+  STARLING_ASSIGN_OR_RETURN(const RoundUpdate update,
+                            ApplyCommit(c, res, overlapped));
+  STARLING_ASSIGN_OR_RETURN(const RoundRecord rec,
+                            RecordCommit(c, res, overlapped));
+  if (session_.CheckpointDue(c.inner.prev_step, rec.step)) {
+    STARLING_RETURN_IF_ERROR(session_.Checkpoint(run_.state.round));
+  }
+  if (update.stop_voted && StopSignal() != 0 && rec.step < total_) {
+    // Overlapped: the inner steps run since are dropped, as at every
+    // member, so all resume from this round.
+    if (overlapped) trainer_.set_step(c.inner.prev_step + c.inner.steps);
+    return RoundAction::kLeave;
+  }
+  return RoundAction::kNext;
+}
+
+absl::StatusOr<RoundUpdate> DilocoLoop::ApplyCommit(
+    const RoundInFlight& c, const Swarm::RoundResult& res, bool overlapped) {
+  NodeState& state = run_.state;
+  const RoundExchange& x = *c.exchange;
+  state.pseudo_gradient_bytes.raw_bytes += x.traffic().raw_bytes;
+  state.pseudo_gradient_bytes.wire_bytes += x.traffic().wire_bytes;
+  for (size_t i = 0; i < x.verdicts().size(); ++i) {
+    const PackVerdict& v = x.verdicts()[i];
+    if (v.accepted) continue;
+    ++state.contributions_dropped;
+    session_.events().Write(
+        "contribution_dropped",
+        JsonObject()
+            .Add("round", state.round)
+            .Add("peer", i < x.members().size() ? x.members()[i] : "")
+            .Add("reason", v.reason)
+            .Add("norm", v.norm));
+  }
+  session_.SetCompressionTraffic(
+      state.prior.before_compression + state.pseudo_gradient_bytes.raw_bytes,
+      state.prior.after_compression + state.pseudo_gradient_bytes.wire_bytes);
+  if (x.sum() == nullptr || x.sum()->empty()) {
+    return absl::InternalError(absl::StrCat(
+        "round ", state.round, " committed without an all-reduce here"));
+  }
+  STARLING_ASSIGN_OR_RETURN(
+      const RoundUpdate update,
+      x.round().Commit(*x.sum(), &theta_global_, *state.outer));
+  if (run_.ops.metrics) {
+    run_.ops.metrics->SetPseudoGradientNorm(update.delta_norm);
+  }
+  STARLING_RETURN_IF_ERROR(LoadNodeModel());
+  lineage_ = FlatHash(theta_global_);
+  state.member_rounds =
+      std::min(kMaxMemberRounds,
+               state.member_rounds + static_cast<int64_t>(res.members.size()));
+  committed_at_ = absl::Now();
+  const bool flush = c.inner.flush;
+  if (!overlapped && !flush) {
+    // Every member moves the LR schedule by the round's mean step count
+    // (FedNova's τ_eff; H when all ran H), so members that ran different
+    // step counts agree on the step again. (--overlap needs a fixed H.)
+    const int prev = c.inner.prev_step;
+    trainer_.set_step(std::clamp(
+        prev + static_cast<int>(std::llround(update.effective_steps)), prev + 1,
+        total_));
+  }
+  if (c.inner.early) sync_.h->OnDrift();
+  if (!flush) sync_.h->OnRoundEnd(c.inner.early);
+  if (sync_.detector) sync_.detector->Suppress();  // θ → θ_global
+  return update;
+}
+
+absl::StatusOr<RoundRecord> DilocoLoop::RecordCommit(
+    const RoundInFlight& c, const Swarm::RoundResult& res, bool overlapped) {
+  NodeState& state = run_.state;
+  const InnerSteps& in = c.inner;
+  RoundRecord rec;
+  rec.round = state.round;
+  rec.step = overlapped ? in.prev_step + in.steps : trainer_.state().step();
+  rec.inner_steps = in.steps;
+  rec.early = in.early;
+  rec.sync_seconds = c.exchange->sync_seconds();
+  rec.overlapped = overlapped;
+  rec.members = res.members;
+  rec.model_hash = lineage_;
+  rec.train_loss =
+      in.flush ? last_train_loss_ : in.loss_sum / std::max(1, in.steps);
+  last_train_loss_ = rec.train_loss;
+  rec.residual_flush = in.flush;
+  // What was sent since the last round was recorded (the first: since its
+  // inner steps began). With --overlap a round's exchange runs during the
+  // next round's inner steps, so counting from each round's own start
+  // counted it twice. Attempts that did not commit count in the round that
+  // did.
+  const int64_t sent_now = session_.BytesSent();
+  rec.bytes =
+      sent_now - (recorded_sent_ >= 0 ? recorded_sent_ : in.sent_before);
+  recorded_sent_ = sent_now;
+  rec.seconds = absl::ToDoubleSeconds(absl::Now() - in.round_start);
+  ++state.round;
+  last_members_ = res.members;
+  swarm_->SetProgress(Here(), /*joining=*/false);
+  Serve(rec.step);
+  // The round's first member evaluates; with a residual flush to come,
+  // after it (the final model), not before.
+  const bool flush_next = !in.flush && rec.step == total_ && FlushDue();
+  const bool evaluator = !flush_next && !res.members.empty() &&
+                         res.members[0] == config_.net.node_id;
+  STARLING_RETURN_IF_ERROR(session_.RecordRound(rec, evaluator, in.prev_step));
+  SetLogPosition(state.round, rec.step);
+  LogEvent(
+      LogLevel::kInfo, "round",
+      absl::StrFormat("%s round %d/%d | step %d/%d | members %d | loss "
+                      "%.4f | sent %s | hash %s | eta %s",
+                      config_.net.node_id, state.round, n_rounds_, rec.step,
+                      total_, res.members.size(), rec.train_loss,
+                      FormatBytes(static_cast<double>(session_.BytesSent())),
+                      rec.model_hash.substr(0, 8), session_.Eta(rec.step)),
+      {{"members", absl::StrJoin(res.members, ",")},
+       {"model_hash", rec.model_hash}});
+  return rec;
+}
+
+// ---------------------------------------------------------------------------
+// The end of the run
+
+bool DilocoLoop::StayUntilCaughtUp() {
+  // A member that missed the last rounds (stopped, starved) catches up from
+  // a member's served state; once every member on this lineage has left it
+  // could only run those rounds alone, to another final model. So stay,
+  // serving, while a live member is behind (at an earlier round, or on a
+  // worse lineage at this one): until it has caught up, is declared dead
+  // (2 × --suspect_timeout), or for as long as a round may wait for it plus
+  // a transfer. And a member that sees a better lineage than its own (the
+  // other side of a partition that healed as both sides finished, or the
+  // swarm, after this node ran the last round apart) fetches its state
+  // first, as it would before a round. A signal ends the wait.
+  const absl::Time start = absl::Now();
+  const absl::Time until =
+      start + config_.net.round_deadline + config_.net.round_timeout;
+  const std::string& id = config_.net.node_id;
+  std::string waited_for;
+  while (StopSignal() == 0) {
+    session_.LogMemberChanges();  // the others leaving, as they catch up
+    const Swarm::Lineage best = swarm_->Best();
+    if (Swarm::Ahead(best, Here()) && !best.donors.empty()) {
+      if (absl::Now() >= until) {
+        LogEvent(LogLevel::kWarning, "straggler",
+                 absl::StrCat(id, " leaves on its own model (round ",
+                              run_.state.round,
+                              "): it could not fetch the state of round ",
+                              best.round, " of the others' lineage"));
         return false;
       }
-      // Gossip of the others' last commit takes an interval or two; said
-      // only when the wait is longer than that.
-      if (!behind.empty() && names != waited_for &&
-          absl::Now() - start >= absl::Seconds(1)) {
+      if (CatchUpOrPause(best) && trainer_.state().step() < total_) {
+        return true;
+      }
+      continue;
+    }
+    const std::vector<std::string> behind = BehindMembers();
+    const std::string names = absl::StrJoin(behind, ", ");
+    // Nobody behind, in a view that has settled: this node has not refuted
+    // its death for 3 s. After a heal, a member of the other side still dead
+    // here may be about to refute its own, which takes a gossip exchange
+    // each way (each up to a second with a hung member).
+    const bool settled =
+        absl::Now() - session_.changes().LastRefuted() >= absl::Seconds(3);
+    if ((behind.empty() && settled) || absl::Now() >= until) {
+      if (!behind.empty()) {
         LogEvent(
-            LogLevel::kInfo, "straggler",
-            absl::StrCat(node_id, " is done and stays, serving round ",
-                         run.round, ", until ", names,
-                         behind.size() == 1 ? " catches up" : " catch up"));
-        waited_for = names;
+            LogLevel::kWarning, "straggler",
+            absl::StrCat(id, " leaves with ", names, " still behind round ",
+                         run_.state.round, ", model ", lineage_.substr(0, 8)));
       }
-      ops.watchdog->Waiting(absl::Seconds(5));
-      absl::SleepFor(absl::Milliseconds(100));
+      return false;
     }
-    return false;
-  };
-  for (bool training = true; training;) {
-    while (trainer.state().step() < total || run.FlushDue()) {
-      log_changes();
-      // A second SIGINT/SIGTERM leaves at once (the first: see the vote).
-      if (StopSignalCount() >= 2) {
-        left = true;
-        break;
-      }
-      Swarm::Lineage best = swarm.Best();
-      if (!pending && Swarm::Ahead(best, here()) && !best.donors.empty()) {
-        catch_up_or_pause(best);
-        continue;
-      }
-      swarm.SetProgress(here(), /*joining=*/false);
-      // On the best lineage, with the model: ready (and it stays so).
-      ops.SetReady(StopSignal() == 0);
-      const auto round_start = absl::Now();
-      const int64_t sent_before = bytes_sent();
-      const int prev_step = trainer.state().step();
-      // How many inner steps this round: H (adaptive between
-      // --min_inner_steps and --max_inner_steps), or as many as fit in
-      // --round_seconds. Either way a drift alarm or divergence here, or an
-      // early-sync request from any member, ends the round sooner.
-      AdaptiveSync& sync = run.sync;
-      const bool timed = sync.round_seconds > 0;
-      const bool flush = prev_step >= total;
-      int cap = total - prev_step;
-      if (!timed) {
-        cap = std::min(cap, sync.h->current());
-      } else if (sync.max_steps > 0) {
-        cap = std::min(cap, sync.max_steps);
-      }
-      // The time budget counts from the previous commit, which every member
-      // saw at about the same moment: a member that spent part of it
-      // evaluating or checkpointing runs fewer steps instead of holding the
-      // others back.
-      const absl::Time budget_end =
-          std::min(round_start, committed_at) +
-          absl::Seconds(timed ? sync.round_seconds : 0);
-      double loss_sum = 0;
-      int64_t samples = 0;
-      int steps = 0;
-      bool abandoned = false, early = false;
-      // The divergence trigger measures from where this round started: with
-      // the residual in the model, θ_global − e (from θ_global, it would
-      // count the residual, which an early round does not shrink).
-      std::vector<float> own_start;
-      if (run.ef_in_model && sync.divergence && sync.divergence->enabled()) {
-        own_start = run.OwnModel();
-      }
-      while (steps < cap) {
-        // SIGINT/SIGTERM: finish this round, then leave; a second one: leave
-        // now, abandoning the round.
-        if (StopSignalCount() >= 2) {
-          abandoned = true;
-          break;
-        }
-        if (steps > 0) {
-          if (timed && absl::Now() >= budget_end) break;
-          if (swarm.EarlySyncRequested(run.round)) {
-            early = true;
-            break;
-          }
-        }
-        absl::StatusOr<StepResult> r = StepOrLeave(trainer, events, swarm);
-        if (!r.ok()) return Fail(r.status(), 1);
-        ++steps;
-        loss_sum += r->loss;
-        samples += r->samples;
-        LogDrift(events, trainer, *r);
-        SetLogPosition(run.round, trainer.state().step());
-        ops.Step(*r, trainer.state().step());
-        if (trainer.state().step() == config.warmup() && sync.detector) {
-          sync.detector->Suppress();  // the LR schedule turns
-        }
-        // Drift: the loss shifted up (Page-Hinkley), or θ strayed too far
-        // from θ_global (dynamic averaging). Ask every member to sync now.
-        const char* trigger = nullptr;
-        double statistic = 0;
-        if (sync.detector && sync.detector->Add(r->loss)) {
-          trigger = "page_hinkley";
-          statistic = sync.detector->statistic();
-        } else if (sync.divergence && sync.divergence->enabled()) {
-          std::vector<float> theta = Flatten(run.params);
-          if (sync.divergence->Exceeded(
-                  theta, own_start.empty() ? theta_global : own_start,
-                  &statistic)) {
-            trigger = "divergence";
-          }
-        }
-        if (trigger != nullptr) {
-          swarm.RequestEarlySync(run.round);
-          events.Write(
-              "drift_detected",
-              JsonObject()
-                  .Add("step", static_cast<int64_t>(trainer.state().step()))
-                  .Add("round", run.round)
-                  .Add("by", trigger)
-                  .Add("statistic", statistic)
-                  .Add("loss", r->loss));
-          LogEvent(LogLevel::kInfo, "drift_detected",
-                   absl::StrFormat("%s: drift (%s, %.3g) at step %d: asking "
-                                   "for an early sync",
-                                   node_id, trigger, statistic,
-                                   trainer.state().step()));
-          early = true;
-          break;
-        }
-      }
-      auto back_to_round_start = [&]() -> absl::Status {
-        trainer.set_step(prev_step);
-        return run.LoadNodeModel();
-      };
-      if (abandoned) {
-        if (absl::Status s = back_to_round_start(); !s.ok()) return Fail(s, 1);
-        left = true;
-        break;
-      }
-      // Δ = θ_start − θ_local: the round started from θ_global, or (when it
-      // ran behind an exchange, --overlap) from `eager_start`.
-      // With ef_in_model, from θ_global − e (the node's own model).
-      std::vector<float> delta = Flatten(run.params);
-      {
-        const std::vector<float> own =
-            run.ef_in_model ? run.OwnModel() : std::vector<float>();
-        const std::vector<float>& base = run.ef_in_model ? own
-                                         : pending       ? eager_start
-                                                         : theta_global;
-        for (size_t i = 0; i < delta.size(); ++i) delta[i] = base[i] - delta[i];
-      }
-      if (pending) {
-        // --overlap: the previous round's outcome. When it did not commit,
-        // this round's inner steps are dropped too: they started from a
-        // θ_global the swarm did not keep.
-        std::shared_ptr<RoundCtx> prev = std::move(pending);
-        absl::StatusOr<RoundAction> a =
-            finish_round(*prev, /*overlapped=*/true);
-        if (!a.ok()) return Fail(a.status(), 1);
-        if (*a == RoundAction::kLeave) {
-          left = true;
-          break;
-        }
-        if (*a == RoundAction::kRetry) continue;
-      }
-      // An overlapped next round starts eagerly from the newest θ_global plus
-      // this node's own progress (its Δ, before compression), which the
-      // swarm's update for this round will replace one round later.
-      std::vector<float> eager_next;
-      if (overlap) {
-        eager_next = theta_global;
-        for (size_t i = 0; i < delta.size(); ++i) eager_next[i] -= delta[i];
-      }
-      auto ctx = std::make_shared<RoundCtx>();
-      ctx->prev_step = prev_step;
-      ctx->steps = steps;
-      ctx->flush = flush;
-      ctx->early = early;
-      ctx->loss_sum = loss_sum;
-      ctx->samples = samples;
-      ctx->round_start = round_start;
-      ctx->sent_before = sent_before;
-      // Error feedback sends C(Δ + e) and keeps the rest (restored if the
-      // round does not commit). With ef_in_model the residual is part of
-      // the model this node trained on, so it is sent as it is, and the
-      // flush sends it whole and leaves none. Otherwise (--overlap) the
-      // residual first shrinks with the inner learning rate's decay over
-      // this round's steps, so what was held back stays in proportion to the
-      // steps now taken: unscaled, late rounds of a decayed schedule send
-      // mostly stale progress from early ones, and the model gets worse
-      // (README, compression section).
-      if (run.feedback && flush) {
-        ctx->ef_before = run.feedback->SaveState();
-        delta.assign(run.feedback->residual().begin(),
-                     run.feedback->residual().end());
-        if (absl::Status s = run.feedback->ScaleResidual(0.0f); !s.ok()) {
-          return Fail(s, 1);
-        }
-      } else if (run.feedback) {
-        ctx->ef_before = run.feedback->SaveState();
-        const double lr_start = trainer.lr_at(prev_step);
-        const double lr_end = trainer.lr_at(prev_step + steps);
-        if (!run.ef_in_model && lr_start > 0 && lr_end < lr_start) {
-          if (absl::Status s = run.feedback->ScaleResidual(
-                  static_cast<float>(lr_end / lr_start));
-              !s.ok()) {
-            return Fail(s, 1);
-          }
-        }
-        std::vector<float> sent(delta.size());
-        absl::StatusOr<std::string> enc = run.feedback->Compress(
-            *run.param_policy, delta, absl::MakeSpan(sent));
-        if (!enc.ok()) return Fail(enc.status(), 1);
-        delta = std::move(sent);
-      }
-      // The ring's input: this node's weighted Δ and its weights
-      // (outer_opt/weighting.h: samples, or FedNova when step counts differ)
-      // and its stop vote. After a round whose votes sum above zero, every
-      // member that has a pending signal leaves: members signalled together
-      // (a sim's Ctrl-C) all stop after the same round and resume exactly,
-      // while one signalled alone leaves and the others go on.
-      ctx->input.resize(delta.size() + kWeightingSlots + 1);
-      {
-        Contribution c;
-        c.delta = delta;
-        c.steps = std::max(1, steps);
-        // FedNova weighs a node by its share of the data (its train set, in
-        // units of 2^20 examples so that p·τ stays exact in fp32).
-        // The flush weighs every member alike (FedNova: by data share).
-        c.weight = sync.weighting == Weighting::kFedNova
-                       ? std::ldexp(static_cast<double>(std::max<int64_t>(
-                                        1, trainer.dataset().train_size())),
-                                    -20)
-                   : flush ? 1.0
-                           : static_cast<double>(samples);
-        if (absl::Status s = PackContribution(
-                sync.weighting, c,
-                absl::MakeSpan(ctx->input).subspan(0, ctx->input.size() - 1));
-            !s.ok()) {
-          return Fail(s, 1);
-        }
-      }
-      if (const PoisonWindow* w = PoisonFor(run.poison, run.round)) {
-        const std::string what =
-            ApplyPoison(*w, static_cast<uint64_t>(run.round) * 7919 + 17,
-                        ctx->input.data(), static_cast<int64_t>(delta.size()));
-        LogEvent(LogLevel::kWarning, "test_poison",
-                 absl::StrCat("--test_poison: sending ", what,
-                              " as this node's pseudo-gradient in round ",
-                              run.round));
-      }
-      ctx->input.back() = StopSignal() != 0 ? 1.0f : 0.0f;
-      ctx->delta = std::move(delta);
-      // --overlap: while the membership is steady, run this round's exchange
-      // behind the next round's inner steps. Checkpoints, the last round and
-      // any change of members (a joiner, a departure, a stale lineage) take
-      // the synchronous path, which the elastic protocol already handles.
-      const int end_step = trainer.state().step();
-      const int every = config.checkpoint_every();
-      const bool overlap_now =
-          overlap && end_step < total && StopSignal() == 0 &&
-          !(every > 0 && end_step / every > prev_step / every) &&
-          SteadyMembers(swarm, last_members, node_id) &&
-          !Swarm::Ahead(swarm.Best(), here());
-      // Not "round": scripts read "round":N as that round's commit.
-      events.Write("sync", JsonObject()
-                               .Add("sync_round", run.round)
-                               .Add("step", static_cast<int64_t>(end_step))
-                               .Add("overlapped", overlap_now));
-      launch_round(ctx, overlap_now);
-      if (overlap_now) {
-        eager_start = std::move(eager_next);
-        if (absl::Status s = Unflatten(eager_start, run.params); !s.ok()) {
-          return Fail(s, 1);
-        }
-        if (sync.detector) sync.detector->Suppress();  // θ jumps to θ_global
-        pending = std::move(ctx);
-        continue;
-      }
-      absl::StatusOr<RoundAction> a = finish_round(*ctx, /*overlapped=*/false);
-      if (!a.ok()) return Fail(a.status(), 1);
-      if (*a == RoundAction::kLeave) {
-        left = true;
-        break;
-      }
+    // Gossip of the others' last commit takes an interval or two; said only
+    // when the wait is longer than that.
+    if (!behind.empty() && names != waited_for &&
+        absl::Now() - start >= absl::Seconds(1)) {
+      LogEvent(LogLevel::kInfo, "straggler",
+               absl::StrCat(id, " is done and stays, serving round ",
+                            run_.state.round, ", until ", names,
+                            behind.size() == 1 ? " catches up" : " catch up"));
+      waited_for = names;
     }
-    if (pending) {
-      // Left while a round was in flight (a second signal): settle it, so that
-      // the checkpoint holds a θ_global the swarm agreed on.
-      std::shared_ptr<RoundCtx> prev = std::move(pending);
-      absl::StatusOr<RoundAction> a = finish_round(*prev, /*overlapped=*/true);
-      if (!a.ok()) return Fail(a.status(), 1);
-    }
-    log_changes();
-    ops.SetReady(false);
-    training = !left && stay_until_caught_up();
+    run_.ops.watchdog->Waiting(absl::Seconds(5));
+    absl::SleepFor(absl::Milliseconds(100));
   }
+  return false;
+}
+
+std::vector<std::string> DilocoLoop::BehindMembers() const {
+  std::vector<std::string> behind;
+  for (const peer::v1::MemberEntry& e : swarm_->Behind(Here())) {
+    behind.push_back(e.round() < run_.state.round
+                         ? absl::StrCat(e.id(), " (round ", e.round(), ")")
+                         : absl::StrCat(e.id(), " (round ", e.round(),
+                                        ", model ", e.lineage().substr(0, 8),
+                                        ")"));
+  }
+  return behind;
+}
+
+int DilocoLoop::End(bool left) {
   // Goodbye first, so that nobody waits for this node, then the checkpoint.
-  swarm.Leave();
+  swarm_->Leave();
+  const NodeState& state = run_.state;
   if (left) {
-    events.Write(
+    session_.events().Write(
         "leave",
         JsonObject()
-            .Add("round", run.round)
-            .Add("step", static_cast<int64_t>(trainer.state().step())));
+            .Add("round", state.round)
+            .Add("step", static_cast<int64_t>(trainer_.state().step())));
   }
-  if (absl::Status s = run.Checkpoint(run.round, bytes_sent(), bytes_received(),
-                                      events.WallSeconds());
-      !s.ok()) {
-    return Fail(s, 1);
-  }
-  NodeTotals totals = run.Totals(node_id, bytes_sent(), bytes_received(),
-                                 events.WallSeconds(), last_world);
-  if (absl::Status s =
-          run.Finish(events, totals, last_rank, last_world, run.h, left);
-      !s.ok()) {
-    return Fail(s, 1);
-  }
-  swarm.Shutdown();
-  if (left) {
-    WriteStderrLine(absl::StrCat(
-        "starling node: ", node_id, " left the swarm on signal ", StopSignal(),
-        " at step ", trainer.state().step(), " (round ", run.round,
-        "); checkpoint in ", run.ckpt_path));
-    return 1;
-  }
-  WriteStderrLine(absl::StrFormat("%s done: %d steps in %d rounds, sent %s",
-                                  node_id, trainer.state().step(), run.round,
-                                  FormatBytes(totals.bytes_sent)));
-  return 0;
+  SessionEnd end;
+  end.stopped = left;
+  end.next_round = state.round;
+  end.world = last_world_;
+  end.totals.compression = run_.codecs.ring->Name();
+  if (run_.codecs.error_feedback) end.totals.compression += " + error feedback";
+  end.totals.bytes_before_compression =
+      state.prior.before_compression + state.pseudo_gradient_bytes.raw_bytes;
+  end.totals.bytes_after_compression =
+      state.prior.after_compression + state.pseudo_gradient_bytes.wire_bytes;
+  end.end_fields.Add("round", state.round);
+  end.summary.Add("algo", "diloco")
+      .Add("rank", static_cast<int64_t>(last_rank_))
+      .Add("world", static_cast<int64_t>(last_world_))
+      .Add("inner_steps_per_round", static_cast<int64_t>(config_.inner_steps))
+      .Add("aggregate", AggregateName(config_.diloco.aggregate))
+      .Add("norm_bound", config_.diloco.norm_bound)
+      .Add("contributions_dropped", state.contributions_dropped);
+  end.done = absl::StrCat(" in ", state.round, " rounds");
+  end.stopped_by = absl::StrCat(config_.net.node_id, " left the swarm on");
+  end.stopped_at = absl::StrCat(" (round ", state.round, ")");
+  end.shutdown = [this] { swarm_->Shutdown(); };
+  return session_.Finish(std::move(end));
+}
+
+// ---------------------------------------------------------------------------
+// θ_global and the node's own model
+
+Swarm::Lineage DilocoLoop::Here() const {
+  return Swarm::Lineage{
+      run_.state.round, lineage_, run_.state.member_rounds, {}};
+}
+
+void DilocoLoop::Serve(int step) {
+  SwarmState st;
+  st.round = run_.state.round;
+  st.step = step >= 0 ? step : trainer_.state().step();
+  st.lineage = lineage_;
+  st.member_rounds = run_.state.member_rounds;
+  st.theta = theta_global_;
+  st.outer_state = run_.state.outer->SaveState();
+  swarm_->ServeState(std::move(st));
+}
+
+std::vector<float> DilocoLoop::OwnModel() const {
+  return starling::OwnModel(theta_global_, run_.state.feedback.get(),
+                            run_.codecs.ef_in_model);
+}
+
+bool DilocoLoop::FlushDue() const {
+  return starling::FlushDue(run_.state.feedback.get(), run_.codecs.ef_in_model);
+}
+
+absl::Status DilocoLoop::LoadNodeModel() {
+  return run_.codecs.ef_in_model ? Unflatten(OwnModel(), run_.params)
+                                 : Unflatten(theta_global_, run_.params);
+}
+
+absl::Status DilocoLoop::WithGlobalModel(
+    const std::function<absl::Status()>& fn) {
+  if (!run_.codecs.ef_in_model) return fn();
+  STARLING_RETURN_IF_ERROR(Unflatten(theta_global_, run_.params));
+  absl::Status s = fn();
+  absl::Status back = LoadNodeModel();
+  return s.ok() ? back : s;
 }
 
 }  // namespace starling

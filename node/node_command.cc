@@ -1,27 +1,25 @@
+// `starling node`, the entry point: from the parsed flags to one of the
+// three loops. RunNodeCommand reads the NodeConfig (node_flags.h), starts
+// the operational side (node_ops.h), builds the trainer and the codecs,
+// restores a checkpoint on --resume and hands the NodeRun (node_run.h) to
+// RunDiloco (diloco_loop.h), RunGossip (gossip_loop.h) or RunDdp
+// (ddp_loop.h).
 #include "node/node_command.h"
 
 #include <grpc/support/log.h>
 #include <torch/torch.h>
 
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cmath>
 #include <cstring>
-#include <fstream>
-#include <functional>
-#include <future>
 #include <map>
-#include <optional>
-#include <random>
-#include <thread>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "compression/codec.h"
 #include "compression/tensor_policy.h"
@@ -30,25 +28,16 @@
 #include "core/flat_params.h"
 #include "core/logging.h"
 #include "core/status.h"
-#include "gossip/crash_point.h"
-#include "gossip/grpc_transport.h"
-#include "gossip/link_shaper.h"
-#include "gossip/peer_credentials.h"
-#include "gossip/ring_allreduce.h"
-#include "gossip/swarm.h"
+#include "gossip/membership.h"
 #include "node/ddp_loop.h"
 #include "node/diloco_loop.h"
-#include "node/faults.h"
 #include "node/gossip_loop.h"
-#include "node/health.h"
-#include "node/metrics.h"
 #include "node/node_flags.h"
+#include "node/node_ops.h"
 #include "node/node_run.h"
+#include "node/node_session.h"
 #include "node/run_output.h"
 #include "node/train_command.h"
-#include "outer_opt/outer_optimizer.h"
-#include "outer_opt/robust_aggregate.h"
-#include "outer_opt/sync_policy.h"
 #include "outer_opt/weighting.h"
 
 namespace starling {
@@ -65,61 +54,31 @@ void LogFromGrpc(gpr_log_func_args* args) {
              absl::StrCat(base ? base + 1 : args->file, ":", args->line)}});
 }
 
-}  // namespace
-
-int RunNodeCommand() {
+absl::Status SetUpLogging() {
   LogFormat format;
-  if (absl::Status s = ParseLogFormat(absl::GetFlag(FLAGS_log_format), &format);
-      !s.ok()) {
-    return Fail(s, 2);
-  }
+  STARLING_RETURN_IF_ERROR(
+      ParseLogFormat(absl::GetFlag(FLAGS_log_format), &format));
   SetLogFormat(format);
   gpr_set_log_function(LogFromGrpc);
-  NodeRun run;
-  run.config = ConfigFromFlags();
-  TrainConfig& config = run.config;
-  if (absl::Status s = ResolveTrainConfig(&config); !s.ok()) return Fail(s, 2);
-  if (absl::Status s = ParseNodeFlags(run); !s.ok()) return Fail(s, 2);
-  if (absl::StatusOr<std::vector<PoisonWindow>> p =
-          ParsePoisonPlan(absl::GetFlag(FLAGS_test_poison));
-      !p.ok()) {
-    return Fail(p.status(), 2);
-  } else {
-    run.poison = *std::move(p);
-  }
-  if (absl::StatusOr<LinkEmulatorOptions> links =
-          ParseLinkFlags(absl::GetFlag(FLAGS_link_bandwidth_mbps),
-                         absl::GetFlag(FLAGS_link_latency_ms));
-      !links.ok()) {
-    return Fail(links.status(), 2);
-  } else if (links->shaped()) {
-    run.links = std::make_shared<LinkEmulator>(*std::move(links));
-  }
+  return absl::OkStatus();
+}
+
+// The name this node's log lines carry: its id, or ddp's "nRANK" (which
+// checks the member list before any slow setup).
+absl::StatusOr<std::string> LogNodeName(const NodeConfig& config) {
+  if (config.algo != "ddp") return config.net.node_id;
+  STARLING_ASSIGN_OR_RETURN(StaticMembers m,
+                            ParseMembers(config.net.listen, config.net.peers));
+  return absl::StrCat("n", m.rank);
+}
+
+// How peer traffic is protected, and the join token and link emulator.
+void LogPeerSecurity(const NodeConfig& config) {
+  const PeerCredentials& credentials = config.net.credentials;
   const PeerSecurityOptions security = PeerSecurityFromFlags();
-  if (security.tls_bind_node_ids && run.algo == "ddp") {
-    return Fail(absl::InvalidArgumentError(
-                    "--tls_bind_node_ids: --algo=ddp has no node ids (ranks "
-                    "follow --peers); use it with diloco or gossip"),
-                2);
-  }
-  if (absl::StatusOr<PeerCredentials> c = LoadPeerCredentials(security);
-      !c.ok()) {
-    return Fail(c.status(), 2);
-  } else {
-    run.credentials = *std::move(c);
-  }
-  std::string log_node = NodeIdFromFlags();
-  if (run.algo == "ddp") {
-    // Check the member list before any slow setup.
-    absl::StatusOr<StaticMembers> m =
-        ParseMembers(absl::GetFlag(FLAGS_listen), absl::GetFlag(FLAGS_peers));
-    if (!m.ok()) return Fail(m.status(), 2);
-    log_node = absl::StrCat("n", m->rank);
-  }
-  SetLogNode(log_node);
-  if (!run.credentials.tls) {
+  if (!credentials.tls) {
     LogEvent(LogLevel::kWarning, "insecure",
-             run.credentials.join_auth == nullptr
+             credentials.join_auth == nullptr
                  ? "--insecure: peer traffic is plaintext and "
                    "unauthenticated; use it only on a network you trust "
                    "(--tls_cert, --tls_key and --tls_ca turn TLS on)"
@@ -130,138 +89,247 @@ int RunNodeCommand() {
   } else {
     LogEvent(LogLevel::kInfo, "tls",
              absl::StrCat("peer traffic uses TLS",
-                          run.credentials.mutual ? " (mutual)" : "", ", CA ",
+                          credentials.mutual ? " (mutual)" : "", ", CA ",
                           security.tls_ca));
   }
-  if (run.credentials.join_auth != nullptr) {
+  if (credentials.join_auth != nullptr) {
     LogEvent(LogLevel::kInfo, "join_token",
              absl::StrCat("calls are signed and checked with the join token "
                           "in ",
                           security.join_token_file));
   }
-  if (run.links) {
-    auto [bandwidth, latency] = FormatLinkFlags(run.links->options());
+  if (config.net.links) {
+    auto [bandwidth, latency] = FormatLinkFlags(config.net.links->options());
     LogEvent(LogLevel::kInfo, "links",
              absl::StrCat("link emulator: bandwidth (Mbit/s) ", bandwidth,
                           "; latency (ms) ", latency),
              {{"bandwidth_mbps", bandwidth}, {"latency_ms", latency}});
   }
-  // Health and metrics answer from the start (a probe during the data load
-  // sees "not ready", not a refused connection).
-  NodeOps ops;
-  if (absl::Status s = StartOps(log_node, run.algo, config.device(), &ops);
-      !s.ok()) {
-    return Fail(s, absl::IsInvalidArgument(s) ? 2 : 1);
-  }
-  run.ops = &ops;
-  if (absl::GetFlag(FLAGS_resume_if_exists) && !config.resume() &&
-      !config.out().empty() &&
-      FileExists(CheckpointPathInRunDir(config.out()))) {
+}
+
+// --resume_if_exists, the run directory and the trainer, whose memory it
+// checks for this algorithm's copies of the weights.
+absl::StatusOr<std::unique_ptr<Trainer>> StartTrainer(NodeConfig* config) {
+  TrainConfig& train = config->train;
+  if (absl::GetFlag(FLAGS_resume_if_exists) && !train.resume() &&
+      !train.out().empty() && FileExists(CheckpointPathInRunDir(train.out()))) {
     LogEvent(LogLevel::kInfo, "resume",
              absl::StrCat("--resume_if_exists: continuing the run in ",
-                          config.out()));
-    config.set_resume(true);
+                          train.out()));
+    train.set_resume(true);
   }
-  absl::StatusOr<std::unique_ptr<Trainer>> created = StartRun(&config, "node");
-  if (!created.ok()) {
-    return Fail(created.status(), ExitCodeFor(created.status()));
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = StartRun(&train, "node");
+  if (!trainer.ok()) {
+    return WithExitCode(trainer.status(), ExitCodeFor(trainer.status()));
   }
-  std::unique_ptr<Trainer> trainer_owner = std::move(created).value();
-  if (absl::Status s =
-          trainer_owner->CheckMemory(1, WeightCopiesOfNode(run.algo));
-      !s.ok()) {
-    return Fail(s, 2);
-  }
-  run.trainer = trainer_owner.get();
-  run.out = config.out();
-  run.ckpt_path = CheckpointPathInRunDir(run.out);
-  Trainer& trainer = *run.trainer;
-  run.params = trainer.Parameters();
-  run.n_params = NumElements(run.params);
-  // Every member must start from the same θ (the same --seed).
-  run.init_hash = ModelHash(run.params);
+  absl::Status s = (*trainer)->CheckMemory(1, WeightCopiesOfNode(config->algo));
+  if (!s.ok()) return WithExitCode(s, 2);
+  return trainer;
+}
 
-  absl::StatusOr<std::unique_ptr<OuterOptimizer>> outer =
-      OuterOptimizer::Create(OuterOptionsFromFlags(), run.n_params);
-  if (!outer.ok()) return Fail(outer.status(), 2);
-  run.outer = std::move(outer).value();
-
-  // Pseudo-gradient compression: a per-tensor policy over the flat view
-  // (params) and the same plus the fp32 averaging weight (the ring's tensor).
-  const std::string compression = absl::GetFlag(FLAGS_compression);
+// Pseudo-gradient compression: a per-tensor policy over the flat view
+// (params) and the same plus the fp32 averaging weights and stop vote (the
+// ring's tensor).
+absl::StatusOr<NodeCodecs> MakeCodecs(
+    const NodeConfig& config, const std::vector<torch::Tensor>& params) {
+  NodeCodecs codecs;
   std::vector<int64_t> tensor_sizes;
-  for (const auto& p : run.params) tensor_sizes.push_back(p.numel());
-  PolicyOptions po = PolicyOptionsFromFlags();
-  absl::StatusOr<std::unique_ptr<PolicyCodec>> param_policy =
-      PolicyCodec::Create(tensor_sizes, po);
-  if (!param_policy.ok()) return Fail(param_policy.status(), 2);
-  run.param_policy = std::move(param_policy).value();
-  // The averaging weights (outer_opt/weighting.h) and the stop vote.
+  for (const auto& p : params) tensor_sizes.push_back(p.numel());
+  PolicyOptions po = config.policy;
+  STARLING_ASSIGN_OR_RETURN(codecs.params,
+                            PolicyCodec::Create(tensor_sizes, po));
   po.trailing_fp32 = kWeightingSlots + 1;
-  absl::StatusOr<std::unique_ptr<PolicyCodec>> ring_policy =
-      PolicyCodec::Create(tensor_sizes, po);
-  if (!ring_policy.ok()) return Fail(ring_policy.status(), 2);
-  run.ring_policy = std::move(ring_policy).value();
-  run.ring_codec = compression == "fp32" ? nullptr : run.ring_policy.get();
-  const std::string ef_flag = absl::GetFlag(FLAGS_error_feedback);
-  run.use_ef = !run.param_policy->lossless() &&
-               (ef_flag == "on" ||
-                (ef_flag == "auto" && ErrorFeedbackByDefault(compression)));
-  if (run.use_ef) run.feedback = std::make_unique<ErrorFeedback>(run.n_params);
-  run.ef_in_model =
-      run.feedback && run.algo == "diloco" && !absl::GetFlag(FLAGS_overlap);
-  if (run.ef_in_model) {
+  STARLING_ASSIGN_OR_RETURN(codecs.ring, PolicyCodec::Create(tensor_sizes, po));
+  const std::string& compression = config.compression;
+  codecs.ring_codec = compression == "fp32" ? nullptr : codecs.ring.get();
+  const std::string& ef = config.error_feedback;
+  codecs.error_feedback =
+      !codecs.params->lossless() &&
+      (ef == "on" || (ef == "auto" && ErrorFeedbackByDefault(compression)));
+  codecs.ef_in_model = codecs.error_feedback && config.algo == "diloco" &&
+                       !config.diloco.overlap;
+  if (codecs.ef_in_model) {
     // The flush goes in the run's own codec when it is dense (int4's
     // residual is its rounding, which int4 again keeps well), in int8 after
     // top-k.
     PolicyOptions fo = po;
     if (absl::StartsWith(compression, "topk")) fo.main = "int8";
-    absl::StatusOr<std::unique_ptr<PolicyCodec>> flush_policy =
-        PolicyCodec::Create(tensor_sizes, fo);
-    if (!flush_policy.ok()) return Fail(flush_policy.status(), 2);
-    run.flush_policy = std::move(flush_policy).value();
+    STARLING_ASSIGN_OR_RETURN(codecs.flush,
+                              PolicyCodec::Create(tensor_sizes, fo));
   }
+  return codecs;
+}
 
-  if (config.resume()) {
-    std::map<std::string, std::string> sections;
-    absl::Status s = trainer.RestoreCheckpoint(run.ckpt_path, &sections);
-    if (s.ok() && run.algo == "diloco") {
-      s = run.outer->LoadState(sections["outer"]);
-    }
-    if (s.ok() && run.feedback) {
-      s = run.feedback->LoadState(sections["error_feedback"]);
-    }
-    if (!s.ok()) return Fail(s, ExitCodeFor(s));
-    (void)absl::SimpleAtoi(sections["round"], &run.round);
-    // Absent from checkpoints written before lineages had a weight: 0.
-    if (!absl::SimpleAtoi(sections["member_rounds"], &run.member_rounds) ||
-        run.member_rounds < 0 || run.member_rounds > kMaxMemberRounds) {
-      run.member_rounds = 0;
-    }
-    run.resumed_weight = sections["gossip_weight"];
-    std::vector<std::string> comm = absl::StrSplit(sections["comm"], ',');
-    for (size_t i = 0; i < comm.size() && i < 4; ++i) {
-      (void)absl::SimpleAtoi(comm[i], &run.prior[i]);
-    }
-    // Rounds before the checkpoint, as this node logged them.
-    run.rounds =
-        ReadRoundEvents(absl::StrCat(run.out, "/events.jsonl"), run.round);
-    if (trainer.state().step() >= config.steps()) {
-      // Finished already: keep its summary.json as it is.
-      WriteStderrLine(absl::StrCat("starling node: the run in ", run.out,
-                                   " is already complete (",
-                                   trainer.state().step(), " steps)"));
-      return 0;
-    }
+// The checkpoint's "comm": sent, received, and the pseudo-gradient bytes
+// before and after compression.
+PriorTraffic ParseTraffic(const std::string& comm) {
+  PriorTraffic prior;
+  int64_t* fields[] = {&prior.sent, &prior.received, &prior.before_compression,
+                       &prior.after_compression};
+  std::vector<std::string> values = absl::StrSplit(comm, ',');
+  for (size_t i = 0; i < values.size() && i < 4; ++i) {
+    (void)absl::SimpleAtoi(values[i], fields[i]);
   }
-  if (run.algo == "gossip") {
-    double w = 0;
-    if (config.resume() && absl::SimpleAtod(run.resumed_weight, &w) && w > 0) {
-      run.gossip_weight = w;
-    }
-    return RunGossip(run);
+  return prior;
+}
+
+// --resume: the trainer's checkpoint, the outer optimizer (DiLoCo), the
+// residual, the round, the lineage weight, the traffic, the gossip weight
+// and the rounds as this node logged them.
+absl::Status Resume(NodeRun& run) {
+  NodeState& state = run.state;
+  std::map<std::string, std::string> sections;
+  absl::Status s =
+      run.trainer.RestoreCheckpoint(run.CheckpointPath(), &sections);
+  if (s.ok() && run.config.algo == "diloco") {
+    s = state.outer->LoadState(sections["outer"]);
   }
-  return run.algo == "ddp" ? RunDdp(run) : RunDiloco(run);
+  if (s.ok() && state.feedback) {
+    s = state.feedback->LoadState(sections["error_feedback"]);
+  }
+  if (!s.ok()) return WithExitCode(s, ExitCodeFor(s));
+  (void)absl::SimpleAtoi(sections["round"], &state.round);
+  // Absent from checkpoints written before lineages had a weight: 0.
+  if (!absl::SimpleAtoi(sections["member_rounds"], &state.member_rounds) ||
+      state.member_rounds < 0 || state.member_rounds > kMaxMemberRounds) {
+    state.member_rounds = 0;
+  }
+  state.prior = ParseTraffic(sections["comm"]);
+  double w = 0;
+  if (run.config.algo == "gossip" &&
+      absl::SimpleAtod(sections["gossip_weight"], &w) && w > 0) {
+    state.gossip_weight = w;
+  }
+  // Rounds before the checkpoint, as this node logged them.
+  state.rounds =
+      ReadRoundEvents(absl::StrCat(run.out(), "/events.jsonl"), state.round);
+  return absl::OkStatus();
+}
+
+// Builds the run around the trainer: its model, the codecs, the outer
+// optimizer and the residual, restored on --resume.
+absl::StatusOr<std::unique_ptr<NodeRun>> MakeRun(NodeConfig config,
+                                                 Trainer& trainer,
+                                                 NodeOps& ops) {
+  std::vector<torch::Tensor> params = trainer.Parameters();
+  const int64_t n = NumElements(params);
+  // Every member must start from the same θ (the same --seed).
+  std::string init_hash = ModelHash(params);
+  absl::StatusOr<std::unique_ptr<OuterOptimizer>> outer =
+      OuterOptimizer::Create(config.diloco.outer, n);
+  if (!outer.ok()) return WithExitCode(outer.status(), 2);
+  absl::StatusOr<NodeCodecs> codecs = MakeCodecs(config, params);
+  if (!codecs.ok()) return WithExitCode(codecs.status(), 2);
+  auto run = std::unique_ptr<NodeRun>(
+      new NodeRun{std::move(config), trainer, ops, std::move(params), n,
+                  std::move(init_hash), *std::move(codecs), NodeState()});
+  run->state.outer = *std::move(outer);
+  if (run->codecs.error_feedback) {
+    run->state.feedback = std::make_unique<ErrorFeedback>(n);
+  }
+  if (run->config.train.resume()) STARLING_RETURN_IF_ERROR(Resume(*run));
+  return run;
+}
+
+}  // namespace
+
+const Subcommand& NodeSubcommand() {
+  static const Subcommand* sub = [] {
+    std::vector<std::string> flags = NodeFlagNames();
+    for (const std::string& f : TrainFlagNames()) flags.push_back(f);
+    return new Subcommand{
+        "node",
+        "join a swarm and train with DiLoCo (elastic), gossip (push-sum) or "
+        "ddp (static)",
+        "Runs one member of a swarm. DiLoCo (the default) is elastic: a node "
+        "starts with its own --listen address and --peers naming any live "
+        "members (none for the first), the same --run_id, --seed and model "
+        "flags, its own --shard=K/N and a unique --node_id. It joins "
+        "(handshake: protocol, run id, codec, model fingerprint), learns the "
+        "others by gossip, fetches θ_global, the outer optimizer state and "
+        "the round from a member if the swarm is ahead, then runs rounds of "
+        "--inner_steps (H) inner steps. After each round the members that "
+        "are ready by --round_deadline average their pseudo-gradients "
+        "Δ = θ_global − θ_local (weighted, --weighting) by ring all-reduce "
+        "and "
+        "apply the outer step once the round's coordinator confirms that "
+        "every member got the sum, so members stay bit-identical. A member "
+        "that dies mid-round is dropped and the round rerun by the others; "
+        "SIGINT/SIGTERM makes a node finish its round and leave (goodbye, "
+        "checkpoint; a second signal leaves at once); "
+        "--resume rejoins and catches up. The first member of each round "
+        "evaluates. --algo=ddp all-reduces gradients every step over the "
+        "fixed --peers list instead (every member lists all others). "
+        "--algo=gossip joins the same way but runs asynchronous push-sum "
+        "gossip (SGP): after every --inner_steps local steps a node averages "
+        "in the models pushed to it, then pushes (model, half its weight) to "
+        "one live peer (--gossip_peers); no rounds, no barrier, and a slow "
+        "or dead peer never blocks anyone. Every member evaluates.\n\n"
+        "Adaptive sync (DiLoCo): --round_seconds bounds each round by time "
+        "so every member runs as many steps as fit (a slow node no longer "
+        "holds the others back); --min_inner_steps/--max_inner_steps let a "
+        "drift detector (Page-Hinkley on the training loss, "
+        "--drift_detector) or --divergence_threshold ask the swarm for an "
+        "early sync and shorten H, which quiet rounds lengthen again; "
+        "--weighting averages unequal step counts (FedNova).\n\n"
+        "Operations: --health_port serves gRPC health checks (readiness, "
+        "liveness) for Kubernetes probes, --metrics_port Prometheus "
+        "/metrics, --log_format=json one JSON object per stderr line; "
+        "deploy/ runs nodes as a Kubernetes StatefulSet.\n\n"
+        "Security: peer traffic uses TLS with --tls_cert, --tls_key and "
+        "--tls_ca (PEM files; --tls_require_client_cert for mutual TLS), or "
+        "plaintext with an explicit --insecure; one of the two is "
+        "required. --join_token_file admits only peers that know the "
+        "swarm's secret; --peer_rate_limit bounds each peer host's calls; "
+        "--aggregate and --norm_bound drop or outvote hostile "
+        "pseudo-gradients (every received tensor is checked for its size "
+        "and for NaN/Inf).\n\n"
+        "Example, two members on one machine (plaintext on loopback):\n"
+        "  starling node --insecure --node_id=a --listen=127.0.0.1:7001 "
+        "--shard=0/2 --out=runs/a\n"
+        "  starling node --insecure --node_id=b --listen=127.0.0.1:7002 "
+        "--peers=127.0.0.1:7001 --shard=1/2 --out=runs/b",
+        flags};
+  }();
+  return *sub;
+}
+
+int WeightCopiesOfNode(const std::string& algo) {
+  return algo == "diloco" ? 3 : 1;
+}
+
+int RunNodeCommand() {
+  if (absl::Status s = SetUpLogging(); !s.ok()) return Fail(s, 2);
+  absl::StatusOr<NodeConfig> config = NodeConfigFromFlags();
+  if (!config.ok()) return Fail(config.status(), 2);
+  absl::StatusOr<std::string> log_node = LogNodeName(*config);
+  if (!log_node.ok()) return Fail(log_node.status(), 2);
+  SetLogNode(*log_node);
+  LogPeerSecurity(*config);
+  // Health and metrics answer from the start (a probe during the data load
+  // sees "not ready", not a refused connection).
+  NodeOps ops;
+  if (absl::Status s =
+          StartOps(*log_node, config->algo, config->train.device(), &ops);
+      !s.ok()) {
+    return Fail(s, absl::IsInvalidArgument(s) ? 2 : 1);
+  }
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = StartTrainer(&*config);
+  if (!trainer.ok()) return Fail(trainer.status());
+  absl::StatusOr<std::unique_ptr<NodeRun>> run =
+      MakeRun(*std::move(config), **trainer, ops);
+  if (!run.ok()) return Fail(run.status());
+  NodeRun& r = **run;
+  if (r.config.train.resume() &&
+      r.trainer.state().step() >= r.config.train.steps()) {
+    // Finished already: keep its summary.json as it is.
+    WriteStderrLine(absl::StrCat("starling node: the run in ", r.out(),
+                                 " is already complete (",
+                                 r.trainer.state().step(), " steps)"));
+    return 0;
+  }
+  if (r.config.algo == "gossip") return RunGossip(r);
+  return r.config.algo == "ddp" ? RunDdp(r) : RunDiloco(r);
 }
 
 }  // namespace starling

@@ -1,46 +1,18 @@
 #include "node/node_flags.h"
 
-#include <grpc/support/log.h>
-#include <torch/torch.h>
-
-#include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cmath>
-#include <cstring>
-#include <fstream>
-#include <functional>
-#include <future>
-#include <map>
-#include <optional>
-#include <random>
-#include <thread>
+#include <memory>
+#include <utility>
+#include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
-#include "compression/codec.h"
 #include "compression/tensor_policy.h"
-#include "core/checkpoint.h"
-#include "core/file_util.h"
-#include "core/flat_params.h"
-#include "core/logging.h"
 #include "core/status.h"
-#include "gossip/crash_point.h"
-#include "gossip/grpc_transport.h"
 #include "gossip/link_shaper.h"
 #include "gossip/peer_credentials.h"
-#include "gossip/ring_allreduce.h"
-#include "gossip/swarm.h"
 #include "node/faults.h"
-#include "node/health.h"
-#include "node/metrics.h"
 #include "node/node_command.h"
-#include "node/run_output.h"
 #include "node/train_command.h"
 #include "outer_opt/outer_optimizer.h"
 #include "outer_opt/robust_aggregate.h"
@@ -288,10 +260,28 @@ ABSL_FLAG(std::string, test_stall, "",
           "step STEP for SECONDS (liveness must notice)");
 
 namespace starling {
+namespace {
 
+// --node_id, or the --listen address when it is not given.
 std::string NodeIdFromFlags() {
   std::string id = absl::GetFlag(FLAGS_node_id);
   return id.empty() ? absl::GetFlag(FLAGS_listen) : id;
+}
+
+OuterOptions OuterOptionsFromFlags() {
+  OuterOptions oo;
+  oo.kind = absl::GetFlag(FLAGS_outer);
+  oo.lr = absl::GetFlag(FLAGS_outer_lr);
+  oo.momentum = absl::GetFlag(FLAGS_outer_momentum);
+  return oo;
+}
+
+PolicyOptions PolicyOptionsFromFlags() {
+  PolicyOptions po;
+  po.main = absl::GetFlag(FLAGS_compression);
+  po.small = absl::GetFlag(FLAGS_small_tensor_codec);
+  po.small_elements = absl::GetFlag(FLAGS_small_tensor_elems);
+  return po;
 }
 
 absl::StatusOr<AdaptiveSync> ParseAdaptiveSync(int h) {
@@ -357,51 +347,31 @@ absl::StatusOr<AdaptiveSync> ParseAdaptiveSync(int h) {
   return a;
 }
 
-OuterOptions OuterOptionsFromFlags() {
-  OuterOptions oo;
-  oo.kind = absl::GetFlag(FLAGS_outer);
-  oo.lr = absl::GetFlag(FLAGS_outer_lr);
-  oo.momentum = absl::GetFlag(FLAGS_outer_momentum);
-  return oo;
-}
-
-PolicyOptions PolicyOptionsFromFlags() {
-  PolicyOptions po;
-  po.main = absl::GetFlag(FLAGS_compression);
-  po.small = absl::GetFlag(FLAGS_small_tensor_codec);
-  po.small_elements = absl::GetFlag(FLAGS_small_tensor_elems);
-  return po;
-}
-
-// Reads the node-only flags that need no model, data, file or peer into
-// `run` and checks them: InvalidArgument naming the flag. `--test_poison`
-
-// and the link flags are left out (the sim sets them per node).
-absl::Status ParseNodeFlags(NodeRun& run) {
-  run.algo = absl::GetFlag(FLAGS_algo);
-  if (run.algo != "diloco" && run.algo != "ddp" && run.algo != "gossip") {
+// --algo, --inner_steps, the adaptive-sync flags, --overlap, and
+// --compression against ddp.
+absl::Status ParseAlgorithm(NodeConfig* c) {
+  c->algo = absl::GetFlag(FLAGS_algo);
+  if (c->algo != "diloco" && c->algo != "ddp" && c->algo != "gossip") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--algo=", run.algo, ": expected diloco, ddp or gossip"));
+        absl::StrCat("--algo=", c->algo, ": expected diloco, ddp or gossip"));
   }
-  run.h = absl::GetFlag(FLAGS_inner_steps);
-  if (run.h < 1) {
+  c->inner_steps = absl::GetFlag(FLAGS_inner_steps);
+  if (c->inner_steps < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--inner_steps=", run.h, ": must be >= 1"));
+        absl::StrCat("--inner_steps=", c->inner_steps, ": must be >= 1"));
   }
-  if (absl::StatusOr<AdaptiveSync> a = ParseAdaptiveSync(run.h); !a.ok()) {
-    return a.status();
-  } else {
-    run.sync = std::move(a).value();
-  }
-  if (absl::GetFlag(FLAGS_overlap)) {
-    if (run.algo != "diloco") {
+  DilocoConfig& d = c->diloco;
+  STARLING_ASSIGN_OR_RETURN(d.sync, ParseAdaptiveSync(c->inner_steps));
+  d.overlap = absl::GetFlag(FLAGS_overlap);
+  if (d.overlap) {
+    if (c->algo != "diloco") {
       return absl::InvalidArgumentError(
           absl::StrCat("--overlap: only --algo=diloco has outer rounds to "
                        "overlap (got --algo=",
-                       run.algo, ")"));
+                       c->algo, ")"));
     }
-    if (run.sync.round_seconds > 0 || run.sync.h->adaptive() ||
-        run.sync.detector || run.sync.divergence) {
+    if (d.sync.round_seconds > 0 || d.sync.h->adaptive() || d.sync.detector ||
+        d.sync.divergence) {
       return absl::InvalidArgumentError(
           "--overlap needs a fixed H: drop --round_seconds, "
           "--min_inner_steps/--max_inner_steps, "
@@ -409,65 +379,74 @@ absl::Status ParseNodeFlags(NodeRun& run) {
           "--divergence_threshold");
     }
   }
-  if (const std::string c = absl::GetFlag(FLAGS_compression);
-      run.algo == "ddp" && c != "fp32") {
+  c->compression = absl::GetFlag(FLAGS_compression);
+  if (c->algo == "ddp" && c->compression != "fp32") {
     // ddp would silently send fp32 anyway.
     return absl::InvalidArgumentError(absl::StrCat(
-        "--compression=", c,
+        "--compression=", c->compression,
         ": ddp all-reduces fp32 gradients every step; --compression applies "
         "to --algo=diloco and --algo=gossip"));
   }
-  if (absl::StatusOr<AggregateSpec> a =
-          ParseAggregate(absl::GetFlag(FLAGS_aggregate));
-      !a.ok()) {
-    return a.status();
-  } else {
-    run.aggregate = *a;
-  }
-  run.norm_bound = absl::GetFlag(FLAGS_norm_bound);
-  if (!(run.norm_bound >= 0) || !std::isfinite(run.norm_bound) ||
-      (run.norm_bound > 0 && run.norm_bound < 1)) {
+  return absl::OkStatus();
+}
+
+// --aggregate and --norm_bound.
+absl::Status ParseAggregation(NodeConfig* c) {
+  DilocoConfig& d = c->diloco;
+  STARLING_ASSIGN_OR_RETURN(d.aggregate,
+                            ParseAggregate(absl::GetFlag(FLAGS_aggregate)));
+  d.norm_bound = absl::GetFlag(FLAGS_norm_bound);
+  if (!(d.norm_bound >= 0) || !std::isfinite(d.norm_bound) ||
+      (d.norm_bound > 0 && d.norm_bound < 1)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--norm_bound=", run.norm_bound,
+        absl::StrCat("--norm_bound=", d.norm_bound,
                      ": must be 0 (off) or a multiple >= 1 of the round's "
                      "median norm"));
   }
-  run.robust = run.aggregate.kind != AggregateKind::kMean || run.norm_bound > 0;
-  if (run.robust && run.algo != "diloco") {
+  d.robust = d.aggregate.kind != AggregateKind::kMean || d.norm_bound > 0;
+  if (d.robust && c->algo != "diloco") {
     return absl::InvalidArgumentError(
         absl::StrCat("--aggregate/--norm_bound apply to --algo=diloco rounds "
                      "(got --algo=",
-                     run.algo, ")"));
+                     c->algo, ")"));
   }
-  run.chunk = absl::GetFlag(FLAGS_chunk_bytes);
-  if (run.chunk < 1024 || run.chunk > (4 << 20)) {
+  return absl::OkStatus();
+}
+
+absl::Status Positive(absl::string_view flag, double v,
+                      absl::string_view unit) {
+  return v > 0 && std::isfinite(v)
+             ? absl::OkStatus()
+             : absl::InvalidArgumentError(
+                   absl::StrCat("--", flag, "=", v, ": must be > 0", unit));
+}
+
+// --chunk_bytes, the timeouts, --found_after, --min_members, the gossip
+// knobs and --peer_max_streams: checked before any slow setup (and by
+// `starling sim` before any node starts), so that a bad value cannot leave
+// every node waiting forever.
+absl::Status ParseLimits(NodeConfig* c) {
+  NetworkConfig& net = c->net;
+  net.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  if (net.chunk_bytes < 1024 || net.chunk_bytes > (4 << 20)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--chunk_bytes=", run.chunk, ": must be in [1024, 4194304]"));
+        "--chunk_bytes=", net.chunk_bytes, ": must be in [1024, 4194304]"));
   }
-  // Timeouts and the like, checked before any slow setup (and by `starling
-  // sim` before any node starts): a negative --round_timeout used to leave
-  // every node waiting forever.
-  auto positive = [](absl::string_view flag, double v, absl::string_view unit) {
-    return v > 0 && std::isfinite(v)
-               ? absl::OkStatus()
-               : absl::InvalidArgumentError(
-                     absl::StrCat("--", flag, "=", v, ": must be > 0", unit));
-  };
   const double idle = absl::GetFlag(FLAGS_stream_idle_timeout);
-  STARLING_RETURN_IF_ERROR(positive("stream_idle_timeout", idle, " seconds"));
-  run.stream_idle = absl::Seconds(idle);
-  STARLING_RETURN_IF_ERROR(positive(
+  STARLING_RETURN_IF_ERROR(Positive("stream_idle_timeout", idle, " seconds"));
+  net.stream_idle_timeout = absl::Seconds(idle);
+  STARLING_RETURN_IF_ERROR(Positive(
       "round_timeout", absl::GetFlag(FLAGS_round_timeout), " seconds"));
-  STARLING_RETURN_IF_ERROR(positive(
+  STARLING_RETURN_IF_ERROR(Positive(
       "connect_timeout", absl::GetFlag(FLAGS_connect_timeout), " seconds"));
-  STARLING_RETURN_IF_ERROR(positive(
+  STARLING_RETURN_IF_ERROR(Positive(
       "round_deadline", absl::GetFlag(FLAGS_round_deadline), " seconds"));
-  STARLING_RETURN_IF_ERROR(positive(
+  STARLING_RETURN_IF_ERROR(Positive(
       "suspect_timeout", absl::GetFlag(FLAGS_suspect_timeout), " seconds"));
-  STARLING_RETURN_IF_ERROR(positive(
+  STARLING_RETURN_IF_ERROR(Positive(
       "gossip_timeout", absl::GetFlag(FLAGS_gossip_timeout), " seconds"));
   STARLING_RETURN_IF_ERROR(
-      positive("gossip_outer_lr", absl::GetFlag(FLAGS_gossip_outer_lr), ""));
+      Positive("gossip_outer_lr", absl::GetFlag(FLAGS_gossip_outer_lr), ""));
   if (const double found_after = absl::GetFlag(FLAGS_found_after);
       !(found_after >= 0) || !std::isfinite(found_after)) {
     return absl::InvalidArgumentError(
@@ -486,24 +465,117 @@ absl::Status ParseNodeFlags(NodeRun& run) {
     return absl::InvalidArgumentError(
         absl::StrCat("--snapshot_every=", every, ": must be >= 0"));
   }
-  run.peer_max_streams = absl::GetFlag(FLAGS_peer_max_streams);
-  if (run.peer_max_streams < 0) {
+  net.peer_max_streams = absl::GetFlag(FLAGS_peer_max_streams);
+  if (net.peer_max_streams < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--peer_max_streams=", run.peer_max_streams,
+        absl::StrCat("--peer_max_streams=", net.peer_max_streams,
                      ": must be a number of streams >= 0 (0 = no limit)"));
   }
-  // Checked here so that a bad value fails before the data load; built
-  // again once the model's size is known.
-  STARLING_RETURN_IF_ERROR(
-      OuterOptimizer::Create(OuterOptionsFromFlags(), 1).status());
-  STARLING_RETURN_IF_ERROR(
-      PolicyCodec::Create({}, PolicyOptionsFromFlags()).status());
-  const std::string ef_flag = absl::GetFlag(FLAGS_error_feedback);
-  if (ef_flag != "auto" && ef_flag != "on" && ef_flag != "off") {
+  return absl::OkStatus();
+}
+
+// The outer optimizer, the codecs and --error_feedback. The first two are
+// built again once the model's size is known; checked here so that a bad
+// value fails before the data load.
+absl::Status ParseCodecs(NodeConfig* c) {
+  c->diloco.outer = OuterOptionsFromFlags();
+  STARLING_RETURN_IF_ERROR(OuterOptimizer::Create(c->diloco.outer, 1).status());
+  c->policy = PolicyOptionsFromFlags();
+  STARLING_RETURN_IF_ERROR(PolicyCodec::Create({}, c->policy).status());
+  c->error_feedback = absl::GetFlag(FLAGS_error_feedback);
+  if (c->error_feedback != "auto" && c->error_feedback != "on" &&
+      c->error_feedback != "off") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--error_feedback=", ef_flag, ": expected auto, on or off"));
+        "--error_feedback=", c->error_feedback, ": expected auto, on or off"));
   }
   return absl::OkStatus();
+}
+
+// The values the loops check where they use them (addresses, the hosts
+// file, --test_crash_at, --gossip_peers), and those checked above.
+void ReadUncheckedFlags(NodeConfig* c) {
+  NetworkConfig& net = c->net;
+  net.listen = absl::GetFlag(FLAGS_listen);
+  net.peers = absl::GetFlag(FLAGS_peers);
+  net.node_id = NodeIdFromFlags();
+  net.run_id = absl::GetFlag(FLAGS_run_id);
+  net.hosts_file = absl::GetFlag(FLAGS_hosts);
+  net.partition_file = absl::GetFlag(FLAGS_partition_file);
+  net.test_crash_at = absl::GetFlag(FLAGS_test_crash_at);
+  net.min_members = absl::GetFlag(FLAGS_min_members);
+  net.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout));
+  net.round_timeout = absl::Seconds(absl::GetFlag(FLAGS_round_timeout));
+  net.round_deadline = absl::Seconds(absl::GetFlag(FLAGS_round_deadline));
+  net.suspect_timeout = absl::Seconds(absl::GetFlag(FLAGS_suspect_timeout));
+  net.found_after = absl::Seconds(absl::GetFlag(FLAGS_found_after));
+  GossipConfig& g = c->gossip;
+  g.peer_mode = absl::GetFlag(FLAGS_gossip_peers);
+  g.push_timeout = absl::Seconds(absl::GetFlag(FLAGS_gossip_timeout));
+  g.momentum = absl::GetFlag(FLAGS_gossip_momentum);
+  g.outer_lr = absl::GetFlag(FLAGS_gossip_outer_lr);
+  g.snapshot_every = absl::GetFlag(FLAGS_snapshot_every);
+}
+
+// --test_poison, the link flags and the peer credentials.
+absl::Status ParsePeerFlags(NodeConfig* c) {
+  STARLING_ASSIGN_OR_RETURN(c->diloco.poison,
+                            ParsePoisonPlan(absl::GetFlag(FLAGS_test_poison)));
+  STARLING_ASSIGN_OR_RETURN(
+      LinkEmulatorOptions links,
+      ParseLinkFlags(absl::GetFlag(FLAGS_link_bandwidth_mbps),
+                     absl::GetFlag(FLAGS_link_latency_ms)));
+  if (links.shaped()) {
+    c->net.links = std::make_shared<LinkEmulator>(std::move(links));
+  }
+  const PeerSecurityOptions security = PeerSecurityFromFlags();
+  if (security.tls_bind_node_ids && c->algo == "ddp") {
+    return absl::InvalidArgumentError(
+        "--tls_bind_node_ids: --algo=ddp has no node ids (ranks follow "
+        "--peers); use it with diloco or gossip");
+  }
+  STARLING_ASSIGN_OR_RETURN(c->net.credentials, LoadPeerCredentials(security));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ParseNodeFlags(NodeConfig* config) {
+  STARLING_RETURN_IF_ERROR(ParseAlgorithm(config));
+  STARLING_RETURN_IF_ERROR(ParseAggregation(config));
+  STARLING_RETURN_IF_ERROR(ParseLimits(config));
+  STARLING_RETURN_IF_ERROR(ParseCodecs(config));
+  ReadUncheckedFlags(config);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<NodeConfig> NodeConfigFromFlags() {
+  NodeConfig config;
+  config.train = ConfigFromFlags();
+  STARLING_RETURN_IF_ERROR(ResolveTrainConfig(&config.train));
+  STARLING_RETURN_IF_ERROR(ParseNodeFlags(&config));
+  STARLING_RETURN_IF_ERROR(ParsePeerFlags(&config));
+  return config;
+}
+
+absl::Status CheckNodeFlags() {
+  NodeConfig config;
+  return ParseNodeFlags(&config);
+}
+
+PeerSecurityOptions PeerSecurityFromFlags() {
+  PeerSecurityOptions security;
+  security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  security.tls_key = absl::GetFlag(FLAGS_tls_key);
+  security.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  security.tls_require_client_cert =
+      absl::GetFlag(FLAGS_tls_require_client_cert);
+  security.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  security.tls_bind_node_ids = absl::GetFlag(FLAGS_tls_bind_node_ids);
+  security.node_id = NodeIdFromFlags();
+  security.insecure = absl::GetFlag(FLAGS_insecure);
+  security.join_token_file = absl::GetFlag(FLAGS_join_token_file);
+  security.peer_rate_limit = absl::GetFlag(FLAGS_peer_rate_limit);
+  return security;
 }
 
 const std::vector<std::string>& NodeFlagNames() {
@@ -567,92 +639,6 @@ const std::vector<std::string>& NodeFlagNames() {
                                    "watchdog_min_seconds",
                                    "test_stall"};
   return *names;
-}
-
-const Subcommand& NodeSubcommand() {
-  static const Subcommand* sub = [] {
-    std::vector<std::string> flags = NodeFlagNames();
-    for (const std::string& f : TrainFlagNames()) flags.push_back(f);
-    return new Subcommand{
-        "node",
-        "join a swarm and train with DiLoCo (elastic), gossip (push-sum) or "
-        "ddp (static)",
-        "Runs one member of a swarm. DiLoCo (the default) is elastic: a node "
-        "starts with its own --listen address and --peers naming any live "
-        "members (none for the first), the same --run_id, --seed and model "
-        "flags, its own --shard=K/N and a unique --node_id. It joins "
-        "(handshake: protocol, run id, codec, model fingerprint), learns the "
-        "others by gossip, fetches θ_global, the outer optimizer state and "
-        "the round from a member if the swarm is ahead, then runs rounds of "
-        "--inner_steps (H) inner steps. After each round the members that "
-        "are ready by --round_deadline average their pseudo-gradients "
-        "Δ = θ_global − θ_local (weighted, --weighting) by ring all-reduce "
-        "and "
-        "apply the outer step once the round's coordinator confirms that "
-        "every member got the sum, so members stay bit-identical. A member "
-        "that dies mid-round is dropped and the round rerun by the others; "
-        "SIGINT/SIGTERM makes a node finish its round and leave (goodbye, "
-        "checkpoint; a second signal leaves at once); "
-        "--resume rejoins and catches up. The first member of each round "
-        "evaluates. --algo=ddp all-reduces gradients every step over the "
-        "fixed --peers list instead (every member lists all others). "
-        "--algo=gossip joins the same way but runs asynchronous push-sum "
-        "gossip (SGP): after every --inner_steps local steps a node averages "
-        "in the models pushed to it, then pushes (model, half its weight) to "
-        "one live peer (--gossip_peers); no rounds, no barrier, and a slow "
-        "or dead peer never blocks anyone. Every member evaluates.\n\n"
-        "Adaptive sync (DiLoCo): --round_seconds bounds each round by time "
-        "so every member runs as many steps as fit (a slow node no longer "
-        "holds the others back); --min_inner_steps/--max_inner_steps let a "
-        "drift detector (Page-Hinkley on the training loss, "
-        "--drift_detector) or --divergence_threshold ask the swarm for an "
-        "early sync and shorten H, which quiet rounds lengthen again; "
-        "--weighting averages unequal step counts (FedNova).\n\n"
-        "Operations: --health_port serves gRPC health checks (readiness, "
-        "liveness) for Kubernetes probes, --metrics_port Prometheus "
-        "/metrics, --log_format=json one JSON object per stderr line; "
-        "deploy/ runs nodes as a Kubernetes StatefulSet.\n\n"
-        "Security: peer traffic uses TLS with --tls_cert, --tls_key and "
-        "--tls_ca (PEM files; --tls_require_client_cert for mutual TLS), or "
-        "plaintext with an explicit --insecure; one of the two is "
-        "required. --join_token_file admits only peers that know the "
-        "swarm's secret; --peer_rate_limit bounds each peer host's calls; "
-        "--aggregate and --norm_bound drop or outvote hostile "
-        "pseudo-gradients (every received tensor is checked for its size "
-        "and for NaN/Inf).\n\n"
-        "Example, two members on one machine (plaintext on loopback):\n"
-        "  starling node --insecure --node_id=a --listen=127.0.0.1:7001 "
-        "--shard=0/2 --out=runs/a\n"
-        "  starling node --insecure --node_id=b --listen=127.0.0.1:7002 "
-        "--peers=127.0.0.1:7001 --shard=1/2 --out=runs/b",
-        flags};
-  }();
-  return *sub;
-}
-
-PeerSecurityOptions PeerSecurityFromFlags() {
-  PeerSecurityOptions security;
-  security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
-  security.tls_key = absl::GetFlag(FLAGS_tls_key);
-  security.tls_ca = absl::GetFlag(FLAGS_tls_ca);
-  security.tls_require_client_cert =
-      absl::GetFlag(FLAGS_tls_require_client_cert);
-  security.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
-  security.tls_bind_node_ids = absl::GetFlag(FLAGS_tls_bind_node_ids);
-  security.node_id = NodeIdFromFlags();
-  security.insecure = absl::GetFlag(FLAGS_insecure);
-  security.join_token_file = absl::GetFlag(FLAGS_join_token_file);
-  security.peer_rate_limit = absl::GetFlag(FLAGS_peer_rate_limit);
-  return security;
-}
-
-int WeightCopiesOfNode(const std::string& algo) {
-  return algo == "diloco" ? 3 : 1;
-}
-
-absl::Status CheckNodeFlags() {
-  NodeRun run;
-  return ParseNodeFlags(run);
 }
 
 }  // namespace starling
