@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -39,16 +40,18 @@ class Watchdog {
   explicit Watchdog(const WatchdogOptions& options) : options_(options) {}
 
   // An inner step completed after `took`. The first call arms the watchdog.
-  void Step(absl::Duration took, absl::Time now = absl::Now());
+  void Step(absl::Duration took, absl::Time now = absl::Now())
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The loop is alive but about to wait (or still waiting) for something
   // that ends within `bound`: a round's sync, a state transfer, a
   // checkpoint. Arms the watchdog.
-  void Waiting(absl::Duration bound, absl::Time now = absl::Now());
+  void Waiting(absl::Duration bound, absl::Time now = absl::Now())
+      ABSL_LOCKS_EXCLUDED(mu_);
   // True when armed and the allowance since the last Step/Waiting is spent.
-  bool Stalled(absl::Time now = absl::Now()) const;
+  bool Stalled(absl::Time now = absl::Now()) const ABSL_LOCKS_EXCLUDED(mu_);
   // The current allowance after a step: max(multiple * expected step time,
   // min_allowance).
-  absl::Duration Allowance() const;
+  absl::Duration Allowance() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   const WatchdogOptions options_;

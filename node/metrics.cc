@@ -319,6 +319,14 @@ struct NodeMetrics::Metrics {
 std::unique_ptr<NodeMetrics::Metrics> NodeMetrics::RegisterAll(
     const BuildInfo& info, prometheus::Registry& r) {
   auto m = std::make_unique<NodeMetrics::Metrics>();
+  RegisterTraining(info, r, *m);
+  RegisterNetwork(r, *m);
+  return m;
+}
+
+void NodeMetrics::RegisterTraining(const BuildInfo& info,
+                                   prometheus::Registry& r, Metrics& metrics) {
+  Metrics* m = &metrics;
   using prometheus::BuildCounter;
   using prometheus::BuildGauge;
   using prometheus::BuildHistogram;
@@ -382,6 +390,13 @@ std::unique_ptr<NodeMetrics::Metrics> NodeMetrics::RegisterAll(
                 "the last one it absorbed (an estimate of consensus).",
                 r)
            .Add({});
+}
+
+void NodeMetrics::RegisterNetwork(prometheus::Registry& r, Metrics& metrics) {
+  Metrics* m = &metrics;
+  using prometheus::BuildCounter;
+  using prometheus::BuildGauge;
+  using prometheus::BuildHistogram;
 
   m->sent_bytes = &Register(BuildCounter(), "starling_sent_bytes_total",
                             "Bytes sent to peers.", r)
@@ -421,7 +436,6 @@ std::unique_ptr<NodeMetrics::Metrics> NodeMetrics::RegisterAll(
       &Register(BuildGauge(), "starling_last_checkpoint_timestamp_seconds",
                 "Unix time of the latest checkpoint written.", r)
            .Add({});
-  return m;
 }
 
 absl::StatusOr<std::unique_ptr<NodeMetrics>> NodeMetrics::Start(

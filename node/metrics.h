@@ -91,7 +91,7 @@ class NodeMetrics {
   // "after_compression"}) follows the largest total seen: it grows by the
   // difference, and a total lower than an earlier one is ignored.
   void SetTraffic(int64_t sent, int64_t received, int64_t before_compression,
-                  int64_t after_compression);
+                  int64_t after_compression) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Gauges starling_peers_known, starling_peers_connected.
   void SetPeers(int known, int connected);
@@ -100,14 +100,16 @@ class NodeMetrics {
   // "DEADLINE_EXCEEDED", ...): starling_rpc_errors_total{code}, with the same
   // largest-total-seen rule as SetTraffic(). Codes absent from the map keep
   // their value.
-  void SetRpcErrors(const std::map<std::string, int64_t>& totals_by_code);
+  void SetRpcErrors(const std::map<std::string, int64_t>& totals_by_code)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Running totals of incoming calls and streams this node refused or cut
   // off to protect itself, by reason ("rate_limit": --peer_rate_limit,
   // "stream_limit": --peer_max_streams, "stream_cancelled": a stream past
   // its idle time or deadline): starling_peer_refusals_total{reason}, with
   // the same rule as SetRpcErrors().
-  void SetRefusals(const std::map<std::string, int64_t>& totals_by_reason);
+  void SetRefusals(const std::map<std::string, int64_t>& totals_by_reason)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // A checkpoint written at `when` that took `seconds`:
   // starling_checkpoint_duration_seconds observes it and
@@ -122,6 +124,11 @@ class NodeMetrics {
   // prometheus-cpp throws (on an invalid name); Start() catches it.
   static std::unique_ptr<Metrics> RegisterAll(const BuildInfo& info,
                                               prometheus::Registry& registry);
+  // Its parts: the build, inner steps, rounds and learning rates; the
+  // traffic, peers, refusals and checkpoints.
+  static void RegisterTraining(const BuildInfo& info,
+                               prometheus::Registry& registry, Metrics& m);
+  static void RegisterNetwork(prometheus::Registry& registry, Metrics& m);
 
   NodeMetrics(std::string host, std::shared_ptr<prometheus::Registry> registry,
               std::unique_ptr<Metrics> metrics,

@@ -1,8 +1,12 @@
-// `starling node`: one member of a swarm with a static member list. It
-// handshakes with every peer, then runs DiLoCo rounds (H inner steps, ring
-// all-reduce of the sample-weighted pseudo-gradients, outer Nesterov step)
-// or the ddp baseline (ring all-reduce of gradients every step).
-// Call from the main thread only (installs SIGINT/SIGTERM handlers).
+// `starling node`: one member of a swarm. RunNodeCommand (node_command.cc)
+// reads the flags into a NodeConfig (node_flags.h), builds the trainer and
+// codecs into a NodeRun (node_run.h) and runs one of three loops: elastic
+// DiLoCo rounds (diloco_loop.h: H inner steps, an exchange of the weighted
+// pseudo-gradients through the swarm's round protocol, the outer Nesterov
+// step), asynchronous push-sum gossip (gossip_loop.h), or the ddp baseline
+// over a static member list (ddp_loop.h: a ring all-reduce of gradients
+// every step). Call from the main thread only (installs SIGINT/SIGTERM
+// handlers).
 #ifndef STARLING_NODE_NODE_COMMAND_H_
 #define STARLING_NODE_NODE_COMMAND_H_
 

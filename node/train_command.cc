@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -183,6 +184,187 @@ const Subcommand& TrainSubcommand() {
   return *sub;
 }
 
+namespace {
+
+// Throughput and loss over the last --log_every window, for the progress
+// line and its ETA.
+struct ProgressWindow {
+  double seconds = 0;
+  int64_t tokens = 0;
+  int steps = 0;
+  double loss = 0;
+
+  void Add(const StepResult& r) {
+    seconds += r.seconds;
+    tokens += r.tokens;
+    loss += r.loss;
+    ++steps;
+  }
+  // "step S/T | loss L | lr R | N tok/s | eta E", and a fresh window.
+  std::string Line(int step, int total, double lr, const char* unit) {
+    const double tps = seconds > 0 ? tokens / seconds : 0;
+    const double eta = steps > 0 ? (total - step) * seconds / steps : 0;
+    std::string line = absl::StrFormat(
+        "step %d/%d | loss %.4f | lr %.2e | %.0f %s | eta %s", step, total,
+        loss / steps, lr, tps, unit, FormatDuration(eta));
+    *this = ProgressWindow();
+    return line;
+  }
+};
+
+// A `starling train` run once its trainer is built (and restored on
+// --resume): the steps with their events, progress lines, evaluations and
+// checkpoints, then the end of the run.
+class TrainRun {
+ public:
+  TrainRun(const TrainConfig& config, Trainer& trainer)
+      : config_(config),
+        trainer_(trainer),
+        ckpt_path_(CheckpointPathInRunDir(config.out())),
+        events_(absl::StrCat(config.out(), "/events.jsonl"), "n0",
+                trainer.state().wall_seconds()) {}
+
+  int Run() {
+    Start();
+    absl::StatusOr<bool> interrupted = Train();
+    if (!interrupted.ok()) return Fail(interrupted.status(), 1);
+    return End(*interrupted);
+  }
+
+ private:
+  void Start() {
+    const int64_t params = NumElements(trainer_.Parameters());
+    STARLING_LOG(INFO) << "model " << trainer_.model().Architecture() << ", "
+                       << params << " parameters, on "
+                       << trainer_.device().str() << ", "
+                       << torch::get_num_threads() << " threads";
+    STARLING_LOG(INFO) << "data " << trainer_.dataset().Describe();
+    STARLING_LOG(INFO) << "run directory " << config_.out();
+    events_.Write(
+        config_.resume() ? "resume" : "start",
+        JsonObject()
+            .Add("step", static_cast<int64_t>(trainer_.state().step()))
+            .Add("architecture", trainer_.model().Architecture())
+            .Add("parameters", params)
+            .Add("data", trainer_.dataset().Describe()));
+    InstallStopSignals();
+  }
+
+  // Steps until the last one or a signal (true).
+  absl::StatusOr<bool> Train() {
+    const char* rate_unit =
+        trainer_.dataset().kind() == TaskKind::kLanguageModel ? "tok/s"
+                                                              : "img/s";
+    ProgressWindow window;
+    while (trainer_.state().step() < config_.steps()) {
+      if (StopSignal() != 0) return true;
+      absl::StatusOr<StepResult> r = trainer_.Step();
+      if (!r.ok()) {
+        events_.Write("error",
+                      JsonObject().Add("message", r.status().message()));
+        return r.status();
+      }
+      evaluated_at_step_ = false;
+      const int step = trainer_.state().step();
+      LogDrift(events_, trainer_, *r);
+      window.Add(*r);
+      events_.Write("step", JsonObject()
+                                .Add("step", static_cast<int64_t>(step))
+                                .Add("loss", r->loss)
+                                .Add("lr", r->lr)
+                                .Add("seconds", r->seconds));
+      if (config_.log_every() > 0 &&
+          (step % config_.log_every() == 0 || step == config_.steps())) {
+        WriteStderrLine(window.Line(step, config_.steps(), r->lr, rate_unit));
+      }
+      if (config_.eval_every() > 0 && step % config_.eval_every() == 0) {
+        STARLING_RETURN_IF_ERROR(Evaluate());
+      }
+      if (config_.checkpoint_every() > 0 &&
+          step % config_.checkpoint_every() == 0 && step < config_.steps()) {
+        STARLING_RETURN_IF_ERROR(Checkpoint());
+      }
+    }
+    return false;
+  }
+
+  absl::Status Checkpoint() {
+    trainer_.set_wall_seconds(events_.WallSeconds());
+    absl::Status s = trainer_.SaveCheckpoint(ckpt_path_);
+    if (s.ok()) {
+      events_.Write(
+          "checkpoint",
+          JsonObject()
+              .Add("step", static_cast<int64_t>(trainer_.state().step()))
+              .Add("path", ckpt_path_));
+    }
+    return s;
+  }
+
+  absl::Status Evaluate() {
+    STARLING_ASSIGN_OR_RETURN(eval_, trainer_.Evaluate());
+    JsonObject fields;
+    fields.Add("step", static_cast<int64_t>(trainer_.state().step()))
+        .Add("val_loss", eval_.loss);
+    if (eval_.accuracy >= 0) fields.Add("val_accuracy", eval_.accuracy);
+    events_.Write("eval", fields);
+    WriteStderrLine(absl::StrFormat(
+        "eval  step %d/%d | val_loss %.4f%s", trainer_.state().step(),
+        config_.steps(), eval_.loss,
+        eval_.accuracy >= 0
+            ? absl::StrFormat(" | val_acc %.2f%%", 100 * eval_.accuracy)
+            : ""));
+    evaluated_at_step_ = true;
+    return absl::OkStatus();
+  }
+
+  // The final evaluation (unless interrupted), checkpoint, end event and
+  // summary.json: the exit code.
+  int End(bool interrupted) {
+    if (!evaluated_at_step_ && !interrupted) {
+      if (absl::Status s = Evaluate(); !s.ok()) return Fail(s, 1);
+    }
+    if (absl::Status s = Checkpoint(); !s.ok()) return Fail(s, 1);
+    NodeTotals totals;
+    totals.wall_seconds = events_.WallSeconds();
+    events_.Write(
+        interrupted ? "interrupted" : "end",
+        JsonObject()
+            .Add("step", static_cast<int64_t>(trainer_.state().step()))
+            .Add("val_loss", eval_.loss));
+    if (absl::Status s =
+            WriteNodeSummary(config_.out(), "train", trainer_, eval_, totals,
+                             {}, interrupted, JsonObject());
+        !s.ok()) {
+      return Fail(s, 1);
+    }
+    if (interrupted) {
+      WriteStderrLine(absl::StrCat(
+          "starling train: interrupted by signal ", StopSignal(), " at step ",
+          trainer_.state().step(), "; checkpoint saved to ", ckpt_path_,
+          ". Continue with the same flags plus --resume."));
+      return 1;
+    }
+    WriteStderrLine(absl::StrFormat(
+        "done: %d steps, val_loss %.4f%s, %s wall, summary in %s/summary.json",
+        trainer_.state().step(), eval_.loss,
+        eval_.accuracy >= 0
+            ? absl::StrFormat(", val_acc %.2f%%", 100 * eval_.accuracy)
+            : "",
+        FormatDuration(totals.wall_seconds), config_.out()));
+    return 0;
+  }
+
+  const TrainConfig& config_;
+  Trainer& trainer_;
+  const std::string ckpt_path_;
+  EventLog events_;
+  EvalResult eval_;
+  bool evaluated_at_step_ = false;
+};
+
+}  // namespace
+
 int RunTrainCommand() {
   TrainConfig config = ConfigFromFlags();
   if (absl::Status s = ResolveTrainConfig(&config); !s.ok()) return Fail(s, 2);
@@ -190,145 +372,13 @@ int RunTrainCommand() {
   if (!created.ok()) {
     return Fail(created.status(), ExitCodeFor(created.status()));
   }
-  const std::string out = config.out();
-  const std::string ckpt_path = CheckpointPathInRunDir(out);
   Trainer& trainer = **created;
   if (config.resume()) {
-    absl::Status s = trainer.RestoreCheckpoint(ckpt_path);
+    absl::Status s =
+        trainer.RestoreCheckpoint(CheckpointPathInRunDir(config.out()));
     if (!s.ok()) return Fail(s, ExitCodeFor(s));
   }
-  const int64_t params = NumElements(trainer.Parameters());
-  STARLING_LOG(INFO) << "model " << trainer.model().Architecture() << ", "
-                     << params << " parameters, on " << trainer.device().str()
-                     << ", " << torch::get_num_threads() << " threads";
-  STARLING_LOG(INFO) << "data " << trainer.dataset().Describe();
-  STARLING_LOG(INFO) << "run directory " << out;
-
-  EventLog events(absl::StrCat(out, "/events.jsonl"), "n0",
-                  trainer.state().wall_seconds());
-  events.Write(config.resume() ? "resume" : "start",
-               JsonObject()
-                   .Add("step", static_cast<int64_t>(trainer.state().step()))
-                   .Add("architecture", trainer.model().Architecture())
-                   .Add("parameters", params)
-                   .Add("data", trainer.dataset().Describe()));
-  InstallStopSignals();
-
-  auto checkpoint = [&]() -> absl::Status {
-    trainer.set_wall_seconds(events.WallSeconds());
-    absl::Status s = trainer.SaveCheckpoint(ckpt_path);
-    if (s.ok()) {
-      events.Write(
-          "checkpoint",
-          JsonObject()
-              .Add("step", static_cast<int64_t>(trainer.state().step()))
-              .Add("path", ckpt_path));
-    }
-    return s;
-  };
-
-  EvalResult eval;
-  bool evaluated_at_step = false;
-  auto evaluate = [&]() -> absl::Status {
-    STARLING_ASSIGN_OR_RETURN(eval, trainer.Evaluate());
-    JsonObject fields;
-    fields.Add("step", static_cast<int64_t>(trainer.state().step()))
-        .Add("val_loss", eval.loss);
-    if (eval.accuracy >= 0) fields.Add("val_accuracy", eval.accuracy);
-    events.Write("eval", fields);
-    WriteStderrLine(absl::StrFormat(
-        "eval  step %d/%d | val_loss %.4f%s", trainer.state().step(),
-        config.steps(), eval.loss,
-        eval.accuracy >= 0
-            ? absl::StrFormat(" | val_acc %.2f%%", 100 * eval.accuracy)
-            : ""));
-    evaluated_at_step = true;
-    return absl::OkStatus();
-  };
-
-  const char* rate_unit =
-      trainer.dataset().kind() == TaskKind::kLanguageModel ? "tok/s" : "img/s";
-  // Throughput over the last log window, for the progress line and ETA.
-  double window_seconds = 0;
-  int64_t window_tokens = 0;
-  int window_steps = 0;
-  double window_loss = 0;
-  bool interrupted = false;
-  while (trainer.state().step() < config.steps()) {
-    if (StopSignal() != 0) {
-      interrupted = true;
-      break;
-    }
-    absl::StatusOr<StepResult> r = trainer.Step();
-    if (!r.ok()) {
-      events.Write("error", JsonObject().Add("message", r.status().message()));
-      return Fail(r.status(), 1);
-    }
-    evaluated_at_step = false;
-    const int step = trainer.state().step();
-    LogDrift(events, trainer, *r);
-    window_seconds += r->seconds;
-    window_tokens += r->tokens;
-    window_loss += r->loss;
-    ++window_steps;
-    events.Write("step", JsonObject()
-                             .Add("step", static_cast<int64_t>(step))
-                             .Add("loss", r->loss)
-                             .Add("lr", r->lr)
-                             .Add("seconds", r->seconds));
-    if (config.log_every() > 0 &&
-        (step % config.log_every() == 0 || step == config.steps())) {
-      double tps = window_seconds > 0 ? window_tokens / window_seconds : 0;
-      double eta = window_steps > 0
-                       ? (config.steps() - step) * window_seconds / window_steps
-                       : 0;
-      WriteStderrLine(
-          absl::StrFormat("step %d/%d | loss %.4f | lr %.2e | %.0f %s | eta %s",
-                          step, config.steps(), window_loss / window_steps,
-                          r->lr, tps, rate_unit, FormatDuration(eta)));
-      window_seconds = 0;
-      window_tokens = 0;
-      window_steps = 0;
-      window_loss = 0;
-    }
-    if (config.eval_every() > 0 && step % config.eval_every() == 0) {
-      if (absl::Status s = evaluate(); !s.ok()) return Fail(s, 1);
-    }
-    if (config.checkpoint_every() > 0 &&
-        step % config.checkpoint_every() == 0 && step < config.steps()) {
-      if (absl::Status s = checkpoint(); !s.ok()) return Fail(s, 1);
-    }
-  }
-  if (!evaluated_at_step && !interrupted) {
-    if (absl::Status s = evaluate(); !s.ok()) return Fail(s, 1);
-  }
-  if (absl::Status s = checkpoint(); !s.ok()) return Fail(s, 1);
-  NodeTotals totals;
-  totals.wall_seconds = events.WallSeconds();
-  events.Write(interrupted ? "interrupted" : "end",
-               JsonObject()
-                   .Add("step", static_cast<int64_t>(trainer.state().step()))
-                   .Add("val_loss", eval.loss));
-  if (absl::Status s = WriteNodeSummary(out, "train", trainer, eval, totals, {},
-                                        interrupted, JsonObject());
-      !s.ok()) {
-    return Fail(s, 1);
-  }
-  if (interrupted) {
-    WriteStderrLine(absl::StrCat(
-        "starling train: interrupted by signal ", StopSignal(), " at step ",
-        trainer.state().step(), "; checkpoint saved to ", ckpt_path,
-        ". Continue with the same flags plus --resume."));
-    return 1;
-  }
-  WriteStderrLine(absl::StrFormat(
-      "done: %d steps, val_loss %.4f%s, %s wall, summary in %s/summary.json",
-      trainer.state().step(), eval.loss,
-      eval.accuracy >= 0
-          ? absl::StrFormat(", val_acc %.2f%%", 100 * eval.accuracy)
-          : "",
-      FormatDuration(totals.wall_seconds), out));
-  return 0;
+  return TrainRun(config, trainer).Run();
 }
 
 }  // namespace starling

@@ -76,64 +76,62 @@ std::string AggregateName(const AggregateSpec& spec) {
   return "unknown";
 }
 
-absl::StatusOr<AggregateStats> AggregatePacks(
-    const AggregateSpec& spec, double norm_bound, int64_t n, int extras,
-    const std::vector<absl::Span<const float>>& packs,
-    std::vector<PackVerdict>* verdicts, absl::Span<float> out) {
-  const size_t len = static_cast<size_t>(n) + kWeightingSlots + extras;
-  const int world = static_cast<int>(packs.size());
-  if (out.size() != len || verdicts->size() != packs.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "aggregate: output has ", out.size(), " values, expected ", len,
-        "; verdicts for ", verdicts->size(), " of ", world, " packs"));
+namespace {
+
+// Stage 1, each pack on its own: present, of the right size, finite, with
+// a positive weight and a finite norm of its unweighted Δ.
+void CheckPack(absl::Span<const float> pack, size_t len, int64_t n,
+               PackVerdict& v) {
+  v.accepted = false;
+  if (pack.empty()) {
+    v.present = false;
+    if (v.reason.empty()) v.reason = "no contribution arrived";
+    return;
   }
-  std::vector<PackVerdict>& v = *verdicts;
-  // 1. Each pack on its own: size, finite values, a positive weight.
+  v.present = true;
+  v.reason.clear();
+  if (pack.size() != len) {
+    v.reason = absl::StrCat("has ", pack.size(), " values; expected ", len);
+    return;
+  }
+  const float* p = pack.data();
+  for (size_t k = 0; k < len; ++k) {
+    if (!std::isfinite(p[k])) {
+      v.reason = absl::StrCat("non-finite value (", p[k], ") at element ", k);
+      return;
+    }
+  }
+  const double w = p[n];
+  if (!(w > 0) || !(p[n + 1] >= 0)) {
+    v.reason = absl::StrCat("weight ", w, " and weighted steps ", p[n + 1],
+                            " must be positive");
+    return;
+  }
+  double norm2 = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const double x = static_cast<double>(p[k]) / w;
+    norm2 += x * x;
+  }
+  v.norm = std::sqrt(norm2);
+  if (!std::isfinite(v.norm)) {
+    v.reason = "its norm overflows";
+    return;
+  }
+  v.accepted = true;
+}
+
+// Stage 2, against the round: weights near the median weight, norms within
+// norm_bound × the median norm. Returns the accepted packs' indices and
+// fills stats->median_norm.
+std::vector<int> CheckAgainstRound(
+    double norm_bound, int64_t n,
+    const std::vector<absl::Span<const float>>& packs,
+    std::vector<PackVerdict>& v, AggregateStats* stats) {
+  const int world = static_cast<int>(packs.size());
   std::vector<double> weights;
   for (int i = 0; i < world; ++i) {
-    v[i].accepted = false;
-    if (packs[i].empty()) {
-      v[i].present = false;
-      if (v[i].reason.empty()) v[i].reason = "no contribution arrived";
-      continue;
-    }
-    v[i].present = true;
-    v[i].reason.clear();
-    if (packs[i].size() != len) {
-      v[i].reason =
-          absl::StrCat("has ", packs[i].size(), " values; expected ", len);
-      continue;
-    }
-    const float* p = packs[i].data();
-    for (size_t k = 0; k < len; ++k) {
-      if (!std::isfinite(p[k])) {
-        v[i].reason =
-            absl::StrCat("non-finite value (", p[k], ") at element ", k);
-        break;
-      }
-    }
-    if (!v[i].reason.empty()) continue;
-    const double w = p[n];
-    if (!(w > 0) || !(p[n + 1] >= 0)) {
-      v[i].reason = absl::StrCat("weight ", w, " and weighted steps ", p[n + 1],
-                                 " must be positive");
-      continue;
-    }
-    double norm2 = 0;
-    for (int64_t k = 0; k < n; ++k) {
-      const double x = static_cast<double>(p[k]) / w;
-      norm2 += x * x;
-    }
-    v[i].norm = std::sqrt(norm2);
-    if (!std::isfinite(v[i].norm)) {
-      v[i].reason = "its norm overflows";
-      continue;
-    }
-    v[i].accepted = true;
-    weights.push_back(w);
+    if (v[i].accepted) weights.push_back(packs[i][n]);
   }
-  // 2. Against the round: weights near the median weight, norms within
-  // norm_bound × the median norm.
   const double median_w = Median(weights);
   std::vector<double> norms;
   for (int i = 0; i < world; ++i) {
@@ -148,82 +146,110 @@ absl::StatusOr<AggregateStats> AggregatePacks(
     }
     norms.push_back(v[i].norm);
   }
-  AggregateStats stats;
-  stats.median_norm = Median(norms);
+  stats->median_norm = Median(norms);
   std::vector<int> accepted;
   for (int i = 0; i < world; ++i) {
     if (!v[i].accepted) continue;
-    if (norm_bound > 0 && v[i].norm > norm_bound * stats.median_norm) {
+    if (norm_bound > 0 && v[i].norm > norm_bound * stats->median_norm) {
       v[i].accepted = false;
       v[i].reason = absl::StrFormat(
           "norm %.4g is %.3gx the round's median %.4g (--norm_bound=%g)",
-          v[i].norm, v[i].norm / std::max(stats.median_norm, 1e-300),
-          stats.median_norm, norm_bound);
+          v[i].norm, v[i].norm / std::max(stats->median_norm, 1e-300),
+          stats->median_norm, norm_bound);
       continue;
     }
     accepted.push_back(i);
   }
+  return accepted;
+}
+
+// kMean and kNormClip: the accepted packs' sum, each scaled down to the
+// clip (C × the median norm) when it is longer.
+void CombineMean(const AggregateSpec& how, double median_norm, int64_t n,
+                 const std::vector<absl::Span<const float>>& packs,
+                 const std::vector<PackVerdict>& v,
+                 const std::vector<int>& accepted, absl::Span<float> out) {
+  std::vector<double> scale(packs.size(), 1.0);
+  if (how.kind == AggregateKind::kNormClip) {
+    const double cap = how.clip * median_norm;
+    for (int i : accepted) {
+      if (v[i].norm > cap && v[i].norm > 0) scale[i] = cap / v[i].norm;
+    }
+  }
+  for (int64_t k = 0; k < n; ++k) {
+    double s = 0;
+    for (int i : accepted) s += static_cast<double>(packs[i][k]) * scale[i];
+    out[k] = static_cast<float>(s);
+  }
+}
+
+// kTrimmedMean and kMedian, per coordinate over the unweighted Δ, weighted
+// back by the accepted packs' total weight.
+void CombineCoordinatewise(const AggregateSpec& how, int64_t n,
+                           const std::vector<absl::Span<const float>>& packs,
+                           const std::vector<int>& accepted, float total_w,
+                           absl::Span<float> out) {
+  const int m = static_cast<int>(accepted.size());
+  std::vector<float> x(m);
+  std::vector<float> inv_w(packs.size());
+  for (int i : accepted) inv_w[i] = 1.0f / packs[i][n];
+  const int drop = how.kind == AggregateKind::kTrimmedMean ? how.trim : 0;
+  for (int64_t k = 0; k < n; ++k) {
+    for (int j = 0; j < m; ++j) {
+      x[j] = packs[accepted[j]][k] * inv_w[accepted[j]];
+    }
+    float r;
+    if (how.kind == AggregateKind::kMedian) {
+      r = MedianOf(x.data(), m);
+    } else {
+      std::sort(x.begin(), x.end());
+      double s = 0;
+      for (int j = drop; j < m - drop; ++j) s += x[j];
+      r = static_cast<float>(s / (m - 2 * drop));
+    }
+    out[k] = r * total_w;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<AggregateStats> AggregatePacks(
+    const AggregateSpec& spec, double norm_bound, int64_t n, int extras,
+    const std::vector<absl::Span<const float>>& packs,
+    std::vector<PackVerdict>* verdicts, absl::Span<float> out) {
+  const size_t len = static_cast<size_t>(n) + kWeightingSlots + extras;
+  if (out.size() != len || verdicts->size() != packs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "aggregate: output has ", out.size(), " values, expected ", len,
+        "; verdicts for ", verdicts->size(), " of ", packs.size(), " packs"));
+  }
+  std::vector<PackVerdict>& v = *verdicts;
+  for (size_t i = 0; i < packs.size(); ++i) CheckPack(packs[i], len, n, v[i]);
+  AggregateStats stats;
+  const std::vector<int> accepted =
+      CheckAgainstRound(norm_bound, n, packs, v, &stats);
   stats.accepted = static_cast<int>(accepted.size());
   if (accepted.empty()) {
     return absl::FailedPreconditionError(
         "aggregate: no member's contribution passed validation");
   }
-  // 3. Combine. Slots: the accepted weights and weighted steps; extras
-  // summed.
-  double total_w = 0;
+  // The slots: the accepted weights and weighted steps; extras summed.
   for (size_t j = n; j < len; ++j) {
     double s = 0;
     for (int i : accepted) s += packs[i][j];
     out[j] = static_cast<float>(s);
   }
-  total_w = out[n];
   AggregateSpec how = spec;
-  const int m = stats.accepted;
-  if (how.kind == AggregateKind::kTrimmedMean && m <= 2 * how.trim) {
+  if (how.kind == AggregateKind::kTrimmedMean &&
+      stats.accepted <= 2 * how.trim) {
     how.kind = AggregateKind::kMedian;
     stats.fell_back_to_median = true;
   }
-  switch (how.kind) {
-    case AggregateKind::kMean:
-    case AggregateKind::kNormClip: {
-      std::vector<double> scale(world, 1.0);
-      if (how.kind == AggregateKind::kNormClip) {
-        const double cap = how.clip * stats.median_norm;
-        for (int i : accepted) {
-          if (v[i].norm > cap && v[i].norm > 0) scale[i] = cap / v[i].norm;
-        }
-      }
-      for (int64_t k = 0; k < n; ++k) {
-        double s = 0;
-        for (int i : accepted) s += static_cast<double>(packs[i][k]) * scale[i];
-        out[k] = static_cast<float>(s);
-      }
-      break;
-    }
-    case AggregateKind::kTrimmedMean:
-    case AggregateKind::kMedian: {
-      std::vector<float> x(m);
-      std::vector<float> inv_w(world);
-      for (int i : accepted) inv_w[i] = 1.0f / packs[i][n];
-      const int drop = how.kind == AggregateKind::kTrimmedMean ? how.trim : 0;
-      const float fw = static_cast<float>(total_w);
-      for (int64_t k = 0; k < n; ++k) {
-        for (int j = 0; j < m; ++j) {
-          x[j] = packs[accepted[j]][k] * inv_w[accepted[j]];
-        }
-        float r;
-        if (how.kind == AggregateKind::kMedian) {
-          r = MedianOf(x.data(), m);
-        } else {
-          std::sort(x.begin(), x.end());
-          double s = 0;
-          for (int j = drop; j < m - drop; ++j) s += x[j];
-          r = static_cast<float>(s / (m - 2 * drop));
-        }
-        out[k] = r * fw;
-      }
-      break;
-    }
+  if (how.kind == AggregateKind::kMean ||
+      how.kind == AggregateKind::kNormClip) {
+    CombineMean(how, stats.median_norm, n, packs, v, accepted, out);
+  } else {
+    CombineCoordinatewise(how, n, packs, accepted, out[n], out);
   }
   return stats;
 }

@@ -1,0 +1,30 @@
+// Peer addresses as the node's flags give them: host:port checks, the host
+// of an address, and a hosts(5)-style file (--hosts) that maps names to
+// addresses before DNS. Pure functions (ReadHosts reads its file);
+// thread-safe.
+#ifndef STARLING_NODE_PEER_ADDRESS_H_
+#define STARLING_NODE_PEER_ADDRESS_H_
+
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace starling {
+
+// True for "host:port" with a port in [0, 65535] and a non-empty host.
+bool ValidHostPort(absl::string_view address);
+
+// "host" of "host:port" ("[::1]:7070" -> "::1"); empty for ":port".
+std::string HostOf(const std::string& address);
+
+// Reads a hosts(5)-style file into name -> address. InvalidArgument naming
+// --hosts, the file and the line when it cannot be read or a line has an
+// address without a name.
+absl::StatusOr<std::map<std::string, std::string>> ReadHosts(
+    const std::string& path);
+
+}  // namespace starling
+
+#endif  // STARLING_NODE_PEER_ADDRESS_H_
