@@ -9,8 +9,9 @@
 // applies each chunk there as it arrives (see Expect), so the segment is
 // reduced while it is received and never buffered whole.
 // Thread-safe: transports deliver from their threads while the collective
-// thread takes. One absl::Mutex guards the messages, and no callback runs
-// under it; another guards the cancel hooks (OnCancel), which run under it.
+// thread takes. One absl::Mutex guards the messages, another the cancel
+// hooks (OnCancel); no hook runs while either is held (lock order: the
+// hooks' mutex, then the messages').
 #ifndef STARLING_GOSSIP_MAILBOX_H_
 #define STARLING_GOSSIP_MAILBOX_H_
 
@@ -177,7 +178,7 @@ class Mailbox {
   // Every Take, waiting now or later, fails with `why` (an elastic round's
   // attempt was called off), and every hook from OnCancel runs once.
   // Idempotent; the first reason stays.
-  void Cancel(const absl::Status& why);
+  void Cancel(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_, hooks_mu_);
   bool cancelled() const;
   // Sleeps up to `d`, waking when the mailbox is cancelled: true when it
   // slept all of `d`, false when cancelled (then, or already before).
@@ -200,9 +201,11 @@ class Mailbox {
   // is, for as long as the returned registration lives: how a transport
   // ends a send in flight (to a peer that hangs without closing its
   // connection, say) when the attempt is called off. The hook runs on the
-  // cancelling thread, with no lock of the mailbox's own state held, and
-  // must not block.
-  std::unique_ptr<CancelHook> OnCancel(std::function<void()> hook);
+  // cancelling thread (or this one, when already cancelled) with no lock of
+  // the mailbox's held, and must not block: destroying its registration
+  // waits for a run of it in progress.
+  std::unique_ptr<CancelHook> OnCancel(std::function<void()> hook)
+      ABSL_LOCKS_EXCLUDED(hooks_mu_);
 
   // The round (or elastic attempt sequence) this mailbox is at.
   int64_t round() const;
@@ -214,6 +217,8 @@ class Mailbox {
   // size, and of the payload's values when `scan`.
   absl::Status Validate(const Message& m, int64_t payload_bytes,
                         bool scan) const;
+  // Drops hook `id` (CancelHook's destructor), waiting out a run of it.
+  void RemoveHook(int64_t id) ABSL_LOCKS_EXCLUDED(hooks_mu_);
 
   using Key = std::tuple<int64_t, std::string, int, int, int>;
   const MailboxOptions options_;
@@ -228,10 +233,13 @@ class Mailbox {
   std::map<Key, Expected> expected_ ABSL_GUARDED_BY(mu_);
   std::map<int, absl::Status> rejected_ ABSL_GUARDED_BY(mu_);
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
-  // Taken without mu_ held, and never while holding it.
-  absl::Mutex hooks_mu_;
+  // Taken before mu_ when both are (OnCancel asks whether it is
+  // cancelled), never while holding it, and released while a hook runs.
+  absl::Mutex hooks_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   int64_t next_hook_ ABSL_GUARDED_BY(hooks_mu_) = 0;
   std::map<int64_t, std::function<void()>> hooks_ ABSL_GUARDED_BY(hooks_mu_);
+  // The hook Cancel runs now (-1: none), for ~CancelHook to wait out.
+  int64_t running_hook_ ABSL_GUARDED_BY(hooks_mu_) = -1;
 };
 
 }  // namespace starling
