@@ -176,6 +176,12 @@ class Membership {
   absl::Status MergeOneLocked(const peer::v1::MemberEntry& e, absl::Time now,
                               std::vector<MembershipChange>* changes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // MergeOneLocked for an id not in the table (`e` valid): a stale entry
+  // of an evicted tombstone is dropped; a full table evicts its oldest
+  // tombstone, or refuses a live newcomer when it has none.
+  absl::Status AddLocked(const peer::v1::MemberEntry& e, absl::Time now,
+                         std::vector<MembershipChange>* changes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const MembershipOptions options_;
   mutable absl::Mutex mu_;
