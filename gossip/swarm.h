@@ -112,7 +112,8 @@
 // run the public methods: the training thread's SyncRound, FetchState and
 // Push make calls to peers of their own; SyncRound and FetchState must be
 // called from one thread. Every other public method is thread-safe.
-// on_member_change runs on the gossip thread or a Join/Gossip handler's.
+// on_member_change runs on the gossip thread, a Join or Gossip handler's,
+// or JoinSwarm's caller.
 //
 // Mutexes. Each part's state has its own mutex, and no two of these are
 // ever held at once: a part reads the member table before it takes its
@@ -213,8 +214,8 @@ struct SwarmOptions {
   // How many incoming streams one peer host may have open at once, across
   // its connections (--peer_max_streams); 0: no cap.
   int peer_max_streams = 0;
-  // Called on the gossip thread, with no lock held, for every change of the
-  // peer table.
+  // Called with no lock held for every change of the peer table: on the
+  // gossip thread, a Join or Gossip handler's, or JoinSwarm's caller.
   std::function<void(const MembershipChange&)> on_member_change;
   // Polled on the gossip thread, with no lock held: once it returns true,
   // this node's part of a running attempt is called off at once (its reduce
