@@ -73,8 +73,9 @@ class MembershipGossip {
 
   // Swarm::JoinSwarm, WaitForMembers and Leave.
   absl::Status JoinSwarm(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status WaitForMembers(int n, absl::Time deadline);
-  void Leave();
+  absl::Status WaitForMembers(int n, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void Leave() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The Join and Gossip handlers.
   absl::Status OnJoin(const peer::v1::JoinRequest& req,
@@ -96,10 +97,10 @@ class MembershipGossip {
       ABSL_LOCKS_EXCLUDED(mu_);
   // The request JoinSwarm sends (its `self` is set per call).
   peer::v1::JoinRequest Hello() const;
-  void Loop();
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
   // Gossips this node's table to every live member at once (a goodbye, or
   // the news that it is ready) and merges their answers.
-  void GossipToEveryone();
+  void GossipToEveryone() ABSL_LOCKS_EXCLUDED(mu_);
   // Gossips this node's table to every address at once (skipping its own
   // and those across a partition), each call waiting at most `timeout`, and
   // merges the answers (recording into `changes` when not null).

@@ -93,9 +93,11 @@ class RoundMember {
   std::optional<peer::v1::ControlMessage> Take() ABSL_LOCKS_EXCLUDED(mu_);
   Ending OnMessage(const peer::v1::ControlMessage& m,
                    const Swarm::Reduce& reduce,
-                   const std::function<bool()>& stop, RoundMemberState* state);
+                   const std::function<bool()>& stop, RoundMemberState* state)
+      ABSL_LOCKS_EXCLUDED(mu_);
   Ending RunAttempt(const peer::v1::ControlMessage& plan, int rank,
-                    const Swarm::Reduce& reduce, RoundMemberState* state);
+                    const Swarm::Reduce& reduce, RoundMemberState* state)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Installs `plan` as the running attempt, called off at once when its
   // ABORT came before it.
   void BeginAttempt(const peer::v1::ControlMessage& plan)
