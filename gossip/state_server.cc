@@ -112,8 +112,13 @@ void StateServer::Join() {
 }
 
 void StateServer::Serve(SwarmState state) {
-  absl::MutexLock lock(&mu_);
-  to_serve_ = std::make_unique<SwarmState>(std::move(state));
+  auto handed = std::make_unique<SwarmState>(std::move(state));
+  {
+    absl::MutexLock lock(&mu_);
+    to_serve_.swap(handed);
+  }
+  // `handed` now holds the state it replaced, if one was still waiting:
+  // freed with the lock released.
 }
 
 int64_t StateServer::ServedRound() const {
@@ -134,8 +139,11 @@ void StateServer::Loop() {
       state = std::move(to_serve_);
     }
     std::shared_ptr<const StateBlob> blob = StateBlob::Make(*state);
-    absl::MutexLock lock(&mu_);
-    served_ = std::move(blob);
+    {
+      absl::MutexLock lock(&mu_);
+      served_.swap(blob);
+    }
+    // The blob served until now goes when its last transfer ends, or here.
   }
 }
 

@@ -34,17 +34,20 @@ SwarmClient::SwarmClient(std::string node_id, PeerCredentials credentials,
 
 std::shared_ptr<peer::v1::Swarm::Stub> SwarmClient::StubFor(
     const std::string& address) {
-  absl::MutexLock lock(&mu_);
-  std::shared_ptr<peer::v1::Swarm::Stub>& s = stubs_[address];
-  if (!s) {
-    grpc::ChannelArguments args;
-    credentials_.Apply(&args);
-    args.SetMaxReceiveMessageSize(64 << 20);
-    SetReconnectBackoff(args);
-    s = peer::v1::Swarm::NewStub(
-        grpc::CreateCustomChannel(address, credentials_.channel, args));
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = stubs_.find(address); it != stubs_.end()) return it->second;
   }
-  return s;
+  // Made (and, when another thread was first, dropped) with the lock
+  // released.
+  grpc::ChannelArguments args;
+  credentials_.Apply(&args);
+  args.SetMaxReceiveMessageSize(64 << 20);
+  SetReconnectBackoff(args);
+  const std::shared_ptr<peer::v1::Swarm::Stub> made = peer::v1::Swarm::NewStub(
+      grpc::CreateCustomChannel(address, credentials_.channel, args));
+  absl::MutexLock lock(&mu_);
+  return stubs_.try_emplace(address, made).first->second;
 }
 
 bool SwarmClient::Blocked(const std::string& address) const {
