@@ -66,17 +66,17 @@ class JoinAuth {
   // Checks one header value (empty: none was sent) for `method` at `now`
   // and remembers its nonce. Unauthenticated saying why when refused.
   absl::Status Verify(absl::string_view header, absl::string_view method,
-                      absl::Time now);
+                      absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
   // Verify on a server call; logs a refusal (rate-limited per peer host).
   // OK or UNAUTHENTICATED.
-  grpc::Status Admit(grpc::CallbackServerContext* ctx,
-                     absl::string_view method);
+  grpc::Status Admit(grpc::CallbackServerContext* ctx, absl::string_view method)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Whether a refusal of `host` at `now` is to be logged; when it is,
   // `*unlogged` is how many refusals of that host were not.
   bool ShouldLog(const std::string& host, absl::Time now, int64_t* unlogged);
 
-  int64_t refused() const;
+  int64_t refused() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   JoinAuth(std::string token, const JoinAuthOptions& options);

@@ -300,25 +300,47 @@ void Mailbox::Cancel(const absl::Status& why) {
     if (!cancelled_.ok()) return;
     cancelled_ = why.ok() ? absl::CancelledError("cancelled") : why;
   }
-  absl::MutexLock lock(&hooks_mu_);
-  for (auto& [id, hook] : hooks_) hook();
+  // Once cancelled_ is set no hook is added (OnCancel runs it itself), so
+  // this drains them. Each runs with the lock released: a hook may cancel a
+  // gRPC call, which must not happen under a lock.
+  hooks_mu_.Lock();
+  while (!hooks_.empty()) {
+    auto it = hooks_.begin();
+    std::function<void()> hook = std::move(it->second);
+    running_hook_ = it->first;
+    hooks_.erase(it);
+    hooks_mu_.Unlock();
+    hook();
+    hooks_mu_.Lock();
+    running_hook_ = -1;
+  }
+  hooks_mu_.Unlock();
 }
 
 std::unique_ptr<Mailbox::CancelHook> Mailbox::OnCancel(
     std::function<void()> hook) {
-  absl::MutexLock lock(&hooks_mu_);
-  const int64_t id = next_hook_++;
-  if (cancelled()) {
-    hook();
-  } else {
-    hooks_.emplace(id, std::move(hook));
+  int64_t id;
+  {
+    absl::MutexLock lock(&hooks_mu_);
+    id = next_hook_++;
+    if (!cancelled()) {
+      hooks_.emplace(id, std::move(hook));
+      hook = nullptr;
+    }
   }
+  if (hook) hook();  // already cancelled: Cancel will not run it
   return std::make_unique<CancelHook>(this, id);
 }
 
-Mailbox::CancelHook::~CancelHook() {
-  absl::MutexLock lock(&box_->hooks_mu_);
-  box_->hooks_.erase(id_);
+Mailbox::CancelHook::~CancelHook() { box_->RemoveHook(id_); }
+
+void Mailbox::RemoveHook(int64_t id) {
+  absl::MutexLock lock(&hooks_mu_);
+  hooks_.erase(id);
+  auto idle = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(hooks_mu_) {
+    return running_hook_ != id;
+  };
+  hooks_mu_.Await(absl::Condition(&idle));
 }
 
 bool Mailbox::cancelled() const {

@@ -9,8 +9,9 @@
 // applies each chunk there as it arrives (see Expect), so the segment is
 // reduced while it is received and never buffered whole.
 // Thread-safe: transports deliver from their threads while the collective
-// thread takes. One absl::Mutex guards the messages, and no callback runs
-// under it; another guards the cancel hooks (OnCancel), which run under it.
+// thread takes. One absl::Mutex guards the messages, another the cancel
+// hooks (OnCancel); no hook runs while either is held (lock order: the
+// hooks' mutex, then the messages').
 #ifndef STARLING_GOSSIP_MAILBOX_H_
 #define STARLING_GOSSIP_MAILBOX_H_
 
@@ -80,8 +81,9 @@ class Sink {
   // ApplyFromPeer (whose errors it returns, the range then partly written).
   // InvalidArgument for a range outside the segment, FailedPrecondition
   // once closed.
-  absl::Status Apply(int64_t offset, absl::string_view fp32);
-  void Close();
+  absl::Status Apply(int64_t offset, absl::string_view fp32)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void Close() ABSL_LOCKS_EXCLUDED(mu_);
   int64_t elements() const { return static_cast<int64_t>(values_.size()); }
 
  private:
@@ -134,12 +136,13 @@ class Mailbox {
   // tensor, bad segment/step, wrong element count or payload size, or
   // non-finite values; FailedPrecondition for a stale or far-future round or
   // a duplicate. The error message names the sender and what was wrong.
-  absl::Status Deliver(Message m);
+  absl::Status Deliver(Message m) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Records that a message from `from` was refused before it could be
   // delivered (e.g. a malformed chunk stream); a Take waiting on that sender
   // fails with this error at once instead of waiting for its deadline.
-  void RecordRejection(int from, const absl::Status& why);
+  void RecordRejection(int from, const absl::Status& why)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Waits until the message for (round, tensor, phase, step) from `from`
   // arrives, or `deadline` passes (DeadlineExceeded naming the peer), or a
@@ -148,7 +151,8 @@ class Mailbox {
   // "could not take the message from rank N: ..." otherwise).
   absl::StatusOr<Message> Take(int from, int64_t round,
                                const std::string& tensor, RingPhase phase,
-                               int step, absl::Time deadline);
+                               int step, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The collective expects the raw fp32 message (round, tensor, phase,
   // step) from `from`, for segment `segment`, whose values `values` will
@@ -160,28 +164,29 @@ class Mailbox {
   std::shared_ptr<Sink> Expect(int from, int64_t round,
                                const std::string& tensor, RingPhase phase,
                                int step, int segment, absl::Span<float> values,
-                               bool accumulate);
+                               bool accumulate) ABSL_LOCKS_EXCLUDED(mu_);
   // For a transport at the first chunk of `header` (payload ignored): the
   // expected sink for it when the header is valid for a raw fp32 segment of
   // `segment_bytes` bytes, the collective expects it and nothing claimed or
   // delivered it yet; else null (the message is then buffered and
   // delivered whole). A claimed message can only arrive through
   // DeliverApplied: Deliver refuses it as a duplicate.
-  std::shared_ptr<Sink> ClaimSink(const Message& header, int64_t segment_bytes);
+  std::shared_ptr<Sink> ClaimSink(const Message& header, int64_t segment_bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The claimed message `header` was applied whole through its sink.
-  absl::Status DeliverApplied(Message header);
+  absl::Status DeliverApplied(Message header) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Messages of rounds before `round` are dropped and later refused as stale.
-  void AdvanceRound(int64_t round);
+  void AdvanceRound(int64_t round) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Every Take, waiting now or later, fails with `why` (an elastic round's
   // attempt was called off), and every hook from OnCancel runs once.
   // Idempotent; the first reason stays.
-  void Cancel(const absl::Status& why);
-  bool cancelled() const;
+  void Cancel(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_, hooks_mu_);
+  bool cancelled() const ABSL_LOCKS_EXCLUDED(mu_);
   // Sleeps up to `d`, waking when the mailbox is cancelled: true when it
   // slept all of `d`, false when cancelled (then, or already before).
-  bool SleepUnlessCancelled(absl::Duration d) const;
+  bool SleepUnlessCancelled(absl::Duration d) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // A registration from OnCancel; destroying it removes the hook (waiting
   // for a run of it in progress).
@@ -200,12 +205,14 @@ class Mailbox {
   // is, for as long as the returned registration lives: how a transport
   // ends a send in flight (to a peer that hangs without closing its
   // connection, say) when the attempt is called off. The hook runs on the
-  // cancelling thread, with no lock of the mailbox's own state held, and
-  // must not block.
-  std::unique_ptr<CancelHook> OnCancel(std::function<void()> hook);
+  // cancelling thread (or this one, when already cancelled) with no lock of
+  // the mailbox's held, and must not block: destroying its registration
+  // waits for a run of it in progress.
+  std::unique_ptr<CancelHook> OnCancel(std::function<void()> hook)
+      ABSL_LOCKS_EXCLUDED(hooks_mu_);
 
   // The round (or elastic attempt sequence) this mailbox is at.
-  int64_t round() const;
+  int64_t round() const ABSL_LOCKS_EXCLUDED(mu_);
 
   const MailboxOptions& options() const { return options_; }
 
@@ -214,6 +221,8 @@ class Mailbox {
   // size, and of the payload's values when `scan`.
   absl::Status Validate(const Message& m, int64_t payload_bytes,
                         bool scan) const;
+  // Drops hook `id` (CancelHook's destructor), waiting out a run of it.
+  void RemoveHook(int64_t id) ABSL_LOCKS_EXCLUDED(hooks_mu_);
 
   using Key = std::tuple<int64_t, std::string, int, int, int>;
   const MailboxOptions options_;
@@ -228,10 +237,13 @@ class Mailbox {
   std::map<Key, Expected> expected_ ABSL_GUARDED_BY(mu_);
   std::map<int, absl::Status> rejected_ ABSL_GUARDED_BY(mu_);
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
-  // Taken without mu_ held, and never while holding it.
-  absl::Mutex hooks_mu_;
+  // Taken before mu_ when both are (OnCancel asks whether it is
+  // cancelled), never while holding it, and released while a hook runs.
+  absl::Mutex hooks_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   int64_t next_hook_ ABSL_GUARDED_BY(hooks_mu_) = 0;
   std::map<int64_t, std::function<void()>> hooks_ ABSL_GUARDED_BY(hooks_mu_);
+  // The hook Cancel runs now (-1: none), for ~CancelHook to wait out.
+  int64_t running_hook_ ABSL_GUARDED_BY(hooks_mu_) = -1;
 };
 
 }  // namespace starling

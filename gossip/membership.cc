@@ -266,55 +266,56 @@ absl::Status Membership::Merge(const std::vector<MemberEntry>& entries,
   return first;
 }
 
+absl::Status Membership::AddLocked(const MemberEntry& e, absl::Time now,
+                                   std::vector<MembershipChange>* changes) {
+  auto evicted = std::find_if(evicted_.begin(), evicted_.end(),
+                              [&](const std::pair<std::string, int64_t>& t) {
+                                return t.first == e.id();
+                              });
+  if (evicted != evicted_.end()) {
+    if (e.incarnation() <= evicted->second) return absl::OkStatus();  // stale
+    evicted_.erase(evicted);  // a new life of that member
+  }
+  if (rows_.size() >= options_.max_members) {
+    // Full: a tombstone of a stranger guards nothing here, and a live
+    // newcomer takes the place of the oldest tombstone, if there is one.
+    if (IsTerminal(e.state())) return absl::OkStatus();
+    auto oldest = rows_.end();
+    for (auto r = rows_.begin(); r != rows_.end(); ++r) {
+      if (IsTerminal(r->entry.state()) && r->entry.id() != options_.self_id &&
+          (oldest == rows_.end() || r->last_rise < oldest->last_rise)) {
+        oldest = r;
+      }
+    }
+    if (oldest == rows_.end()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("membership: the table is full (", rows_.size(),
+                       " members, none dead or left); ", QuoteForLog(e.id()),
+                       " is not admitted"));
+    }
+    if (evicted_.size() >= options_.max_members) evicted_.pop_front();
+    evicted_.emplace_back(oldest->entry.id(), oldest->entry.incarnation());
+    rows_.erase(oldest);
+  }
+  Row row;
+  row.entry = e;
+  row.last_rise = now;
+  rows_.insert(std::lower_bound(rows_.begin(), rows_.end(), e.id(),
+                                [](const Row& r, const std::string& k) {
+                                  return r.entry.id() < k;
+                                }),
+               std::move(row));
+  Record(changes, e.id(), peer::v1::MEMBER_STATE_UNSPECIFIED, e.state(),
+         e.incarnation());
+  return absl::OkStatus();
+}
+
 absl::Status Membership::MergeOneLocked(
     const MemberEntry& e, absl::Time now,
     std::vector<MembershipChange>* changes) {
-  auto find = [&] {
-    return std::lower_bound(
-        rows_.begin(), rows_.end(), e.id(),
-        [](const Row& r, const std::string& k) { return r.entry.id() < k; });
-  };
-  auto it = find();
-  if (it == rows_.end() || it->entry.id() != e.id()) {
-    auto evicted = std::find_if(evicted_.begin(), evicted_.end(),
-                                [&](const std::pair<std::string, int64_t>& t) {
-                                  return t.first == e.id();
-                                });
-    if (evicted != evicted_.end()) {
-      if (e.incarnation() <= evicted->second) return absl::OkStatus();  // stale
-      evicted_.erase(evicted);  // a new life of that member
-    }
-    if (rows_.size() >= options_.max_members) {
-      // Full: a tombstone of a stranger guards nothing here, and a live
-      // newcomer takes the place of the oldest tombstone, if there is one.
-      if (IsTerminal(e.state())) return absl::OkStatus();
-      auto oldest = rows_.end();
-      for (auto r = rows_.begin(); r != rows_.end(); ++r) {
-        if (IsTerminal(r->entry.state()) && r->entry.id() != options_.self_id &&
-            (oldest == rows_.end() || r->last_rise < oldest->last_rise)) {
-          oldest = r;
-        }
-      }
-      if (oldest == rows_.end()) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("membership: the table is full (", rows_.size(),
-                         " members, none dead or left); ", QuoteForLog(e.id()),
-                         " is not admitted"));
-      }
-      if (evicted_.size() >= options_.max_members) evicted_.pop_front();
-      evicted_.emplace_back(oldest->entry.id(), oldest->entry.incarnation());
-      rows_.erase(oldest);
-      it = find();
-    }
-    Row row;
-    row.entry = e;
-    row.last_rise = now;
-    rows_.insert(it, std::move(row));
-    Record(changes, e.id(), peer::v1::MEMBER_STATE_UNSPECIFIED, e.state(),
-           e.incarnation());
-    return absl::OkStatus();
-  }
-  Row& row = *it;
+  Row* found = FindLocked(e.id());
+  if (found == nullptr) return AddLocked(e, now, changes);
+  Row& row = *found;
   MemberEntry& cur = row.entry;
 
   if (e.id() == options_.self_id) {

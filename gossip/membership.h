@@ -111,19 +111,20 @@ class Membership {
   const std::string& self_id() const { return options_.self_id; }
 
   // Raises this node's heartbeat (call once per gossip tick).
-  void Beat();
+  void Beat() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Sets what this node gossips about its progress; a change raises the
   // heartbeat, so that the others take the new row over copies of the old.
   void SetProgress(int64_t round, const std::string& lineage,
-                   int64_t member_rounds, bool joining);
+                   int64_t member_rounds, bool joining)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Asks the members (by gossip) to end `round` early: see
   // MemberEntry.early_sync.
-  void RequestEarlySync(int64_t round);
+  void RequestEarlySync(int64_t round) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Marks this node LEFT (graceful goodbye) with a fresher heartbeat, so
   // that the entry carries its last progress too; Snapshot() then has it.
-  void Leave();
+  void Leave() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Merges entries received by gossip (or in a join answer) at local time
   // `now`. Entries with a bad id (CheckNodeId), an empty, overlong or
@@ -134,27 +135,31 @@ class Membership {
   // Appends what changed to `changes` when it is not null.
   absl::Status Merge(const std::vector<peer::v1::MemberEntry>& entries,
                      absl::Time now,
-                     std::vector<MembershipChange>* changes = nullptr);
+                     std::vector<MembershipChange>* changes = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Failure detection at local time `now` (see suspect_after).
-  void Tick(absl::Time now, std::vector<MembershipChange>* changes = nullptr);
+  void Tick(absl::Time now, std::vector<MembershipChange>* changes = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // This node itself could not run for `paused` up to local time `now` (its
   // process was stopped, or starved of CPU): it heard nobody then, through
   // no fault of theirs. Every other member's silence timer moves on by that
   // much (never past `now`), so that a node waking from a pause does not
   // suspect the whole swarm at its next Tick() and go on alone.
-  void ForgivePause(absl::Duration paused, absl::Time now);
+  void ForgivePause(absl::Duration paused, absl::Time now)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The whole table, this node included (sorted by id).
-  std::vector<peer::v1::MemberEntry> Snapshot() const;
+  std::vector<peer::v1::MemberEntry> Snapshot() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Members that are ALIVE or SUSPECT (not yet declared dead), this node
   // included while it has not left, sorted by id.
-  std::vector<peer::v1::MemberEntry> Live() const;
+  std::vector<peer::v1::MemberEntry> Live() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The entry for `id`, or NotFound.
-  absl::StatusOr<peer::v1::MemberEntry> Get(const std::string& id) const;
+  absl::StatusOr<peer::v1::MemberEntry> Get(const std::string& id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Row {
@@ -175,6 +180,12 @@ class Membership {
   // and the table is full of live ones.
   absl::Status MergeOneLocked(const peer::v1::MemberEntry& e, absl::Time now,
                               std::vector<MembershipChange>* changes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // MergeOneLocked for an id not in the table (`e` valid): a stale entry
+  // of an evicted tombstone is dropped; a full table evicts its oldest
+  // tombstone, or refuses a live newcomer when it has none.
+  absl::Status AddLocked(const peer::v1::MemberEntry& e, absl::Time now,
+                         std::vector<MembershipChange>* changes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const MembershipOptions options_;

@@ -35,11 +35,12 @@ class PerHostLogLimiter {
   // Whether an event about `host` at `now` is to be logged; when it is,
   // `*unlogged` is how many events of that host since the last logged one
   // were not.
-  bool ShouldLog(const std::string& host, absl::Time now, int64_t* unlogged);
+  bool ShouldLog(const std::string& host, absl::Time now, int64_t* unlogged)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Logs warning `event` with `message` about `host` when ShouldLog says
   // so, adding how many such events of that host went unlogged.
   void Warn(const std::string& host, absl::Time now, absl::string_view event,
-            std::string message);
+            std::string message) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct State {
@@ -57,8 +58,9 @@ class PeerRateLimiter {
   PeerRateLimiter(double per_second, double burst);
   // Takes one call's token for `host` at `now`; ResourceExhausted naming the
   // host and the limit when there is none.
-  absl::Status Take(const std::string& host, absl::Time now);
-  int64_t refused() const;
+  absl::Status Take(const std::string& host, absl::Time now)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t refused() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Bucket {
@@ -97,18 +99,19 @@ class StreamDeadlines {
   // ResourceExhausted, naming the host and the cap (logged at most once a
   // minute per host), when the peer's host already has max_per_host.
   absl::StatusOr<std::unique_ptr<Watched>> Watch(
-      grpc::CallbackServerContext* ctx, std::string what, absl::Duration total);
+      grpc::CallbackServerContext* ctx, std::string what, absl::Duration total)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Duration idle() const { return idle_; }
   // Streams cancelled so far.
-  int64_t cancelled() const;
+  int64_t cancelled() const ABSL_LOCKS_EXCLUDED(mu_);
   // Streams refused for their host's cap so far.
-  int64_t refused() const;
+  int64_t refused() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Entry;
-  void Run();
-  void Forget(Entry* e);
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
+  void Forget(Entry* e) ABSL_LOCKS_EXCLUDED(mu_);
 
   const absl::Duration idle_;
   const int max_per_host_;

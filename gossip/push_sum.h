@@ -100,11 +100,11 @@ class PublicCopies {
   // that copy (a push it took that the sender saw fail, or a restart): the
   // sender then pushes in full. InvalidArgument when the sum is not finite.
   // On error the copy is unchanged and `push` is to be dropped.
-  absl::Status Resolve(ReceivedPush& push);
+  absl::Status Resolve(ReceivedPush& push) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the copy of `from` (a sender that left or died): were it to come
   // back, its first relative push is refused and it pushes in full.
-  void Forget(const std::string& from);
-  int64_t size() const;
+  void Forget(const std::string& from) ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t size() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   mutable absl::Mutex mu_;

@@ -3,7 +3,8 @@
 // compressed blob served in checksummed chunks, and the joiner's assembler,
 // which verifies every chunk, can resume at a byte offset (from another donor
 // serving the same digest) and checks the whole blob before decoding it.
-// The gRPC stream itself lives in gossip/swarm.cc.
+// The gRPC stream lives in gossip/state_server.h (the donor's end) and
+// gossip/state_fetch.h (the joiner's).
 // Thread-compatible: StateBlob is immutable after Make (safe to share);
 // StateAssembler is used by one thread.
 #ifndef STARLING_GOSSIP_STATE_TRANSFER_H_

@@ -84,10 +84,56 @@
 // deposits it in a bounded inbox (RESOURCE_EXHAUSTED when full) that the
 // training thread drains with TakePushes. A push stream that stalls past
 // push_timeout is cancelled by the server, so no inbox slot is held forever.
-// Thread-safety: all public methods are thread-safe, except that SyncRound
-// and FetchState must be called from one thread (the training thread).
-// Internally one mutex guards the coordinator, one the member inbox; RPCs are
-// never made while holding either.
+//
+// Parts. Swarm is a facade over one object per concern, each in its own
+// file: MembershipGossip (join, the start barrier, gossip, goodbye),
+// RoundCoordinator (the coordinator's decisions: a state machine with no
+// I/O) run by CoordinatorThread, RoundMember (the member's side of a round,
+// deciding through RoundMemberState), StateServer and StateFetcher (the two
+// ends of state transfer), PushChannel and PushInbox (push-sum gossip), and
+// SwarmClient (a channel per peer, the emulated Partition, round messages),
+// which the others call their peers through. round_protocol.h holds what
+// coordinator and member share.
+//
+// Threads. Start runs three, and Shutdown joins them:
+//  - the gossip thread (MembershipGossip): a tick every gossip_interval;
+//    its calls to peers run at once as asynchronous calls, and it polls
+//    SwarmOptions::interrupted and calls a running attempt off
+//    (RoundMember::CallOffIfGone) at the end of each tick;
+//  - the coordinator thread (CoordinatorThread): a tick every 50 ms, or at
+//    once when a round message or a change of the table wakes it; it sends
+//    what the coordinator decided with SwarmClient::SendControls, which
+//    starts one thread per member but the last for the duration of the
+//    call;
+//  - the state thread (StateServer): encodes what ServeState hands over.
+// gRPC's threads run the Swarm service's handlers (Join, Gossip, Control,
+// FetchState, Push) and the callbacks of asynchronous calls: they only
+// touch memory, under short locks, and never block. The caller's threads
+// run the public methods: the training thread's SyncRound, FetchState and
+// Push make calls to peers of their own; SyncRound and FetchState must be
+// called from one thread. Every other public method is thread-safe.
+// on_member_change runs on the gossip thread, a Join or Gossip handler's,
+// or JoinSwarm's caller.
+//
+// Mutexes. Each part's state has its own mutex, and no two of these are
+// ever held at once: a part reads the member table before it takes its
+// mutex, and calls nothing (a peer, another part, a callback, the cancel of
+// a mailbox, the log) while it holds it.
+//  - CoordinatorThread::mu_: the round coordinator (round, ready members,
+//    the running attempt and its plan);
+//  - RoundMember::mu_: the round messages held for the training thread, the
+//    round it is in and the attempt it runs (with the cancels in flight of
+//    that attempt's mailbox, which must end before the mailbox goes away);
+//  - StateServer::mu_: the state handed over and the state served;
+//  - PushInbox::mu_: the pushes received and the places of those still
+//    streaming in;
+//  - MembershipGossip::mu_: the seeds found to be this node and the
+//    joiners refused;
+//  - SwarmClient::mu_: the channels by address; Partition::mu_: the
+//    emulated partition's groups.
+// The objects these parts use guard themselves, and are taken with none of
+// the above held: Membership (the table), Mailbox (an attempt's messages),
+// PublicCopies, LinkEmulator, StreamDeadlines, RpcErrorCounter, the logger.
 #ifndef STARLING_GOSSIP_SWARM_H_
 #define STARLING_GOSSIP_SWARM_H_
 
@@ -110,19 +156,18 @@
 #include "gossip/grpc_transport.h"
 #include "gossip/membership.h"
 #include "gossip/push_sum.h"
+#include "gossip/round_protocol.h"
 #include "gossip/state_transfer.h"
 
 namespace starling {
 
-// A round's attempts number 1 to kAttemptsPerRound - 1 (grpc_transport.h),
-// so that the mailbox sequence of (round, attempt), round *
-// kAttemptsPerRound + attempt, never reaches the next round's. Only a round
-// stuck for weeks (retries back off to 5 s) could run out; its coordinator
-// then stops planning it and says so.
-// The highest attempt a READY may say its sender has seen: the coordinator
-// plans above it, and a member claiming the last attempt numbers would
-// leave it none.
-constexpr int kMaxClaimedAttempt = kAttemptsPerRound / 2;
+class CoordinatorThread;
+class MembershipGossip;
+class PushChannel;
+class RoundMember;
+class StateFetcher;
+class StateServer;
+class SwarmClient;
 
 struct SwarmOptions {
   std::string node_id;  // unique in the swarm
@@ -169,8 +214,8 @@ struct SwarmOptions {
   // How many incoming streams one peer host may have open at once, across
   // its connections (--peer_max_streams); 0: no cap.
   int peer_max_streams = 0;
-  // Called on the gossip thread, with no lock held, for every change of the
-  // peer table.
+  // Called with no lock held for every change of the peer table: on the
+  // gossip thread, a Join or Gossip handler's, or JoinSwarm's caller.
   std::function<void(const MembershipChange&)> on_member_change;
   // Polled on the gossip thread, with no lock held: once it returns true,
   // this node's part of a running attempt is called off at once (its reduce
@@ -302,7 +347,7 @@ class Swarm {
   // Ids of the other members that are alive in this node's view, sorted.
   std::vector<std::string> AlivePeers() const;
   // Pushes refused by this node's handler (invalid payloads, full inbox).
-  int64_t pushes_refused() const { return pushes_refused_.load(); }
+  int64_t pushes_refused() const;
 
   // The other members, alive or suspected, joining or not, that this node's
   // table shows behind `self`: at an earlier round, or at the same round
@@ -332,102 +377,32 @@ class Swarm {
   class Service;  // public for the .cc's reactors
 
  private:
-  struct Coordinator;
-  struct Inbox;
-  struct PushSlot;
   explicit Swarm(const SwarmOptions& options);
+  // Makes the parts once the transport and the table exist.
+  void MakeParts();
 
-  // Server-side handlers.
-  absl::Status OnJoin(const peer::v1::JoinRequest& req,
-                      peer::v1::JoinResponse* resp);
-  absl::Status OnGossip(const peer::v1::GossipRequest& req,
-                        peer::v1::GossipResponse* resp);
+  // The Control handler (and this node's own round messages): the
+  // coordinator's messages (READY, DONE, FAILED) go to the coordinator
+  // thread, the member's (PLAN, COMMIT, ABORT, STALE) to the round member,
+  // once their numbers and senders are checked.
   peer::v1::ControlAck OnControl(const peer::v1::ControlMessage& m);
-  // Whether this node, or two other members of `live`, are at `round` or
-  // past it.
-  bool Vouched(int64_t round,
-               const std::map<std::string, peer::v1::MemberEntry>& live) const;
-  // Why a READY is too far ahead of the round `coordinated` for this
-  // coordinator to move to it (no other member is there), or "".
-  std::string AloneAhead(const peer::v1::ControlMessage& ready,
-                         int64_t coordinated) const;
-  // The reason a round message is refused when the member inbox is full.
-  std::string InboxFull() const;
-
-  void GossipLoop();
-  void CoordinatorLoop();
-  void StateLoop();  // encodes what ServeState hands over
-  // Hands membership changes to options_.on_member_change, when set.
+  // Membership changes: a dead or departed sender's push copy is dropped,
+  // and options_.on_member_change hears each.
   void ReportChanges(const std::vector<MembershipChange>& changes);
-  void ReadPartitionFile();
-  void CancelAttemptIfDue();
-  // Push handler: reserves an inbox place for a new stream (false when the
-  // inbox is full), deposits a checked push or releases the place.
-  bool ReservePush(std::shared_ptr<PushSlot> slot);
-  void EndPush(const std::shared_ptr<PushSlot>& slot, ReceivedPush* push);
-  bool Blocked(const std::string& address) const;
-  std::string CoordinatorId() const;
-  bool IsSelfSeed(const std::string& seed) const;
-  bool HasSelfSeed() const;
-  absl::StatusOr<peer::v1::ControlAck> SendControl(
-      const std::string& to_id, const peer::v1::ControlMessage& m);
-  // Sends each member's messages in order and the members at once, so that
-  // a member that hangs (stopped, or behind a black hole) costs one call
-  // timeout, not one for every member after it. Acks in `msgs` order.
-  std::vector<absl::StatusOr<peer::v1::ControlAck>> SendControls(
-      absl::Span<const std::pair<std::string, peer::v1::ControlMessage>> msgs);
-  // Gossips this node's table to every live member at once (a goodbye, or
-  // the news that it is ready) and merges their answers.
-  void GossipToEveryone();
-  // Gossips this node's table to every address at once (skipping its own
-  // and those across a partition), each call waiting at most `timeout`, and
-  // merges the answers (recording into `changes` when not null).
-  void GossipTo(const std::vector<std::string>& addresses,
-                absl::Duration timeout, std::vector<MembershipChange>* changes);
 
   const SwarmOptions options_;
+  std::atomic<bool> stopping_{false};           // every part's loops end on it
   std::shared_ptr<StreamDeadlines> deadlines_;  // outlives the server
   std::unique_ptr<Service> service_;
   std::unique_ptr<GrpcTransport> transport_;
   std::unique_ptr<Membership> membership_;
-  std::unique_ptr<Coordinator> coord_;
-  std::unique_ptr<Inbox> inbox_;
-  std::atomic<bool> stopping_{false};
-  std::atomic<bool> joined_{false};             // part of a swarm (see OnJoin)
-  std::atomic<bool> warned_table_full_{false};  // logged once (OnGossip)
-  std::atomic<int64_t> control_bytes_{0};
-  std::atomic<int64_t> push_sent_{0};
-  std::atomic<int64_t> push_received_{0};
-  std::atomic<int64_t> push_sequence_{0};
-  std::atomic<int64_t> pushes_refused_{0};
-  PublicCopies push_copies_;  // the senders' models, for relative pushes
-  std::thread gossip_thread_;
-  std::thread coord_thread_;
-  std::thread state_thread_;
-
-  // The state ServeState handed over, for StateLoop to encode.
-  absl::Mutex to_serve_mu_;
-  std::unique_ptr<SwarmState> to_serve_ ABSL_GUARDED_BY(to_serve_mu_);
-
-  mutable absl::Mutex state_mu_;
-  std::shared_ptr<const StateBlob> served_ ABSL_GUARDED_BY(state_mu_);
-  // Node id -> partition group (empty: no partition).
-  std::map<std::string, int> groups_ ABSL_GUARDED_BY(state_mu_);
-  std::string partition_text_ ABSL_GUARDED_BY(state_mu_);
-  // Why this node refused joiners, by their address.
-  std::map<std::string, std::string> refused_ ABSL_GUARDED_BY(state_mu_);
-  // Seeds that turned out to be this node.
-  std::set<std::string> self_seeds_ ABSL_GUARDED_BY(state_mu_);
-  // Stubs by address.
-  struct Stub;
-  std::map<std::string, std::shared_ptr<Stub>> stubs_
-      ABSL_GUARDED_BY(state_mu_);
-  std::shared_ptr<Stub> StubFor(const std::string& address);
-
-  mutable absl::Mutex push_mu_;
-  std::vector<ReceivedPush> pushes_ ABSL_GUARDED_BY(push_mu_);
-  // Streams being received (each holds an inbox place until it ends).
-  std::vector<std::shared_ptr<PushSlot>> receiving_ ABSL_GUARDED_BY(push_mu_);
+  std::unique_ptr<SwarmClient> client_;
+  std::unique_ptr<MembershipGossip> gossip_;
+  std::unique_ptr<CoordinatorThread> coordinator_;
+  std::unique_ptr<RoundMember> member_;
+  std::unique_ptr<StateServer> state_;
+  std::unique_ptr<StateFetcher> fetcher_;
+  std::unique_ptr<PushChannel> pushes_;
 };
 
 }  // namespace starling

@@ -1,8 +1,8 @@
 // Fuzz target for the handshake check (gossip/grpc_transport.h
 // HandshakeMismatch) on requests parsed from the wire: a Peer.Handshake
 // HandshakeRequest, or a Swarm.Join JoinRequest, whose hello is checked the
-// way Swarm::OnJoin does (member count not compared) and whose entry is then
-// merged into a membership table.
+// way MembershipGossip::OnJoin does (member count not compared) and whose
+// entry is then merged into a membership table.
 // Input: u8 mode (even: HandshakeRequest, odd: JoinRequest), then the
 // serialized request.
 // Invariants: the answer is empty exactly when every compared field equals
@@ -89,7 +89,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   PeerIdentity joining = *mine;
-  joining.world = 0;  // as Swarm::OnJoin: joiners may expect any size
+  joining.world = 0;  // as MembershipGossip::OnJoin: any size
   Check(r.hello(), joining);
   if (!HandshakeMismatch(r.hello(), joining).empty()) return 0;
   const absl::Time now = absl::FromUnixMillis(fuzz::kStartMs);

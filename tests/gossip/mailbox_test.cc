@@ -307,6 +307,23 @@ TEST(MailboxTest, CancelRunsTheLiveHooksOnce) {
   EXPECT_EQ(m.status().message(), "called off");
 }
 
+// A hook runs with no lock of the mailbox's held: it may register another
+// hook, or drop a registration, without deadlocking the cancel (a hook
+// that runs under the hooks' lock hangs here and the test times out).
+TEST(MailboxTest, AHookMayCallBackIntoTheMailbox) {
+  Mailbox box(Options());
+  int nested = 0;
+  std::unique_ptr<Mailbox::CancelHook> other = box.OnCancel([] {});
+  std::unique_ptr<Mailbox::CancelHook> inner;
+  std::unique_ptr<Mailbox::CancelHook> outer = box.OnCancel([&] {
+    other.reset();
+    inner = box.OnCancel([&] { ++nested; });
+  });
+  box.Cancel(absl::AbortedError("called off"));
+  EXPECT_EQ(nested, 1);
+  EXPECT_EQ(other, nullptr);
+}
+
 // A sleep that a cancel cuts short: how a shaped send waits on its link.
 TEST(MailboxTest, SleepUnlessCancelledWakesOnCancel) {
   Mailbox box(Options());

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/gossip/test_members.h"
 
 namespace starling {
 namespace {
@@ -19,11 +20,6 @@ using peer::v1::MEMBER_STATE_UNSPECIFIED;
 using peer::v1::MEMBER_SUSPECT;
 using peer::v1::MemberEntry;
 using peer::v1::MemberState;
-
-// Local time `s` seconds into the test.
-absl::Time T(double s) {
-  return absl::FromUnixSeconds(1'700'000'000) + absl::Seconds(s);
-}
 
 std::unique_ptr<Membership> Make(const std::string& id,
                                  int64_t incarnation = 100) {
@@ -39,11 +35,7 @@ std::unique_ptr<Membership> Make(const std::string& id,
 
 MemberEntry Entry(const std::string& id, int64_t incarnation, MemberState state,
                   int64_t heartbeat = 0) {
-  MemberEntry e;
-  e.set_id(id);
-  e.set_address(id + ":7000");
-  e.set_incarnation(incarnation);
-  e.set_state(state);
+  MemberEntry e = TestMember(id, state, incarnation);
   e.set_heartbeat(heartbeat);
   return e;
 }

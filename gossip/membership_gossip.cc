@@ -1,0 +1,422 @@
+#include "gossip/membership_gossip.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "core/logging.h"
+#include "core/status.h"
+#include "gossip/round_protocol.h"
+
+namespace starling {
+
+using peer::v1::GossipRequest;
+using peer::v1::GossipResponse;
+using peer::v1::JoinRequest;
+using peer::v1::JoinResponse;
+using peer::v1::MemberEntry;
+
+namespace {
+
+std::vector<MemberEntry> ToVector(
+    const google::protobuf::RepeatedPtrField<MemberEntry>& r) {
+  return std::vector<MemberEntry>(r.begin(), r.end());
+}
+
+}  // namespace
+
+std::vector<std::string> GossipTargets(
+    const std::vector<MemberEntry>& table, const std::string& self,
+    const std::vector<std::string>& seeds,
+    const std::function<bool(const std::string&)>& is_self_seed,
+    std::mt19937_64& rng) {
+  std::vector<std::string> live, others;
+  for (const MemberEntry& e : table) {
+    if (e.id() == self) continue;
+    if (e.state() == peer::v1::MEMBER_ALIVE) {
+      live.push_back(e.address());
+    } else if (e.state() != peer::v1::MEMBER_LEFT) {
+      others.push_back(e.address());
+    }
+  }
+  std::shuffle(live.begin(), live.end(), rng);
+  std::vector<std::string> targets(
+      live.begin(), live.begin() + std::min<size_t>(2, live.size()));
+  std::uniform_int_distribution<int> coin(0, 9);
+  if (!others.empty() && (live.empty() || coin(rng) < 5)) {
+    std::shuffle(others.begin(), others.end(), rng);
+    targets.insert(
+        targets.end(), others.begin(),
+        others.begin() + std::min<size_t>(live.empty() ? 3 : 1, others.size()));
+  }
+  if (!seeds.empty() && coin(rng) < (live.empty() ? 3 : 1)) {
+    const std::string& seed = seeds[rng() % seeds.size()];
+    if (!is_self_seed(seed) &&
+        std::find(live.begin(), live.end(), seed) == live.end()) {
+      targets.push_back(seed);
+    }
+  }
+  return targets;
+}
+
+MembershipGossip::MembershipGossip(Options options, Membership* membership,
+                                   SwarmClient* client, Hooks hooks,
+                                   const std::atomic<bool>* stopping)
+    : options_(std::move(options)),
+      membership_(membership),
+      client_(client),
+      hooks_(std::move(hooks)),
+      stopping_(stopping) {}
+
+void MembershipGossip::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void MembershipGossip::Join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+bool MembershipGossip::IsSelfSeed(const std::string& seed) const {
+  if (seed == options_.address) return true;
+  absl::MutexLock lock(&mu_);
+  return self_seeds_.count(seed) > 0;
+}
+
+bool MembershipGossip::HasSelfSeed() const {
+  for (const std::string& seed : options_.seeds) {
+    if (IsSelfSeed(seed)) return true;
+  }
+  return false;
+}
+
+JoinRequest MembershipGossip::Hello() const {
+  JoinRequest req;
+  peer::v1::HandshakeRequest* hello = req.mutable_hello();
+  hello->set_protocol_version(kProtocolVersion);
+  hello->set_run_id(options_.identity.run_id);
+  hello->set_algo(options_.identity.algo);
+  hello->set_world(0);
+  hello->set_compression(options_.identity.compression);
+  hello->set_aggregate(options_.identity.aggregate);
+  *hello->mutable_model() = options_.identity.model;
+  hello->set_address(options_.address);
+  return req;
+}
+
+absl::Status MembershipGossip::JoinSwarm(absl::Time deadline) {
+  if (options_.seeds.empty()) {
+    joined_ = true;  // the first member
+    return absl::OkStatus();
+  }
+  JoinRequest req = Hello();
+  absl::Duration backoff = absl::Milliseconds(100);
+  Tries tries;
+  const absl::Time start = absl::Now();
+  while (!stopping_->load()) {
+    for (const std::string& seed : options_.seeds) {
+      if (IsSelfSeed(seed)) continue;
+      if (std::optional<absl::Status> done =
+              TryJoin(seed, deadline, &req, &tries)) {
+        return *done;
+      }
+    }
+    if (joined_.load()) {
+      // Nobody had joined yet and this node has the smallest id: it
+      // admitted the others and founds the swarm.
+      STARLING_LOG(INFO) << options_.node_id << " founds the swarm";
+      return absl::OkStatus();
+    }
+    if (HasSelfSeed() && absl::Now() - start >= options_.found_after) {
+      // This node is a seed itself and no other seed answered: it founds
+      // the swarm alone. The gossip loop keeps calling the seeds, so swarms
+      // founded apart merge (the better lineage wins) once they meet.
+      joined_ = true;
+      STARLING_LOG(INFO) << options_.node_id
+                         << " is one of the seeds and no other answered in "
+                         << absl::FormatDuration(options_.found_after)
+                         << ": it founds the swarm";
+      return absl::OkStatus();
+    }
+    if (absl::Now() + backoff >= deadline) break;
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "cannot reach any of --peers=", absl::StrJoin(options_.seeds, ","),
+      " after ", tries.attempts, " attempts (last error: ", tries.last_error,
+      ")"));
+}
+
+std::optional<absl::Status> MembershipGossip::TryJoin(const std::string& seed,
+                                                      absl::Time deadline,
+                                                      JoinRequest* req,
+                                                      Tries* tries) {
+  for (const MemberEntry& e : membership_->Snapshot()) {
+    if (e.id() == options_.node_id) *req->mutable_self() = e;
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(
+      absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(5))));
+  client_->credentials().Sign(&ctx, "Join");
+  JoinResponse resp;
+  grpc::Status s = client_->StubFor(seed)->Join(&ctx, *req, &resp);
+  ++tries->attempts;
+  if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+    // The seed is this node under another name (its DNS name).
+    STARLING_LOG(INFO) << "seed " << seed << " is this node";
+    absl::MutexLock lock(&mu_);
+    self_seeds_.insert(seed);
+    return std::nullopt;
+  }
+  client_->rpc_errors().Record(s.error_code());
+  if (s.ok()) {
+    std::vector<MembershipChange> changes;
+    (void)membership_->Merge(ToVector(resp.members()), absl::Now(), &changes);
+    hooks_.report(changes);
+    STARLING_LOG(INFO) << options_.node_id << " joined through " << seed << " ("
+                       << resp.members_size() << " members known)";
+    joined_ = true;
+    return absl::OkStatus();
+  }
+  if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+      s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("peer ", seed, " refused this node: ", s.error_message()));
+  }
+  if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "peer ", seed, " refused this node's credentials: ", s.error_message(),
+        " (check --join_token_file)"));
+  }
+  tries->last_error = absl::StrCat(seed, ": ", s.error_message());
+  // The seed may have tried to join this node first, been refused and
+  // gone: say why instead of timing out.
+  absl::MutexLock lock(&mu_);
+  if (auto it = refused_.find(seed); it != refused_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("this node refused peer ", seed, ": ", it->second));
+  }
+  return std::nullopt;
+}
+
+absl::Status MembershipGossip::WaitForMembers(int n, absl::Time deadline) {
+  while (true) {
+    // Counted: this node, and every member that is ready (its JoinSwarm
+    // returned: not joining) and live or already LEFT. Not a member still
+    // joining: the others could count it, train and leave while it is in
+    // JoinSwarm, and it would then wait for them in vain. Not a member that
+    // left while joining or died. Counting a ready member that left keeps
+    // the barrier one-way: one that saw the others, trained and left before
+    // they saw it ready still lets them start.
+    int ready = 0;
+    for (const MemberEntry& e : membership_->Snapshot()) {
+      const bool counted = IsLive(e) || e.state() == peer::v1::MEMBER_LEFT;
+      if (e.id() == options_.node_id || (counted && !e.joining())) ++ready;
+    }
+    if (ready >= n) {
+      GossipToEveryone();
+      return absl::OkStatus();
+    }
+    if (absl::Now() >= deadline || stopping_->load()) {
+      // Every member this node knows of, with its state and address: a
+      // member declared dead, or one whose address is this node's own (two
+      // servers sharing a port), tells what went wrong.
+      std::vector<std::string> alive, others;
+      for (const MemberEntry& e : membership_->Snapshot()) {
+        std::string line =
+            absl::StrCat(e.id(), " ", MemberStateName(e.state()),
+                         e.joining() && e.id() != options_.node_id && IsLive(e)
+                             ? " (still joining)"
+                             : "",
+                         " at ", e.address());
+        (IsLive(e) ? alive : others).push_back(std::move(line));
+      }
+      return absl::DeadlineExceededError(absl::StrCat(
+          "waited for ", n, " members but only ", ready,
+          " are ready (alive or suspect: ", absl::StrJoin(alive, ", "),
+          "); also known: ",
+          others.empty() ? "none" : absl::StrJoin(others, ", ")));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+absl::Status MembershipGossip::OnJoin(const JoinRequest& req,
+                                      JoinResponse* resp) {
+  if (absl::Status s = CheckNodeId(req.self().id()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "joiner at ", QuoteForLog(req.hello().address()), ": ", s.message()));
+  }
+  PeerIdentity mine = options_.identity;
+  mine.world = 0;
+  std::string why = HandshakeMismatch(req.hello(), mine);
+  if (!why.empty()) {
+    STARLING_LOG(WARNING) << "refused joiner " << req.self().id() << " at "
+                          << QuoteForLog(req.hello().address()) << ": " << why;
+    absl::MutexLock lock(&mu_);
+    refused_[req.hello().address()] = why;
+    return absl::FailedPreconditionError(why);
+  }
+  // A node that is still looking for the swarm itself admits only joiners
+  // with larger ids: nodes that all start (or resume) together form one
+  // swarm around the smallest id, and two that look for each other do not
+  // pair up in both directions.
+  if (!joined_.load() && req.self().id() < options_.node_id) {
+    return absl::UnavailableError(
+        absl::StrCat(options_.node_id, " has not joined the swarm itself yet"));
+  }
+  if (req.self().id() == options_.node_id &&
+      req.hello().address() == options_.address) {
+    return absl::AlreadyExistsError("this is the node itself");
+  }
+  if (req.self().id() == options_.node_id) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node id '", req.self().id(), "' is this node's own"));
+  }
+  std::vector<MembershipChange> changes;
+  STARLING_RETURN_IF_ERROR(
+      membership_->Merge({req.self()}, absl::Now(), &changes));
+  hooks_.report(changes);
+  joined_ = true;
+  for (const MemberEntry& e : membership_->Snapshot()) {
+    *resp->add_members() = e;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MembershipGossip::OnGossip(const GossipRequest& req,
+                                        GossipResponse* resp) {
+  if (req.run_id() != options_.identity.run_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "gossip for run ", QuoteForLog(req.run_id()), "; this node is in run ",
+        QuoteForLog(options_.identity.run_id)));
+  }
+  if (req.from() == options_.node_id) {
+    return absl::AlreadyExistsError("this is the node itself");
+  }
+  std::vector<MembershipChange> changes;
+  absl::Status s =
+      membership_->Merge(ToVector(req.members()), absl::Now(), &changes);
+  if (absl::IsResourceExhausted(s)) {
+    // This node's table is full of live members: not the caller's fault,
+    // and it still gets this node's view.
+    if (!warned_table_full_.exchange(true)) {
+      STARLING_LOG(WARNING) << s.message();
+    }
+    s = absl::OkStatus();
+  }
+  hooks_.report(changes);
+  if (!changes.empty()) hooks_.table_changed();
+  for (const MemberEntry& e : membership_->Snapshot()) {
+    *resp->add_members() = e;
+  }
+  return s;
+}
+
+void MembershipGossip::GossipTo(const std::vector<std::string>& addresses,
+                                absl::Duration timeout,
+                                std::vector<MembershipChange>* changes) {
+  GossipRequest req;
+  req.set_run_id(options_.identity.run_id);
+  req.set_from(options_.node_id);
+  for (const MemberEntry& e : membership_->Snapshot()) *req.add_members() = e;
+  struct Call {
+    std::string address;
+    std::shared_ptr<peer::v1::Swarm::Stub> stub;
+    grpc::ClientContext ctx;
+    GossipResponse resp;
+    grpc::Status status;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  for (const std::string& address : addresses) {
+    if (address == options_.address || client_->Blocked(address)) continue;
+    calls.push_back(std::make_unique<Call>());
+    calls.back()->address = address;
+  }
+  absl::BlockingCounter pending(static_cast<int>(calls.size()));
+  for (const std::unique_ptr<Call>& call : calls) {
+    Call& c = *call;
+    c.ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    client_->credentials().Sign(&c.ctx, "Gossip");
+    c.stub = client_->StubFor(c.address);
+    client_->CountControlBytes(static_cast<int64_t>(req.ByteSizeLong()));
+    c.stub->async()->Gossip(&c.ctx, &req, &c.resp,
+                            [&pending, &c](grpc::Status s) {
+                              c.status = std::move(s);
+                              pending.DecrementCount();
+                            });
+  }
+  pending.Wait();
+  for (const std::unique_ptr<Call>& c : calls) {
+    if (c->status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+      absl::MutexLock lock(&mu_);
+      self_seeds_.insert(c->address);  // this node under another name
+    } else {
+      client_->rpc_errors().Record(c->status.error_code());
+    }
+    if (c->status.ok()) {
+      (void)membership_->Merge(ToVector(c->resp.members()), absl::Now(),
+                               changes);
+    }
+  }
+}
+
+void MembershipGossip::GossipToEveryone() {
+  std::vector<std::string> live;
+  for (const MemberEntry& e : membership_->Snapshot()) {
+    if (e.id() != options_.node_id && IsLive(e)) live.push_back(e.address());
+  }
+  GossipTo(live, absl::Seconds(1), /*changes=*/nullptr);
+}
+
+void MembershipGossip::Leave() {
+  membership_->Leave();
+  GossipToEveryone();
+}
+
+void MembershipGossip::Loop() {
+  std::mt19937_64 rng(std::hash<std::string>()(options_.node_id) ^
+                      static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
+  // Each call waits at most this long, and all run at once: a hung peer
+  // (stopped, or behind a black hole) must not hold up the heartbeats that
+  // tell the others this node is alive.
+  const absl::Duration call_timeout =
+      std::min(absl::Seconds(1), options_.suspect_after / 4);
+  absl::Time last_tick = absl::InfinitePast();
+  absl::Duration last_calls = absl::ZeroDuration();
+  const auto is_self_seed = [this](const std::string& seed) {
+    return IsSelfSeed(seed);
+  };
+  while (!stopping_->load()) {
+    client_->ReadPartitionFile();
+    membership_->Beat();
+    // The time since the last tick beyond the sleep and the calls was a
+    // pause of this process: nobody's silence then counts against them.
+    const absl::Time now = absl::Now();
+    if (last_tick != absl::InfinitePast()) {
+      membership_->ForgivePause(now - last_tick - options_.gossip_interval -
+                                    std::min(last_calls, call_timeout),
+                                now);
+    }
+    last_tick = now;
+    std::vector<MembershipChange> changes;
+    membership_->Tick(now, &changes);
+    const std::vector<std::string> targets =
+        GossipTargets(membership_->Snapshot(), options_.node_id, options_.seeds,
+                      is_self_seed, rng);
+    const absl::Time calls_start = absl::Now();
+    GossipTo(targets, call_timeout, &changes);
+    last_calls = absl::Now() - calls_start;
+    hooks_.report(changes);
+    if (!changes.empty()) hooks_.table_changed();
+    hooks_.after_tick();
+    absl::SleepFor(options_.gossip_interval);
+  }
+}
+
+}  // namespace starling

@@ -1,0 +1,131 @@
+// Membership by gossip (step 1 in gossip/swarm.h): joining through the
+// seeds, the start barrier (WaitForMembers), the Join and Gossip handlers,
+// the gossip thread's ticks (heartbeat, failure detection, a pause
+// forgiven, two random live members called, now and then a suspected one
+// or a seed), and the goodbye. The table itself is Membership's; this moves
+// it between nodes.
+// Thread-safety: thread-safe. One mutex guards what this node learned about
+// its seeds and its refusals; calls and hooks run with it released.
+#ifndef STARLING_GOSSIP_MEMBERSHIP_GOSSIP_H_
+#define STARLING_GOSSIP_MEMBERSHIP_GOSSIP_H_
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gossip/grpc_transport.h"
+#include "gossip/membership.h"
+#include "gossip/swarm_client.h"
+#include "starling/peer/v1/swarm.pb.h"
+
+namespace starling {
+
+// The addresses one gossip tick calls, from this node's `table`: two random
+// ALIVE members; half the ticks (every tick while none is ALIVE) one member
+// it takes for SUSPECT or DEAD (three while none is ALIVE), which is how
+// both sides of a healed partition learn to refute; and about one tick in
+// ten (three in ten while none is ALIVE) a seed that is no ALIVE member's
+// address (a DNS name) and not this node (`is_self_seed`), so that swarms
+// founded apart meet and merge.
+std::vector<std::string> GossipTargets(
+    const std::vector<peer::v1::MemberEntry>& table, const std::string& self,
+    const std::vector<std::string>& seeds,
+    const std::function<bool(const std::string&)>& is_self_seed,
+    std::mt19937_64& rng);
+
+class MembershipGossip {
+ public:
+  struct Options {
+    std::string node_id;
+    std::string address;  // this node's
+    PeerIdentity identity;
+    std::vector<std::string> seeds;
+    absl::Duration found_after = absl::InfiniteDuration();
+    absl::Duration gossip_interval = absl::Milliseconds(200);
+    absl::Duration suspect_after = absl::Seconds(3);
+  };
+  // Called with no lock held.
+  struct Hooks {
+    // Every change of the table (a handler's, a join's or a tick's).
+    std::function<void(const std::vector<MembershipChange>&)> report;
+    // Gossip changed the table (a tick's or a Gossip handler's).
+    std::function<void()> table_changed;
+    // The end of every tick.
+    std::function<void()> after_tick;
+  };
+  // `membership` and `client` must outlive it; the gossip thread runs until
+  // `stopping` turns true (then Join it).
+  MembershipGossip(Options options, Membership* membership, SwarmClient* client,
+                   Hooks hooks, const std::atomic<bool>* stopping);
+  ~MembershipGossip() { Join(); }
+
+  void Start();
+  void Join();
+
+  // Swarm::JoinSwarm, WaitForMembers and Leave.
+  absl::Status JoinSwarm(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status WaitForMembers(int n, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void Leave() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The Join and Gossip handlers.
+  absl::Status OnJoin(const peer::v1::JoinRequest& req,
+                      peer::v1::JoinResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status OnGossip(const peer::v1::GossipRequest& req,
+                        peer::v1::GossipResponse* resp);
+
+ private:
+  // What JoinSwarm met so far.
+  struct Tries {
+    std::string last_error = "no answer";
+    int attempts = 0;
+  };
+  // One Join call to `seed`: what JoinSwarm returns, or nullopt for the
+  // next seed.
+  std::optional<absl::Status> TryJoin(const std::string& seed,
+                                      absl::Time deadline,
+                                      peer::v1::JoinRequest* req, Tries* tries)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The request JoinSwarm sends (its `self` is set per call).
+  peer::v1::JoinRequest Hello() const;
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Gossips this node's table to every live member at once (a goodbye, or
+  // the news that it is ready) and merges their answers.
+  void GossipToEveryone() ABSL_LOCKS_EXCLUDED(mu_);
+  // Gossips this node's table to every address at once (skipping its own
+  // and those across a partition), each call waiting at most `timeout`, and
+  // merges the answers (recording into `changes` when not null).
+  void GossipTo(const std::vector<std::string>& addresses,
+                absl::Duration timeout, std::vector<MembershipChange>* changes)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  bool IsSelfSeed(const std::string& seed) const ABSL_LOCKS_EXCLUDED(mu_);
+  bool HasSelfSeed() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  const Options options_;
+  Membership* const membership_;
+  SwarmClient* const client_;
+  const Hooks hooks_;
+  const std::atomic<bool>* const stopping_;
+  std::thread thread_;
+  std::atomic<bool> joined_{false};             // part of a swarm (OnJoin)
+  std::atomic<bool> warned_table_full_{false};  // logged once (OnGossip)
+
+  mutable absl::Mutex mu_;
+  // Why this node refused joiners, by their address.
+  std::map<std::string, std::string> refused_ ABSL_GUARDED_BY(mu_);
+  // Seeds that turned out to be this node.
+  std::set<std::string> self_seeds_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace starling
+
+#endif  // STARLING_GOSSIP_MEMBERSHIP_GOSSIP_H_
