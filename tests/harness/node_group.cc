@@ -5,6 +5,7 @@
 #include <iostream>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/file_util.h"
 #include "gtest/gtest.h"
@@ -115,6 +116,20 @@ std::map<int, std::string> NodeGroup::RoundHashes(const std::string& id) const {
 
 std::string NodeGroup::FinalHash(const std::string& id) const {
   return testing::FinalHash(absl::StrCat(Out(id), "/summary.json"));
+}
+
+int64_t NodeGroup::Parameters(const std::string& id) const {
+  const std::string log = LogText(id);
+  const size_t at = log.find(" parameters");
+  const size_t begin = at == std::string::npos || at == 0
+                           ? std::string::npos
+                           : log.rfind(' ', at - 1) + 1;
+  int64_t n = 0;
+  if (begin == std::string::npos ||
+      !absl::SimpleAtoi(log.substr(begin, at - begin), &n)) {
+    ADD_FAILURE() << id << " logged no \"N parameters\":\n" << log;
+  }
+  return n;
 }
 
 }  // namespace starling::testing

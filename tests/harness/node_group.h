@@ -9,6 +9,7 @@
 
 #include <google/protobuf/struct.pb.h>
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -62,6 +63,9 @@ class NodeGroup {
   std::map<int, std::string> RoundHashes(const std::string& id) const;
   // final.model_hash of its summary.json.
   std::string FinalHash(const std::string& id) const;
+  // Its model's size, from the "N parameters" line it logs; 0 (with a test
+  // failure) when there is none.
+  int64_t Parameters(const std::string& id) const;
 
  private:
   const bool failed_before_;

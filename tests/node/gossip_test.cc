@@ -230,12 +230,8 @@ TEST(GossipTest, MalformedAndStalledPushesAreRefused) {
       << g.LogText("g1");
   auto stub = peer::v1::Swarm::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  // The model's size from the node's log ("N parameters").
-  const std::string log = g.LogText("g0");
-  const size_t at = log.find(" parameters");
-  ASSERT_NE(at, std::string::npos) << log;
-  const size_t begin = log.rfind(' ', at - 1) + 1;
-  const int64_t n = std::stoll(log.substr(begin, at - begin));
+  const int64_t n = g.Parameters("g0");
+  ASSERT_GT(n, 0);
   auto push = [&](std::vector<peer::v1::PushChunk> chunks,
                   bool finish_writes = true) {
     grpc::ClientContext ctx;

@@ -95,6 +95,35 @@ class OpsTest : public ::testing::Test {
       "--log_format=json");
 };
 
+// The JSON log of node `id` at `log`: one object per line, each with the
+// node; rounds carry round and step; membership lines name the `peer`.
+void ExpectJsonLog(const std::string& log, const std::string& id,
+                   const std::string& peer) {
+  const std::string text = ReadFile(log).value_or("");
+  int lines = 0, rounds = 0, peers = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    ++lines;
+    google::protobuf::Struct ev;
+    ASSERT_TRUE(
+        google::protobuf::util::JsonStringToMessage(std::string(line), &ev)
+            .ok())
+        << "not JSON: " << line;
+    EXPECT_EQ(Field(ev, "node").string_value(), id) << line;
+    if (Field(ev, "event").string_value() == "round") {
+      ++rounds;
+      EXPECT_GT(Field(ev, "round").number_value(), 0) << line;
+      EXPECT_GT(Field(ev, "step").number_value(), 0) << line;
+    }
+    if (ev.fields().count("peer") &&
+        ev.fields().at("peer").string_value() == peer) {
+      ++peers;
+    }
+  }
+  EXPECT_GT(lines, 10) << log;
+  EXPECT_GE(rounds, 30) << text;
+  EXPECT_GE(peers, 1) << text;
+}
+
 // Readiness waits for the swarm and then holds steady across rounds;
 // liveness goes NOT_SERVING while the training loop is stalled and comes
 // back after; the metrics endpoint passes promtool mid-run; every stderr
@@ -177,37 +206,8 @@ TEST_F(OpsTest, HealthMetricsAndLogsOfARunningNode) {
   EXPECT_EQ(nodes.Wait("n0", absl::Seconds(120)), 0) << nodes.LogText("n0");
   EXPECT_EQ(nodes.Wait("n1", absl::Seconds(60)), 0) << nodes.LogText("n1");
 
-  // JSON logs: one object per line, each with the node; rounds carry round
-  // and step; membership lines name the peer.
-  for (const auto& [log, id, peer] :
-       {std::tuple<std::string, std::string, std::string>{log0, "n0", "n1"},
-        {log1, "n1", "n0"}}) {
-    std::string text = ReadFile(log).value_or("");
-    int lines = 0, rounds = 0, peers = 0;
-    for (absl::string_view line :
-         absl::StrSplit(text, '\n', absl::SkipEmpty())) {
-      ++lines;
-      google::protobuf::Struct ev;
-      ASSERT_TRUE(
-          google::protobuf::util::JsonStringToMessage(std::string(line), &ev)
-              .ok())
-          << "not JSON: " << line;
-      EXPECT_EQ(Field(ev, "node").string_value(), id) << line;
-      const std::string event = Field(ev, "event").string_value();
-      if (event == "round") {
-        ++rounds;
-        EXPECT_GT(Field(ev, "round").number_value(), 0) << line;
-        EXPECT_GT(Field(ev, "step").number_value(), 0) << line;
-      }
-      if (ev.fields().count("peer") &&
-          ev.fields().at("peer").string_value() == peer) {
-        ++peers;
-      }
-    }
-    EXPECT_GT(lines, 10) << log;
-    EXPECT_GE(rounds, 30) << text;
-    EXPECT_GE(peers, 1) << text;
-  }
+  ExpectJsonLog(log0, "n0", "n1");
+  ExpectJsonLog(log1, "n1", "n0");
 }
 
 // Kubernetes-style seeds: every node lists the same host names, its own

@@ -187,7 +187,20 @@ class BoundIdsTest : public TlsTest {
                                 "from a caller whose certificate names \"n2\""),
               std::string::npos)
         << impostor.err;
+    ExpectCallsAsN1Refused(algo, seed);
 
+    nodes_.Start("n1",
+                 absl::StrCat("--steps=300 --shard=1/2",
+                              TlsFlags(dir_, "n1", "swarm-ca.pem"), bound),
+                 "n0");
+    EXPECT_EQ(nodes_.Wait("n0", absl::Seconds(120)), 0) << nodes_.LogText("n0");
+    EXPECT_EQ(nodes_.Wait("n1", absl::Seconds(60)), 0) << nodes_.LogText("n1");
+  }
+
+  // Gossip, a round message and (for gossip) a push that n2, with its own
+  // certificate, sends to n0 at `seed` as n1: each refused.
+  void ExpectCallsAsN1Refused(const std::string& algo,
+                              const std::string& seed) {
     grpc::SslCredentialsOptions tls;
     tls.pem_root_certs = ReadFile(dir_ + "/swarm-ca.pem").value_or("");
     tls.pem_cert_chain = ReadFile(dir_ + "/n2.pem").value_or("");
@@ -230,12 +243,9 @@ class BoundIdsTest : public TlsTest {
       expect_refused(stub->Control(&ctx, ready, &ack), "a round message");
     }
     if (algo == "gossip") {
-      // A well-formed push of the model's size ("N parameters" in the log).
-      const std::string log = nodes_.LogText("n0");
-      const size_t at = log.find(" parameters");
-      ASSERT_NE(at, std::string::npos) << log;
-      const size_t begin = log.rfind(' ', at - 1) + 1;
-      const int64_t n = std::stoll(log.substr(begin, at - begin));
+      // A well-formed push of the model's size.
+      const int64_t n = nodes_.Parameters("n0");
+      ASSERT_GT(n, 0);
       std::vector<float> values(static_cast<size_t>(n), 0.01f);
       peer::v1::PushChunk c;
       c.set_run_id("tls");
@@ -254,13 +264,6 @@ class BoundIdsTest : public TlsTest {
       writer->WritesDone();
       expect_refused(writer->Finish(), "a push");
     }
-
-    nodes_.Start("n1",
-                 absl::StrCat("--steps=300 --shard=1/2",
-                              TlsFlags(dir_, "n1", "swarm-ca.pem"), bound),
-                 "n0");
-    EXPECT_EQ(nodes_.Wait("n0", absl::Seconds(120)), 0) << nodes_.LogText("n0");
-    EXPECT_EQ(nodes_.Wait("n1", absl::Seconds(60)), 0) << nodes_.LogText("n1");
   }
 };
 
