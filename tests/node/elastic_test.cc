@@ -22,9 +22,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/file_util.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "starling/peer/v1/swarm.grpc.pb.h"
 #include "tests/harness/node_group.h"
@@ -39,6 +39,8 @@ using ::starling::testing::Members;
 using ::starling::testing::NodeGroup;
 using ::starling::testing::TinyTextFlags;
 using ::starling::testing::WaitFor;
+using ::testing::Contains;
+using ::testing::Not;
 
 // An elastic DiLoCo swarm (see NodeGroup): node nK trains shard k of n and
 // joins through n0 unless it is n0, all with the run's flags below.
@@ -266,10 +268,8 @@ TEST(ElasticTest, GracefulLeaveCostsNoTimeoutAndRestartCatchesUp) {
         states.push_back(Field(ev, "state").string_value());
       }
     }
-    EXPECT_NE(std::find(states.begin(), states.end(), "left"), states.end())
-        << id << ": " << absl::StrJoin(states, ", ");
-    EXPECT_EQ(std::find(states.begin(), states.end(), "suspect"), states.end())
-        << id << ": " << absl::StrJoin(states, ", ");
+    EXPECT_THAT(states, Contains("left")) << id;
+    EXPECT_THAT(states, Not(Contains("suspect"))) << id;
   }
   EXPECT_FALSE(s.Events("n2", "state_transfer").empty()) << s.LogText("n2");
   EXPECT_EQ(s.FinalHash("n2"), s.FinalHash("n0"));
