@@ -20,10 +20,12 @@ namespace starling::testing {
 // The path of the `starling` binary under test.
 const char* StarlingBinary();
 
+// How a run ended: its exit code (from RunStarling -1 when a signal ended
+// it, from NodeGroup::Run 128 + the signal) and what it wrote.
 struct RunResult {
-  int exit_code = -1;  // -1 when a signal ended it
-  std::string out;     // stdout
-  std::string err;     // stderr
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
 };
 
 // Runs `starling ARGS` (a shell word list) to its end, capturing its output.
