@@ -12,6 +12,7 @@
 #include "core/model.h"
 #include "gtest/gtest.h"
 #include "tests/core/test_util.h"
+#include "tests/core/tiny_gpt.h"
 
 namespace starling {
 namespace {
@@ -28,14 +29,7 @@ TrainConfig TinyText() {
     EXPECT_TRUE(WriteFileAtomic(*p, testing::SampleText(200000)).ok());
     return p;
   }();
-  TrainConfig c = DefaultTrainConfig();
-  c.set_data("text:" + *path);
-  c.set_model("gpt");
-  c.set_layers(1);
-  c.set_width(32);
-  c.set_heads(2);
-  c.set_context(32);
-  c.set_batch(8);
+  TrainConfig c = testing::TinyGptConfig(*path);
   c.set_steps(40);
   c.set_lr(3e-3);
   c.set_warmup(5);

@@ -8,6 +8,7 @@
 #include "core/trainer.h"
 #include "gtest/gtest.h"
 #include "tests/core/test_util.h"
+#include "tests/core/tiny_gpt.h"
 
 namespace starling {
 namespace {
@@ -15,14 +16,7 @@ namespace {
 TrainConfig Tiny(const std::string& device) {
   std::string path = testing::TempDir() + "/corpus.txt";
   EXPECT_TRUE(WriteFileAtomic(path, testing::SampleText(100000)).ok());
-  TrainConfig c = DefaultTrainConfig();
-  c.set_data("text:" + path);
-  c.set_model("gpt");
-  c.set_layers(1);
-  c.set_width(32);
-  c.set_heads(2);
-  c.set_context(32);
-  c.set_batch(8);
+  TrainConfig c = testing::TinyGptConfig(path);
   c.set_steps(30);
   c.set_device(device);
   EXPECT_TRUE(ResolveTrainConfig(&c).ok());

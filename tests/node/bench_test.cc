@@ -5,12 +5,14 @@
 
 #include "core/file_util.h"
 #include "gtest/gtest.h"
-#include "tests/core/run_util.h"
 #include "tests/core/test_util.h"
+#include "tests/harness/process.h"
+#include "tests/harness/run_files.h"
 
 namespace starling {
 namespace {
 
+using ::starling::testing::ExpectRefused;
 using ::starling::testing::Field;
 using ::starling::testing::ReadJson;
 using ::starling::testing::RunStarling;
@@ -104,12 +106,7 @@ TEST(BenchTest, BadFlagsExitTwoNamingTheFlag) {
       {"bench allreduce --chunk_bytes=10", "--chunk_bytes=10"},
       {"bench allreduce --steps=3", "--steps"},
   };
-  for (const Case& c : cases) {
-    auto r = RunStarling(c.args);
-    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.err;
-    EXPECT_NE(r.err.find(c.mention), std::string::npos) << c.args << "\n"
-                                                        << r.err;
-  }
+  for (const Case& c : cases) ExpectRefused(c.args, c.mention);
 }
 
 }  // namespace

@@ -16,39 +16,24 @@
 #include "core/file_util.h"
 #include "gtest/gtest.h"
 #include "starling/peer/v1/swarm.grpc.pb.h"
-#include "tests/core/run_util.h"
+#include "tests/core/test_util.h"
+#include "tests/harness/node_group.h"
+#include "tests/harness/process.h"
+#include "tests/harness/run_files.h"
+#include "tests/harness/wait.h"
 
 namespace starling {
 namespace {
 
 using ::starling::testing::Field;
-using ::starling::testing::ListenAddress;
+using ::starling::testing::NodeGroup;
+using ::starling::testing::ReadEvents;
 using ::starling::testing::ReadJson;
 using ::starling::testing::RunStarling;
-using ::starling::testing::SpawnStarling;
 using ::starling::testing::TempDir;
 using ::starling::testing::TinyTextFlags;
-using ::starling::testing::WaitForText;
-using ::starling::testing::WaitUntil;
 
-std::vector<google::protobuf::Struct> Events(const std::string& path,
-                                             const std::string& kind) {
-  std::vector<google::protobuf::Struct> out;
-  std::string text = ReadFile(path).value_or("");
-  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
-    google::protobuf::Struct ev;
-    if (!google::protobuf::util::JsonStringToMessage(std::string(line), &ev)
-             .ok()) {
-      continue;
-    }
-    auto it = ev.fields().find("event");
-    if (it != ev.fields().end() && it->second.string_value() == kind) {
-      out.push_back(ev);
-    }
-  }
-  return out;
-}
-
+// The flags of every node of a gossip run.
 std::string Common(const std::string& run_id, int steps) {
   return absl::StrCat(TinyTextFlags(60000), " --steps=", steps,
                       " --inner_steps=5 --shard_mode=contiguous --threads=1"
@@ -76,7 +61,7 @@ TEST(GossipTest, SimFinishesWithExchangesBothWaysAndConsensus) {
     const std::string id = absl::StrCat("n", i);
     const std::string events = absl::StrCat(out, "/", id, "/events.jsonl");
     int pushes = 0, absorbs = 0;
-    for (const auto& ev : Events(events, "exchange")) {
+    for (const auto& ev : ReadEvents(events, "exchange")) {
       const std::string kind = Field(ev, "kind").string_value();
       EXPECT_GT(Field(ev, "weight").number_value(), 0);
       EXPECT_GT(Field(ev, "bytes").number_value(), 0);
@@ -92,7 +77,7 @@ TEST(GossipTest, SimFinishesWithExchangesBothWaysAndConsensus) {
     }
     EXPECT_GT(pushes, 0) << id;
     EXPECT_GT(absorbs, 0) << id;
-    auto evals = Events(events, "eval");
+    auto evals = ReadEvents(events, "eval");
     ASSERT_GE(evals.size(), 2u) << id;
     const double first = Field(evals.front(), "val_loss").number_value();
     const double last = Field(evals.back(), "val_loss").number_value();
@@ -159,13 +144,13 @@ TEST(GossipTest, CompressedMomentumExponentialSimLearns) {
             std::string::npos);
   for (int i = 0; i < 3; ++i) {
     const std::string events = absl::StrCat(out, "/n", i, "/events.jsonl");
-    auto evals = Events(events, "eval");
+    auto evals = ReadEvents(events, "eval");
     ASSERT_GE(evals.size(), 2u);
     EXPECT_LT(Field(evals.back(), "val_loss").number_value(),
               Field(evals.front(), "val_loss").number_value())
         << "n" << i;
     int relative = 0, absolute = 0;
-    for (const auto& e : Events(events, "exchange")) {
+    for (const auto& e : ReadEvents(events, "exchange")) {
       if (Field(e, "kind").string_value() != "push") continue;
       (Field(e, "relative_to").number_value() > 0 ? relative : absolute)++;
     }
@@ -180,108 +165,73 @@ TEST(GossipTest, CompressedMomentumExponentialSimLearns) {
 // milliseconds: before its first gossip tick, unless passing the barrier
 // tells everyone it is ready (otherwise the others wait for it in vain).
 TEST(GossipTest, NodeKilledMidPushNeverStallsTheOthers) {
-  const std::string dir = TempDir() + "/gossip-crash";
-  ASSERT_TRUE(MakeDirs(dir).ok());
-  const std::string common = Common("gossip-crash", 80);
-  std::map<std::string, pid_t> pids;
+  NodeGroup g("gossip-crash", Common("gossip-crash", 80));
   const std::vector<std::string> ids = {"n0", "n1", "n2", "n3"};
-  // Each node listens on a port the kernel picks; the others join through
-  // the address n0 logs.
-  std::string seed;
+  // The others join through the address n0 logs; n2 last.
   for (int k : {0, 1, 3, 2}) {
     const std::string& id = ids[k];
     if (id == "n2") {
       for (const char* other : {"n1", "n3"}) {
-        ASSERT_TRUE(WaitForText(absl::StrCat(dir, "/", other, ".log"),
-                                "joined through", absl::Seconds(60)));
+        ASSERT_TRUE(testing::WaitForText(g.Log(other), "joined through",
+                                         absl::Seconds(60)))
+            << g.LogText(other);
       }
     }
-    pids[id] = SpawnStarling(
-        absl::StrCat("node ", common, " --eval_every=40 --node_id=", id,
-                     " --listen=127.0.0.1:0",
-                     id == "n0" ? "" : absl::StrCat(" --peers=", seed),
-                     " --min_members=4 --shard=", k, "/4 --out=", dir, "/", id,
+    g.Start(
+        id,
+        absl::StrCat("--eval_every=40 --min_members=4 --shard=", k, "/4",
                      id == "n2" ? " --test_crash_at=push_mid_stream@3" : ""),
-        absl::StrCat(dir, "/", id, ".log"));
-    if (id == "n0") {
-      seed = ListenAddress(dir + "/n0.log", absl::Seconds(60));
-      ASSERT_FALSE(seed.empty()) << ReadFile(dir + "/n0.log").value_or("");
-    }
+        id == "n0" ? "" : "n0");
   }
-  const absl::Time deadline = absl::Now() + absl::Seconds(90);
   for (const std::string& id : ids) {
-    const int code = WaitUntil(pids[id], deadline);
-    const std::string log =
-        ReadFile(absl::StrCat(dir, "/", id, ".log")).value_or("");
+    const int code = g.Wait(id, absl::Seconds(90));
     if (id == "n2") {
-      EXPECT_EQ(code, 128 + SIGKILL) << log;
+      EXPECT_EQ(code, 128 + SIGKILL) << g.LogText(id);
       continue;
     }
-    EXPECT_EQ(code, 0) << id << ":\n" << log;
-    auto node = ReadJson(absl::StrCat(dir, "/", id, "/summary.json"));
+    EXPECT_EQ(code, 0) << id << ":\n" << g.LogText(id);
+    auto node = ReadJson(g.Out(id) + "/summary.json");
     EXPECT_TRUE(std::isfinite(
         Field(Field(node, "final").struct_value(), "val_loss").number_value()));
   }
   // n2 crashed in a push: it never logged a third one.
   int victim_pushes = 0;
-  for (const auto& ev : Events(dir + "/n2/events.jsonl", "exchange")) {
+  for (const auto& ev : g.Events("n2", "exchange")) {
     victim_pushes += Field(ev, "kind").string_value() == "push";
   }
   EXPECT_EQ(victim_pushes, 2);
 }
 
 TEST(GossipTest, DilocoNodeCannotJoinAGossipSwarm) {
-  const std::string dir = TempDir() + "/gossip-mixed";
-  ASSERT_TRUE(MakeDirs(dir).ok());
-  pid_t g = SpawnStarling(
-      absl::StrCat("node ", Common("mixed", 100000),
-                   " --eval_every=0 --node_id=g0 --listen=127.0.0.1:0",
-                   " --out=", dir, "/g0"),
-      dir + "/g0.log");
-  const std::string g0 = ListenAddress(dir + "/g0.log", absl::Seconds(30));
-  ASSERT_FALSE(g0.empty()) << ReadFile(dir + "/g0.log").value_or("");
-  auto r = RunStarling(absl::StrCat(
-      "node ", TinyTextFlags(60000),
-      " --steps=10 --shard_mode=contiguous --threads=1 --run_id=mixed "
-      "--algo=diloco --insecure --node_id=d1 --listen=127.0.0.1:0 --peers=",
-      g0, " --connect_timeout=20 --out=", dir, "/d1"));
+  NodeGroup g("gossip-mixed", "--run_id=mixed --insecure");
+  g.Start("g0", absl::StrCat(Common("mixed", 100000), " --eval_every=0"));
+  auto r = g.Run("d1",
+                 absl::StrCat(TinyTextFlags(60000),
+                              " --steps=10 --shard_mode=contiguous --threads=1"
+                              " --algo=diloco --connect_timeout=20"),
+                 "g0");
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("gossip"), std::string::npos) << r.err;
-  ::kill(g, SIGKILL);
-  WaitUntil(g, absl::Now() + absl::Seconds(10));
 }
 
 // Forged pushes straight to a gossip node's Swarm service. The node never
 // reaches the end of its local steps here, so it never drains its inbox.
 TEST(GossipTest, MalformedAndStalledPushesAreRefused) {
-  const std::string dir = TempDir() + "/gossip-bad";
-  ASSERT_TRUE(MakeDirs(dir).ok());
-  pid_t g = SpawnStarling(
-      absl::StrCat("node ", Common("bad", 100000),
-                   " --eval_every=0 --gossip_timeout=1 --node_id=g0"
-                   " --inner_steps=100000 --listen=127.0.0.1:0 --out=",
-                   dir, "/g0"),
-      dir + "/g0.log");
-  const std::string address = ListenAddress(dir + "/g0.log", absl::Seconds(30));
-  ASSERT_FALSE(address.empty()) << ReadFile(dir + "/g0.log").value_or("");
+  NodeGroup g("gossip-bad", absl::StrCat(Common("bad", 100000),
+                                         " --eval_every=0 --gossip_timeout=1"
+                                         " --inner_steps=100000"));
+  g.Start("g0", "");
+  const std::string address = g.Address("g0");
+  ASSERT_FALSE(address.empty());
   // A second member, whose id the forged pushes carry.
-  pid_t g1 = SpawnStarling(
-      absl::StrCat("node ", Common("bad", 100000),
-                   " --eval_every=0 --gossip_timeout=1 --node_id=g1"
-                   " --inner_steps=100000 --listen=127.0.0.1:0 --peers=",
-                   address, " --out=", dir, "/g1"),
-      dir + "/g1.log");
+  g.Start("g1", "", "g0");
   ASSERT_TRUE(
-      WaitForText(dir + "/g1.log", "g1 joined through", absl::Seconds(30)))
-      << ReadFile(dir + "/g1.log").value_or("");
+      testing::WaitForText(g.Log("g1"), "g1 joined through", absl::Seconds(30)))
+      << g.LogText("g1");
   auto stub = peer::v1::Swarm::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  // The model's size from the node's log ("N parameters").
-  const std::string log = ReadFile(dir + "/g0.log").value_or("");
-  const size_t at = log.find(" parameters");
-  ASSERT_NE(at, std::string::npos) << log;
-  const size_t begin = log.rfind(' ', at - 1) + 1;
-  const int64_t n = std::stoll(log.substr(begin, at - begin));
+  const int64_t n = g.Parameters("g0");
+  ASSERT_GT(n, 0);
   auto push = [&](std::vector<peer::v1::PushChunk> chunks,
                   bool finish_writes = true) {
     grpc::ClientContext ctx;
@@ -362,12 +312,7 @@ TEST(GossipTest, MalformedAndStalledPushesAreRefused) {
     refused = push({chunk(n, good, 0.5)}).error_code();
   }
   EXPECT_EQ(refused, grpc::StatusCode::RESOURCE_EXHAUSTED);
-  int status = 0;
-  EXPECT_EQ(::waitpid(g, &status, WNOHANG), 0) << "the node died";
-  for (pid_t p : {g, g1}) {
-    ::kill(p, SIGKILL);
-    WaitUntil(p, absl::Now() + absl::Seconds(10));
-  }
+  EXPECT_TRUE(g.Running("g0")) << "the node died:\n" << g.LogText("g0");
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
@@ -31,6 +32,7 @@
 #include "gtest/gtest.h"
 #include "node/health.h"
 #include "tests/core/test_util.h"
+#include "tests/harness/wait.h"
 #include "tests/node/http_get.h"
 #include "tests/node/promtool.h"
 
@@ -38,6 +40,7 @@ namespace starling {
 namespace {
 
 using ::starling::testing::HttpGet;
+using ::starling::testing::WaitFor;
 using ::testing::HasSubstr;
 using ::testing::Key;
 using ::testing::Not;
@@ -323,14 +326,43 @@ int ConnectIdle(const NodeMetrics& m) {
   return fd;
 }
 
+// Connections to 127.0.0.1:`port` not yet accepted: the receive queue of
+// that listening socket in the kernel's table of TCP sockets
+// (/proc/net/tcp); -1 when there is no such socket.
+int AcceptQueue(int port) {
+  const std::string local = absl::StrFormat("0100007F:%04X", port);
+  const std::string table = ReadFile("/proc/net/tcp").value_or("");
+  for (absl::string_view line : absl::StrSplit(table, '\n')) {
+    // sl local_address rem_address st tx_queue:rx_queue ...; 0A is LISTEN.
+    std::vector<absl::string_view> f =
+        absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.size() < 5 || f[1] != local || f[3] != "0A") continue;
+    int queued = -1;
+    const absl::string_view rx = f[4].substr(f[4].find(':') + 1);
+    return absl::SimpleHexAtoi(rx, &queued) ? queued : -1;
+  }
+  return -1;
+}
+
+// The server's deadline for a connection's request (kConnectionDeadline in
+// node/metrics.cc): a stop that waited for an idle client would take it all.
+constexpr absl::Duration kConnectionDeadline = absl::Seconds(5);
+
 TEST(NodeMetricsTest, StopsPromptlyWithAnIdleClient) {
   std::unique_ptr<NodeMetrics> m = StartOrDie();
   ASSERT_NE(m, nullptr);
+  int port = 0;
+  ASSERT_TRUE(
+      absl::SimpleAtoi(absl::StripPrefix(m->address(), "127.0.0.1:"), &port));
   const int idle = ConnectIdle(*m);
-  absl::SleepFor(absl::Milliseconds(50));  // the server is now reading it
+  // The server has taken the idle connection and waits for its request.
+  ASSERT_TRUE(
+      WaitFor([&] { return AcceptQueue(port) == 0; }, absl::Seconds(10)))
+      << "the server did not accept the connection: " << AcceptQueue(port);
   const absl::Time start = absl::Now();
   m.reset();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_LT(absl::Now() - start, kConnectionDeadline)
+      << "the stop waited for the idle client";
   close(idle);
 }
 

@@ -32,17 +32,18 @@
 #include "core/file_util.h"
 #include "core/status.h"
 #include "gtest/gtest.h"
-#include "tests/core/run_util.h"
 #include "tests/core/test_util.h"
+#include "tests/harness/process.h"
+#include "tests/harness/run_files.h"
 
 namespace starling {
 namespace {
 
 using ::starling::testing::Field;
+using ::starling::testing::Process;
 using ::starling::testing::ReadJson;
 using ::starling::testing::TempDir;
 using ::starling::testing::TinyTextFlags;
-using ::starling::testing::WaitUntil;
 
 constexpr int kNodes = 3;
 constexpr int kPort = 7000;  // the same in every namespace
@@ -90,10 +91,10 @@ std::string FindTool(const std::string& name) {
 enum class Qdisc { kNetem, kTbf };
 
 // Network namespaces for one test: a hub with a bridge and one namespace per
-// node, linked by a veth pair (eth0 in the node, vK in the hub), plus the
-// node processes started in them. The destructor kills the processes and
-// deletes the namespaces (which deletes their interfaces), so nothing is
-// left even when an assertion ends the test early. Not thread-safe.
+// node, linked by a veth pair (eth0 in the node, vK in the hub). The
+// destructor kills what still runs in them and deletes them (which deletes
+// their interfaces), so nothing is left even when an assertion ends the
+// test early. Not thread-safe.
 class NetLab {
  public:
   NetLab(std::string ip, std::string tc)
@@ -104,10 +105,6 @@ class NetLab {
     RemoveLeftovers();
   }
   ~NetLab() {
-    for (pid_t pid : pids_) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
     for (auto it = namespaces_.rbegin(); it != namespaces_.rend(); ++it) {
       KillAndDelete(*it);
     }
@@ -207,26 +204,15 @@ class NetLab {
   }
 
   // Starts `starling ARGS` in node K's namespace, stdout and stderr to
-  // `log`. Returns its pid (`ip netns exec` and `env` exec, not fork).
-  pid_t Spawn(int k, const std::string& args, const std::string& log) {
-    const std::string cmd = absl::StrCat(
-        "exec ", ip_, " netns exec ", Node(k),
+  // `log` (`ip netns exec` and `env` exec, so the process is starling's).
+  Process Spawn(int k, const std::string& args, const std::string& log) {
+    Process::Options options;
+    options.wrapper = absl::StrCat(
+        ip_, " netns exec ", Node(k),
         " env -u http_proxy -u https_proxy -u grpc_proxy -u HTTP_PROXY"
-        " -u HTTPS_PROXY ",
-        STARLING_BINARY, " ", args, " >", log, " 2>&1 </dev/null");
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
-      _exit(127);
-    }
-    if (pid > 0) pids_.push_back(pid);
-    return pid;
-  }
-  // Waits for a process from Spawn (see WaitUntil).
-  int Wait(pid_t pid, absl::Time deadline) {
-    const int code = WaitUntil(pid, deadline);
-    pids_.erase(std::remove(pids_.begin(), pids_.end(), pid), pids_.end());
-    return code;
+        " -u HTTPS_PROXY");
+    options.stdout_to_log = true;
+    return Process::Start(args, log, options);
   }
 
   std::string Node(int k) const { return absl::StrCat(prefix_, "n", k); }
@@ -300,7 +286,6 @@ class NetLab {
   const std::string ip_, tc_, prefix_;
   const bool netns_was_mounted_;         // before this lab
   std::vector<std::string> namespaces_;  // made by this lab, in order
-  std::vector<pid_t> pids_;              // started and not yet waited for
   std::string netem_error_;
 };
 
@@ -338,13 +323,13 @@ void RunSwarm(NetLab& lab, Qdisc qdisc, double mbit, const std::string& name,
   const std::string run_id = absl::StrCat("netem-", name, "-", ::getpid(), "-",
                                           absl::ToUnixMillis(absl::Now()));
   static const std::string* model = new std::string(TinyTextFlags(60000));
-  std::vector<pid_t> pids;
+  std::vector<Process> procs;
   for (int k = 0; k < kNodes; ++k) {
     std::vector<std::string> peers;
     for (int j = 0; j < kNodes; ++j) {
       if (j != k) peers.push_back(absl::StrCat(NetLab::Address(j), ":", kPort));
     }
-    pids.push_back(lab.Spawn(
+    procs.push_back(lab.Spawn(
         k,
         absl::StrCat("node ", *model,
                      " --steps=35 --inner_steps=5 --eval_every=0 --threads=1"
@@ -354,13 +339,12 @@ void RunSwarm(NetLab& lab, Qdisc qdisc, double mbit, const std::string& name,
                      absl::StrJoin(peers, ","), " --min_members=", kNodes,
                      " --shard=", k, "/", kNodes, " --out=", dir, "/n", k),
         absl::StrCat(dir, "/n", k, ".log")));
-    ASSERT_GT(pids.back(), 0);
+    ASSERT_TRUE(procs.back().started());
   }
-  const absl::Time deadline = absl::Now() + absl::Minutes(4);
   std::vector<NodeRounds> nodes(kNodes);
   for (int k = 0; k < kNodes; ++k) {
     const std::string log = absl::StrCat(dir, "/n", k, ".log");
-    ASSERT_EQ(lab.Wait(pids[k], deadline), 0)
+    ASSERT_EQ(procs[k].Wait(absl::Minutes(4)), 0)
         << "n" << k << " at " << mbit << " Mbit/s, its log " << log << ":\n"
         << ReadFile(log).value_or("");
     auto summary = ReadJson(absl::StrCat(dir, "/n", k, "/summary.json"));

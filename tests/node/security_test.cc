@@ -9,10 +9,7 @@
 // are logged once per peer host per minute. A state transfer whose reader
 // stalls is cancelled.
 #include <grpcpp/grpcpp.h>
-#include <signal.h>
-#include <sys/wait.h>
 
-#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,22 +21,20 @@
 #include "gtest/gtest.h"
 #include "starling/peer/v1/swarm.grpc.pb.h"
 #include "tests/core/certs.h"
-#include "tests/core/run_util.h"
+#include "tests/harness/node_group.h"
+#include "tests/harness/process.h"
+#include "tests/harness/run_files.h"
+#include "tests/harness/wait.h"
 
 namespace starling {
 namespace {
 
 using ::starling::testing::Field;
-using ::starling::testing::ListenAddress;
 using ::starling::testing::MakeCa;
 using ::starling::testing::MakeCert;
-using ::starling::testing::ReadJson;
-using ::starling::testing::RunStarling;
+using ::starling::testing::NodeGroup;
 using ::starling::testing::Sh;
-using ::starling::testing::SpawnStarling;
-using ::starling::testing::TempDir;
 using ::starling::testing::TinyTextFlags;
-using ::starling::testing::WaitUntil;
 
 std::string TlsFlags(const std::string& dir, const std::string& name,
                      const std::string& ca_file) {
@@ -47,34 +42,24 @@ std::string TlsFlags(const std::string& dir, const std::string& name,
                       "/", name, ".key --tls_ca=", dir, "/", ca_file);
 }
 
-// Runs nodes of one small run in a temporary directory.
+// Runs nodes of one small run (run id "tls") in a temporary directory,
+// which also holds the test's certificates and token files.
 class SecurityTest : public ::testing::Test {
  protected:
-  std::string Node(const std::string& id, int steps) const {
-    return absl::StrCat("node ", TinyTextFlags(60000), " --steps=", steps,
-                        " --inner_steps=10 --shard_mode=contiguous --threads=1"
-                        " --eval_every=0 --suspect_timeout=2 --run_id=tls"
-                        " --listen=127.0.0.1:0 --node_id=",
-                        id, " --out=", dir_, "/", id);
-  }
-  std::string Log(const std::string& id) const {
-    return absl::StrCat(dir_, "/", id, ".log");
-  }
   // Waits for members n0 and n1 to exit 0 with the same final model.
-  void ExpectBothFinishWithOneModel(pid_t n0, pid_t n1) const {
-    EXPECT_EQ(WaitUntil(n0, absl::Now() + absl::Seconds(120)), 0)
-        << ReadFile(Log("n0")).value_or("");
-    EXPECT_EQ(WaitUntil(n1, absl::Now() + absl::Seconds(60)), 0)
-        << ReadFile(Log("n1")).value_or("");
-    EXPECT_FALSE(FinalHash("n0").empty());
-    EXPECT_EQ(FinalHash("n0"), FinalHash("n1"));
-  }
-  std::string FinalHash(const std::string& id) const {
-    auto s = ReadJson(absl::StrCat(dir_, "/", id, "/summary.json"));
-    return Field(Field(s, "final").struct_value(), "model_hash").string_value();
+  void ExpectBothFinishWithOneModel() {
+    EXPECT_EQ(nodes_.Wait("n0", absl::Seconds(120)), 0) << nodes_.LogText("n0");
+    EXPECT_EQ(nodes_.Wait("n1", absl::Seconds(60)), 0) << nodes_.LogText("n1");
+    EXPECT_FALSE(nodes_.FinalHash("n0").empty());
+    EXPECT_EQ(nodes_.FinalHash("n0"), nodes_.FinalHash("n1"));
   }
 
-  std::string dir_ = TempDir();
+  NodeGroup nodes_{"tls", absl::StrCat(TinyTextFlags(60000),
+                                       " --inner_steps=10"
+                                       " --shard_mode=contiguous --threads=1"
+                                       " --eval_every=0 --suspect_timeout=2"
+                                       " --run_id=tls")};
+  const std::string dir_ = nodes_.dir();
 };
 
 class TlsTest : public SecurityTest {
@@ -100,40 +85,35 @@ class TlsTest : public SecurityTest {
 // both are refused, and the two members finish with the same model.
 TEST_F(TlsTest, SwarmRefusesUntrustedAndPlaintextPeersAndTrainsOn) {
   const std::string mtls = " --tls_require_client_cert";
-  pid_t n0 = SpawnStarling(
-      absl::StrCat(Node("n0", 300), " --min_members=2 --shard=0/2",
-                   TlsFlags(dir_, "n0", "swarm-ca.pem"), mtls),
-      Log("n0"));
-  const std::string seed = ListenAddress(Log("n0"), absl::Seconds(60));
-  ASSERT_FALSE(seed.empty()) << ReadFile(Log("n0")).value_or("");
-  pid_t n1 =
-      SpawnStarling(absl::StrCat(Node("n1", 300), " --shard=1/2 --peers=", seed,
-                                 TlsFlags(dir_, "n1", "swarm-ca.pem"), mtls),
-                    Log("n1"));
-  ASSERT_TRUE(::starling::testing::WaitForText(
-      absl::StrCat(dir_, "/n1/events.jsonl"), "\"event\":\"round\"",
-      absl::Seconds(60)))
-      << ReadFile(Log("n1")).value_or("");
+  nodes_.Start("n0", absl::StrCat("--steps=300 --min_members=2 --shard=0/2",
+                                  TlsFlags(dir_, "n0", "swarm-ca.pem"), mtls));
+  ASSERT_FALSE(nodes_.Address("n0").empty());
+  nodes_.Start("n1",
+               absl::StrCat("--steps=300 --shard=1/2",
+                            TlsFlags(dir_, "n1", "swarm-ca.pem"), mtls),
+               "n0");
+  ASSERT_TRUE(nodes_.WaitForEvent("n1", "\"event\":\"round\""))
+      << nodes_.LogText("n1");
 
-  auto intruder = RunStarling(absl::StrCat(
-      Node("intruder", 300), " --shard=1/2 --connect_timeout=5",
-      " --peers=", seed, TlsFlags(dir_, "intruder", "both-ca.pem"), mtls));
+  auto intruder =
+      nodes_.Run("intruder",
+                 absl::StrCat("--steps=300 --shard=1/2 --connect_timeout=5",
+                              TlsFlags(dir_, "intruder", "both-ca.pem"), mtls),
+                 "n0");
   EXPECT_NE(intruder.exit_code, 0) << intruder.err;
   EXPECT_NE(intruder.err.find("cannot reach any of --peers"), std::string::npos)
       << intruder.err;
-  auto plain = RunStarling(absl::StrCat(Node("plain", 300),
-                                        " --shard=1/2 --connect_timeout=5",
-                                        " --peers=", seed, " --insecure"));
+  auto plain = nodes_.Run(
+      "plain", "--steps=300 --shard=1/2 --connect_timeout=5 --insecure", "n0");
   EXPECT_NE(plain.exit_code, 0) << plain.err;
   EXPECT_NE(plain.err.find("cannot reach any of --peers"), std::string::npos)
       << plain.err;
 
-  ExpectBothFinishWithOneModel(n0, n1);
-  const std::string events0 = ReadFile(dir_ + "/n0/events.jsonl").value_or("");
+  ExpectBothFinishWithOneModel();
+  const std::string events0 = ReadFile(nodes_.EventsPath("n0")).value_or("");
   EXPECT_EQ(events0.find("intruder"), std::string::npos);
   EXPECT_EQ(events0.find("plain"), std::string::npos);
-  EXPECT_NE(ReadFile(Log("n0")).value_or("").find("peer traffic uses TLS "
-                                                  "(mutual)"),
+  EXPECT_NE(nodes_.LogText("n0").find("peer traffic uses TLS (mutual)"),
             std::string::npos);
 }
 
@@ -154,24 +134,21 @@ TEST_F(TlsTest, OneSwarmCertificateWithServerName) {
                  "-out shared.pem"));
   const std::string tls = absl::StrCat(TlsFlags(dir_, "shared", "swarm-ca.pem"),
                                        " --tls_require_client_cert");
-  pid_t n0 =
-      SpawnStarling(absl::StrCat(Node("n0", 60), " --min_members=2 --shard=0/2",
-                                 tls, " --tls_server_name=starling-peers"),
-                    Log("n0"));
-  const std::string seed = ListenAddress(Log("n0"), absl::Seconds(60));
-  ASSERT_FALSE(seed.empty()) << ReadFile(Log("n0")).value_or("");
-  auto unnamed = RunStarling(
-      absl::StrCat(Node("unnamed", 60),
-                   " --shard=1/2 --connect_timeout=3 --peers=", seed, tls));
+  nodes_.Start("n0", absl::StrCat("--steps=60 --min_members=2 --shard=0/2", tls,
+                                  " --tls_server_name=starling-peers"));
+  ASSERT_FALSE(nodes_.Address("n0").empty());
+  auto unnamed = nodes_.Run(
+      "unnamed",
+      absl::StrCat("--steps=60 --shard=1/2 --connect_timeout=3", tls), "n0");
   EXPECT_NE(unnamed.exit_code, 0) << unnamed.err;
-  auto n1 =
-      RunStarling(absl::StrCat(Node("n1", 60), " --shard=1/2 --peers=", seed,
-                               tls, " --tls_server_name=starling-peers"));
+  auto n1 = nodes_.Run("n1",
+                       absl::StrCat("--steps=60 --shard=1/2", tls,
+                                    " --tls_server_name=starling-peers"),
+                       "n0");
   EXPECT_EQ(n1.exit_code, 0) << n1.err;
-  EXPECT_EQ(WaitUntil(n0, absl::Now() + absl::Seconds(60)), 0)
-      << ReadFile(Log("n0")).value_or("");
-  EXPECT_FALSE(FinalHash("n0").empty());
-  EXPECT_EQ(FinalHash("n0"), FinalHash("n1"));
+  EXPECT_EQ(nodes_.Wait("n0", absl::Seconds(60)), 0) << nodes_.LogText("n0");
+  EXPECT_FALSE(nodes_.FinalHash("n0").empty());
+  EXPECT_EQ(nodes_.FinalHash("n0"), nodes_.FinalHash("n1"));
 }
 
 // With --tls_bind_node_ids a member is who its certificate says.
@@ -186,29 +163,44 @@ class BoundIdsTest : public TlsTest {
     ASSERT_TRUE(MakeCert(dir_, "n2", "swarm"));
     const std::string bound = absl::StrCat(
         " --algo=", algo, " --tls_require_client_cert --tls_bind_node_ids");
-    auto own = RunStarling(absl::StrCat(
-        Node("n1", 60), TlsFlags(dir_, "n2", "swarm-ca.pem"), bound));
+    auto own = nodes_.Run(
+        "n1", absl::StrCat("--steps=60", TlsFlags(dir_, "n2", "swarm-ca.pem"),
+                           bound));
     EXPECT_EQ(own.exit_code, 2) << own.err;
     EXPECT_NE(own.err.find("but not this node's id \"n1\""), std::string::npos)
         << own.err;
 
-    pid_t n0 = SpawnStarling(
-        absl::StrCat(Node("n0", 300), " --min_members=2 --shard=0/2",
-                     TlsFlags(dir_, "n0", "swarm-ca.pem"), bound),
-        Log("n0"));
-    const std::string seed = ListenAddress(Log("n0"), absl::Seconds(60));
-    ASSERT_FALSE(seed.empty()) << ReadFile(Log("n0")).value_or("");
+    nodes_.Start("n0",
+                 absl::StrCat("--steps=300 --min_members=2 --shard=0/2",
+                              TlsFlags(dir_, "n0", "swarm-ca.pem"), bound));
+    const std::string seed = nodes_.Address("n0");
+    ASSERT_FALSE(seed.empty());
     // The impostor does not bind ids itself: n0's check is what refuses it.
-    auto impostor = RunStarling(absl::StrCat(
-        Node("n1", 300), " --algo=", algo,
-        " --shard=1/2 --connect_timeout=20 --peers=", seed,
-        TlsFlags(dir_, "n2", "swarm-ca.pem"), " --tls_require_client_cert"));
+    auto impostor = nodes_.Run(
+        "n1",
+        absl::StrCat(
+            "--steps=300 --algo=", algo, " --shard=1/2 --connect_timeout=20",
+            TlsFlags(dir_, "n2", "swarm-ca.pem"), " --tls_require_client_cert"),
+        "n0");
     EXPECT_NE(impostor.exit_code, 0) << impostor.err;
     EXPECT_NE(impostor.err.find("refused this node: a join as member \"n1\" "
                                 "from a caller whose certificate names \"n2\""),
               std::string::npos)
         << impostor.err;
+    ExpectCallsAsN1Refused(algo, seed);
 
+    nodes_.Start("n1",
+                 absl::StrCat("--steps=300 --shard=1/2",
+                              TlsFlags(dir_, "n1", "swarm-ca.pem"), bound),
+                 "n0");
+    EXPECT_EQ(nodes_.Wait("n0", absl::Seconds(120)), 0) << nodes_.LogText("n0");
+    EXPECT_EQ(nodes_.Wait("n1", absl::Seconds(60)), 0) << nodes_.LogText("n1");
+  }
+
+  // Gossip, a round message and (for gossip) a push that n2, with its own
+  // certificate, sends to n0 at `seed` as n1: each refused.
+  void ExpectCallsAsN1Refused(const std::string& algo,
+                              const std::string& seed) {
     grpc::SslCredentialsOptions tls;
     tls.pem_root_certs = ReadFile(dir_ + "/swarm-ca.pem").value_or("");
     tls.pem_cert_chain = ReadFile(dir_ + "/n2.pem").value_or("");
@@ -251,12 +243,9 @@ class BoundIdsTest : public TlsTest {
       expect_refused(stub->Control(&ctx, ready, &ack), "a round message");
     }
     if (algo == "gossip") {
-      // A well-formed push of the model's size ("N parameters" in the log).
-      const std::string log = ReadFile(Log("n0")).value_or("");
-      const size_t at = log.find(" parameters");
-      ASSERT_NE(at, std::string::npos) << log;
-      const size_t begin = log.rfind(' ', at - 1) + 1;
-      const int64_t n = std::stoll(log.substr(begin, at - begin));
+      // A well-formed push of the model's size.
+      const int64_t n = nodes_.Parameters("n0");
+      ASSERT_GT(n, 0);
       std::vector<float> values(static_cast<size_t>(n), 0.01f);
       peer::v1::PushChunk c;
       c.set_run_id("tls");
@@ -275,26 +264,18 @@ class BoundIdsTest : public TlsTest {
       writer->WritesDone();
       expect_refused(writer->Finish(), "a push");
     }
-
-    pid_t n1 = SpawnStarling(
-        absl::StrCat(Node("n1", 300), " --shard=1/2 --peers=", seed,
-                     TlsFlags(dir_, "n1", "swarm-ca.pem"), bound),
-        Log("n1"));
-    EXPECT_EQ(WaitUntil(n0, absl::Now() + absl::Seconds(120)), 0)
-        << ReadFile(Log("n0")).value_or("");
-    EXPECT_EQ(WaitUntil(n1, absl::Now() + absl::Seconds(60)), 0)
-        << ReadFile(Log("n1")).value_or("");
   }
 };
 
 TEST_F(BoundIdsTest, DilocoRefusesCallsUnderAnotherMembersId) {
   ImpostorsAreRefused("diloco");
-  EXPECT_FALSE(FinalHash("n0").empty());
-  EXPECT_EQ(FinalHash("n0"), FinalHash("n1"));
+  EXPECT_FALSE(nodes_.FinalHash("n0").empty());
+  EXPECT_EQ(nodes_.FinalHash("n0"), nodes_.FinalHash("n1"));
   // ddp has ranks, not ids, to bind.
-  auto ddp = RunStarling(absl::StrCat(
-      Node("n0", 60), " --algo=ddp", TlsFlags(dir_, "n0", "swarm-ca.pem"),
-      " --tls_require_client_cert --tls_bind_node_ids"));
+  auto ddp = nodes_.Run(
+      "n0", absl::StrCat("--steps=60 --algo=ddp",
+                         TlsFlags(dir_, "n0", "swarm-ca.pem"),
+                         " --tls_require_client_cert --tls_bind_node_ids"));
   EXPECT_EQ(ddp.exit_code, 2) << ddp.err;
   EXPECT_NE(ddp.err.find("--algo=ddp has no node ids"), std::string::npos)
       << ddp.err;
@@ -330,11 +311,11 @@ std::vector<std::pair<std::string, std::string>> BadTlsFlags(
 // with a message naming the flag or file; --insecure says so in the log.
 TEST_F(TlsTest, BadTlsFlagsAreRefusedByName) {
   for (const auto& [flags, want] : BadTlsFlags(dir_)) {
-    auto r = RunStarling(absl::StrCat(Node("bad", 10), flags));
+    auto r = nodes_.Run("bad", absl::StrCat("--steps=10", flags));
     EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.err;
     EXPECT_NE(r.err.find(want), std::string::npos) << flags << "\n" << r.err;
   }
-  auto ok = RunStarling(absl::StrCat(Node("plain", 10), " --insecure"));
+  auto ok = nodes_.Run("plain", "--steps=10 --insecure");
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
   EXPECT_NE(ok.err.find("--insecure: peer traffic is plaintext"),
             std::string::npos)
@@ -347,35 +328,28 @@ TEST_F(TlsTest, BadTlsFlagsAreRefusedByName) {
 TEST_F(TlsTest, SimChecksTlsFilesBeforeAnyNodeStarts) {
   const std::string out = dir_ + "/sim";
   const std::string sim =
-      absl::StrCat("sim --nodes=2 --steps=20 ", TinyTextFlags(300000),
+      absl::StrCat("--nodes=2 --steps=20 ", TinyTextFlags(300000),
                    " --inner_steps=10 --eval_every=0");
   // The sim adds --insecure only when no --tls_* flag is given.
   for (const auto& [flags, want] : BadTlsFlags(dir_)) {
     if (flags.empty() || flags.find("--insecure") != std::string::npos) {
       continue;
     }
-    auto r = RunStarling(absl::StrCat(sim, flags, " --out=", out));
-    EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.err;
-    EXPECT_NE(r.err.find(want), std::string::npos) << flags << "\n" << r.err;
-    EXPECT_EQ(r.err.find("failed (exit 2)"), std::string::npos) << r.err;
-    EXPECT_FALSE(FileExists(out)) << flags;
+    testing::ExpectSimRefused(sim + flags, out, want);
   }
   // One certificate for all cannot name each node.
-  auto bound = RunStarling(absl::StrCat(
-      sim, TlsFlags(dir_, "n0", "swarm-ca.pem"),
-      " --tls_require_client_cert --tls_bind_node_ids --out=", out));
-  EXPECT_EQ(bound.exit_code, 2) << bound.err;
-  EXPECT_NE(bound.err.find("use it with starling node"), std::string::npos)
-      << bound.err;
-  EXPECT_FALSE(FileExists(out));
-  auto ok = RunStarling(absl::StrCat(sim, TlsFlags(dir_, "n0", "swarm-ca.pem"),
-                                     " --tls_require_client_cert --out=", out));
-  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  testing::ExpectSimRefused(
+      absl::StrCat(sim, TlsFlags(dir_, "n0", "swarm-ca.pem"),
+                   " --tls_require_client_cert --tls_bind_node_ids"),
+      out, "use it with starling node");
+  auto summary = testing::RunToSummary(
+      absl::StrCat("sim ", sim, TlsFlags(dir_, "n0", "swarm-ca.pem"),
+                   " --tls_require_client_cert"),
+      out);
   EXPECT_NE(ReadFile(out + "/n1/node.log")
                 .value_or("")
                 .find("peer traffic uses TLS (mutual)"),
             std::string::npos);
-  auto summary = ReadJson(out + "/summary.json");
   EXPECT_TRUE(Field(Field(summary, "final").struct_value(), "all_hashes_agree")
                   .bool_value());
 }
@@ -384,9 +358,10 @@ constexpr char kToken[] = "7f3a9c0e5b2d4f6a8c1e3b5d7f9a0c2e";
 
 class JoinTokenTest : public SecurityTest {
  protected:
-  // A node with plaintext peer traffic: the token alone admits it.
-  std::string Plain(const std::string& id, int steps) const {
-    return Node(id, steps) + " --insecure";
+  // Flags of a node of `steps` steps with plaintext peer traffic: the token
+  // alone admits it.
+  static std::string Plain(int steps) {
+    return absl::StrCat("--steps=", steps, " --insecure");
   }
   void SetUp() override {
     ASSERT_TRUE(
@@ -418,30 +393,27 @@ grpc::Status ControlWithProof(const std::string& address,
 TEST_F(JoinTokenTest, OnlyTokenHoldersJoinAndReplaysAreRefused) {
   const std::string token = " --join_token_file=" + dir_ + "/token";
   const absl::Time start = absl::Now();
-  pid_t n0 = SpawnStarling(
-      absl::StrCat(Plain("n0", 6000), " --min_members=2 --shard=0/2", token),
-      Log("n0"));
-  const std::string seed = ListenAddress(Log("n0"), absl::Seconds(60));
-  ASSERT_FALSE(seed.empty()) << ReadFile(Log("n0")).value_or("");
-  pid_t n1 = SpawnStarling(
-      absl::StrCat(Plain("n1", 6000), " --shard=1/2 --peers=", seed, token),
-      Log("n1"));
-  ASSERT_TRUE(::starling::testing::WaitForText(
-      absl::StrCat(dir_, "/n1/events.jsonl"), "\"event\":\"round\"",
-      absl::Seconds(60)))
-      << ReadFile(Log("n1")).value_or("");
+  nodes_.Start(
+      "n0", absl::StrCat(Plain(6000), " --min_members=2 --shard=0/2", token));
+  const std::string seed = nodes_.Address("n0");
+  ASSERT_FALSE(seed.empty());
+  nodes_.Start("n1", absl::StrCat(Plain(6000), " --shard=1/2", token), "n0");
+  ASSERT_TRUE(nodes_.WaitForEvent("n1", "\"event\":\"round\""))
+      << nodes_.LogText("n1");
 
   // No token, and a wrong one: refused at once, saying why.
-  auto none = RunStarling(absl::StrCat(Plain("none", 300),
-                                       " --shard=1/2 --connect_timeout=20",
-                                       " --peers=", seed));
+  auto none = nodes_.Run(
+      "none", absl::StrCat(Plain(300), " --shard=1/2 --connect_timeout=20"),
+      "n0");
   EXPECT_NE(none.exit_code, 0) << none.err;
   EXPECT_NE(none.err.find("refused this node's credentials: no join token"),
             std::string::npos)
       << none.err;
-  auto wrong = RunStarling(absl::StrCat(
-      Plain("wrong", 300), " --shard=1/2 --connect_timeout=20",
-      " --peers=", seed, " --join_token_file=", dir_, "/wrong.token"));
+  auto wrong =
+      nodes_.Run("wrong",
+                 absl::StrCat(Plain(300), " --shard=1/2 --connect_timeout=20",
+                              " --join_token_file=", dir_, "/wrong.token"),
+                 "n0");
   EXPECT_NE(wrong.exit_code, 0) << wrong.err;
   EXPECT_NE(wrong.err.find("wrong join token"), std::string::npos) << wrong.err;
 
@@ -469,13 +441,13 @@ TEST_F(JoinTokenTest, OnlyTokenHoldersJoinAndReplaysAreRefused) {
               grpc::StatusCode::UNAUTHENTICATED);
   }
 
-  ExpectBothFinishWithOneModel(n0, n1);
-  const std::string events0 = ReadFile(dir_ + "/n0/events.jsonl").value_or("");
+  ExpectBothFinishWithOneModel();
+  const std::string events0 = ReadFile(nodes_.EventsPath("n0")).value_or("");
   EXPECT_EQ(events0.find("\"none\""), std::string::npos);
   EXPECT_EQ(events0.find("\"wrong\""), std::string::npos);
 
   // 44+ refusals from 127.0.0.1: one log line per started minute at most.
-  const std::string log0 = ReadFile(Log("n0")).value_or("");
+  const std::string log0 = nodes_.LogText("n0");
   int lines = 0;
   for (absl::string_view line : absl::StrSplit(log0, '\n')) {
     if (absl::StrContains(line, "refused an unauthenticated")) ++lines;
@@ -495,8 +467,8 @@ TEST_F(JoinTokenTest, BadTokenFilesAreRefusedByName) {
        std::vector<std::pair<std::string, std::string>>{
            {dir_ + "/missing", "--join_token_file=" + dir_ + "/missing"},
            {dir_ + "/short", "at least 16"}}) {
-    auto r = RunStarling(
-        absl::StrCat(Plain("bad", 10), " --join_token_file=", file));
+    auto r =
+        nodes_.Run("bad", absl::StrCat(Plain(10), " --join_token_file=", file));
     EXPECT_EQ(r.exit_code, 2) << file << "\n" << r.err;
     EXPECT_NE(r.err.find(want), std::string::npos) << file << "\n" << r.err;
   }
@@ -507,10 +479,9 @@ TEST_F(JoinTokenTest, BadTokenFilesAreRefusedByName) {
 // the node trains on.
 TEST_F(JoinTokenTest, AFloodIsRateLimitedAndTheNodeTrainsOn) {
   const absl::Time start = absl::Now();
-  pid_t n0 = SpawnStarling(
-      absl::StrCat(Plain("n0", 3000), " --peer_rate_limit=10"), Log("n0"));
-  const std::string address = ListenAddress(Log("n0"), absl::Seconds(60));
-  ASSERT_FALSE(address.empty()) << ReadFile(Log("n0")).value_or("");
+  nodes_.Start("n0", absl::StrCat(Plain(3000), " --peer_rate_limit=10"));
+  const std::string address = nodes_.Address("n0");
+  ASSERT_FALSE(address.empty());
   int admitted = 0, limited = 0;
   for (int i = 0; i < 100; ++i) {
     const grpc::Status s = ControlWithProof(address, "");
@@ -519,9 +490,8 @@ TEST_F(JoinTokenTest, AFloodIsRateLimitedAndTheNodeTrainsOn) {
   }
   EXPECT_GE(admitted, 20);  // the burst, and the rate since
   EXPECT_GE(limited, 50);
-  EXPECT_EQ(WaitUntil(n0, absl::Now() + absl::Seconds(120)), 0)
-      << ReadFile(Log("n0")).value_or("");
-  const std::string log0 = ReadFile(Log("n0")).value_or("");
+  EXPECT_EQ(nodes_.Wait("n0", absl::Seconds(120)), 0) << nodes_.LogText("n0");
+  const std::string log0 = nodes_.LogText("n0");
   int lines = 0;
   for (absl::string_view line : absl::StrSplit(log0, '\n')) {
     if (absl::StrContains(line, "rate limit: 127.0.0.1")) ++lines;
@@ -535,14 +505,12 @@ TEST_F(JoinTokenTest, AFloodIsRateLimitedAndTheNodeTrainsOn) {
 // reading. n0 cancels the transfer after --stream_idle_timeout and trains
 // on.
 TEST_F(SecurityTest, AStalledStateTransferIsCancelled) {
-  pid_t n0 = SpawnStarling(
-      absl::StrCat(Node("n0", 3000),
-                   " --insecure --stream_idle_timeout=1 --chunk_bytes=1024"),
-      Log("n0"));
-  const std::string address = ListenAddress(Log("n0"), absl::Seconds(60));
-  ASSERT_FALSE(address.empty()) << ReadFile(Log("n0")).value_or("");
-  ASSERT_TRUE(testing::WaitForText(dir_ + "/n0/events.jsonl",
-                                   "\"event\":\"round\"", absl::Seconds(60)));
+  nodes_.Start("n0",
+               "--steps=3000 --insecure --stream_idle_timeout=1"
+               " --chunk_bytes=1024");
+  const std::string address = nodes_.Address("n0");
+  ASSERT_FALSE(address.empty());
+  ASSERT_TRUE(nodes_.WaitForEvent("n0", "\"event\":\"round\""));
   // 1 KiB chunks and a small receive window, so that n0 has to wait for
   // this reader.
   grpc::ChannelArguments args;
@@ -561,18 +529,18 @@ TEST_F(SecurityTest, AStalledStateTransferIsCancelled) {
   const int64_t total = chunk.total_bytes();
   int64_t got = static_cast<int64_t>(chunk.data().size());
   ASSERT_LT(got, total) << "the state fits one chunk: nothing to stall";
-  absl::SleepFor(absl::Seconds(4));
+  // Reads nothing more until n0 has given up on this reader.
+  const std::string cancelled =
+      "cancelled a FetchState stream from 127.0.0.1: it carried no message "
+      "for 1s";
+  EXPECT_TRUE(
+      testing::WaitForText(nodes_.Log("n0"), cancelled, absl::Seconds(60)))
+      << nodes_.LogText("n0");
   while (reader->Read(&chunk)) got += static_cast<int64_t>(chunk.data().size());
   const grpc::Status s = reader->Finish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
   EXPECT_LT(got, total);
-  EXPECT_EQ(WaitUntil(n0, absl::Now() + absl::Seconds(120)), 0)
-      << ReadFile(Log("n0")).value_or("");
-  EXPECT_NE(ReadFile(Log("n0")).value_or("").find(
-                "cancelled a FetchState stream from 127.0.0.1: it carried no "
-                "message for 1s"),
-            std::string::npos)
-      << ReadFile(Log("n0")).value_or("");
+  EXPECT_EQ(nodes_.Wait("n0", absl::Seconds(120)), 0) << nodes_.LogText("n0");
 }
 
 }  // namespace

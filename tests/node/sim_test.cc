@@ -1,8 +1,6 @@
 // Integration tests of `starling sim` and `starling node` as real processes
 // on loopback: model agreement every round, byte accounting, failures.
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -12,18 +10,21 @@
 #include "absl/time/clock.h"
 #include "core/file_util.h"
 #include "gtest/gtest.h"
-#include "tests/core/run_util.h"
 #include "tests/core/test_util.h"
+#include "tests/harness/process.h"
+#include "tests/harness/run_files.h"
+#include "tests/harness/wait.h"
 
 namespace starling {
 namespace {
 
 using ::starling::testing::Field;
 using ::starling::testing::ListenAddress;
+using ::starling::testing::Process;
 using ::starling::testing::ReadJson;
 using ::starling::testing::RunStarling;
-using ::starling::testing::SpawnStarling;
 using ::starling::testing::TempDir;
+using ::starling::testing::WaitForText;
 
 std::string TinyFlags() {
   static const std::string* flags = new std::string(
@@ -212,26 +213,20 @@ TEST(SimTest, BadNodeFlagFailsBeforeAnyNodeStarts) {
         "--round_timeout=-1", "--connect_timeout=0", "--round_deadline=0",
         "--suspect_timeout=-2", "--gossip_timeout=0", "--gossip_outer_lr=0",
         "--gossip_momentum=1", "--found_after=-1", "--snapshot_every=-3"}) {
-    auto r = RunStarling(
-        absl::StrCat("sim --nodes=2 --steps=10 ", flag, " --out=", out));
-    EXPECT_EQ(r.exit_code, 2) << flag << "\n" << r.err;
-    EXPECT_NE(r.err.find(flag), std::string::npos) << flag << "\n" << r.err;
-    EXPECT_EQ(r.err.find("failed (exit 2)"), std::string::npos) << r.err;
-    EXPECT_FALSE(FileExists(out)) << flag;
+    testing::ExpectSimRefused(absl::StrCat("--nodes=2 --steps=10 ", flag), out,
+                              flag);
   }
 }
 
 // Starts a 3-node sim that would run for long into `out` and waits for its
 // first round.
-pid_t StartLongSim(const std::string& out) {
-  pid_t pid =
-      testing::SpawnStarling(absl::StrCat("sim --nodes=3 --steps=100000 ",
-                                          TinyFlags(), " --out=", out),
-                             out + ".err");
-  EXPECT_GT(pid, 0);
-  EXPECT_TRUE(testing::WaitForText(out + "/n2/events.jsonl",
-                                   "\"event\":\"round\"", absl::Seconds(60)));
-  return pid;
+Process StartLongSim(const std::string& out) {
+  Process sim = Process::Start(absl::StrCat("sim --nodes=3 --steps=100000 ",
+                                            TinyFlags(), " --out=", out),
+                               out + ".err");
+  EXPECT_TRUE(WaitForText(out + "/n2/events.jsonl", "\"event\":\"round\"",
+                          absl::Seconds(60)));
+  return sim;
 }
 
 // Whether a node process of the sim writing into `out` is running.
@@ -244,9 +239,9 @@ bool NodesRunning(const std::string& out) {
 
 TEST(SimTest, CtrlCStopsEveryNode) {
   const std::string out = TempDir() + "/interrupted";
-  pid_t pid = StartLongSim(out);
-  ASSERT_GT(pid, 0);
-  EXPECT_EQ(testing::InterruptAndWait(pid), 1);
+  Process sim = StartLongSim(out);
+  ASSERT_TRUE(sim.started());
+  EXPECT_EQ(sim.Interrupt(), 1);
   EXPECT_NE(ReadFile(out + ".err")->find("interrupted"), std::string::npos);
   EXPECT_FALSE(NodesRunning(out)) << "a node outlived the sim";
 }
@@ -257,21 +252,21 @@ TEST(SimTest, CtrlCStopsEveryNode) {
 // once, and each leaves with a checkpoint.
 TEST(SimTest, ASecondCtrlCLeavesAtOnce) {
   const std::string out = TempDir() + "/stuck";
-  pid_t pid = testing::SpawnStarling(
-      absl::StrCat("sim --nodes=2 --steps=100000 ", TinyFlags(),
-                   " --link_bandwidth_mbps=0.005 --out=", out),
-      out + ".err");
-  ASSERT_GT(pid, 0);
+  Process sim =
+      Process::Start(absl::StrCat("sim --nodes=2 --steps=100000 ", TinyFlags(),
+                                  " --link_bandwidth_mbps=0.005 --out=", out),
+                     out + ".err");
+  ASSERT_TRUE(sim.started());
   // Logged as the round's first message goes out.
-  ASSERT_TRUE(testing::WaitForText(out + "/n0/node.log", "tensor message to",
-                                   absl::Seconds(60)));
+  ASSERT_TRUE(WaitForText(out + "/n0/node.log", "tensor message to",
+                          absl::Seconds(60)));
   // The sim's line says what the run waits for, from 5 s into the exchange.
-  EXPECT_TRUE(testing::WaitForText(out + ".err", "| exchanging round 1 for ",
-                                   absl::Seconds(30)));
-  ASSERT_EQ(::kill(pid, SIGINT), 0);
-  EXPECT_TRUE(testing::WaitForText(out + ".err", "stopping all nodes",
-                                   absl::Seconds(10)));
-  ASSERT_EQ(testing::InterruptAndWait(pid), 1);
+  EXPECT_TRUE(WaitForText(out + ".err", "| exchanging round 1 for ",
+                          absl::Seconds(30)));
+  sim.Signal(SIGINT);
+  EXPECT_TRUE(
+      WaitForText(out + ".err", "stopping all nodes", absl::Seconds(10)));
+  ASSERT_EQ(sim.Interrupt(), 1);
   const std::string err = ReadFile(out + ".err").value_or("");
   EXPECT_NE(err.find("telling the nodes to leave at once"), std::string::npos)
       << err;
@@ -330,17 +325,13 @@ TEST(SimTest, ALinkTooSlowForTheRunFailsNamingIt) {
 // with it, rather than run on, holding ports and writing into the run.
 TEST(SimTest, KilledSimTakesItsNodesWithIt) {
   const std::string out = TempDir() + "/killed";
-  pid_t pid = StartLongSim(out);
-  ASSERT_GT(pid, 0);
-  ASSERT_EQ(::kill(pid, SIGKILL), 0);
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  bool left = true;
-  for (int i = 0; i < 100 && left; ++i) {
-    left = NodesRunning(out);
-    if (left) absl::SleepFor(absl::Milliseconds(100));
-  }
-  EXPECT_FALSE(left) << "a node outlived the killed sim";
+  Process sim = StartLongSim(out);
+  ASSERT_TRUE(sim.started());
+  sim.Signal(SIGKILL);
+  ASSERT_EQ(sim.Wait(), 128 + SIGKILL);
+  EXPECT_TRUE(testing::WaitFor([&] { return !NodesRunning(out); },
+                               absl::Seconds(10), absl::Milliseconds(100)))
+      << "a node outlived the killed sim";
 }
 
 // A node killed from outside (kill -9, the kernel's out-of-memory killer)
@@ -348,14 +339,12 @@ TEST(SimTest, KilledSimTakesItsNodesWithIt) {
 // sends SIGKILL, not just "exit 137".
 TEST(SimTest, ANodeKilledBySignalIsNamedWithTheSignal) {
   const std::string out = TempDir() + "/oom";
-  pid_t pid = StartLongSim(out);
-  ASSERT_GT(pid, 0);
+  Process sim = StartLongSim(out);
+  ASSERT_TRUE(sim.started());
   const std::string kill_n1 =
       absl::StrCat("pkill -KILL -f -- '[-]-out=", out, "/n1 '");
   ASSERT_EQ(std::system(kill_n1.c_str()), 0);
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  EXPECT_EQ(sim.Wait(), 1);
   const std::string err = ReadFile(out + ".err").value_or("");
   EXPECT_NE(err.find("node n1 was killed by signal 9 ("), std::string::npos)
       << err;
@@ -381,12 +370,12 @@ TEST_P(ResumeTest, InterruptedThenResumedEqualsAStraightRun) {
   ASSERT_EQ(straight.exit_code, 0) << straight.err;
 
   const std::string out = dir + "/cut";
-  pid_t pid = testing::SpawnStarling(absl::StrCat(flags, " --out=", out),
-                                     dir + "/cut.err");
-  ASSERT_GT(pid, 0);
-  EXPECT_TRUE(testing::WaitForText(out + "/n0/events.jsonl", "\"round\":5,",
-                                   absl::Seconds(30)));
-  ASSERT_EQ(testing::InterruptAndWait(pid), 1) << *ReadFile(dir + "/cut.err");
+  Process cut =
+      Process::Start(absl::StrCat(flags, " --out=", out), dir + "/cut.err");
+  ASSERT_TRUE(cut.started());
+  EXPECT_TRUE(
+      WaitForText(out + "/n0/events.jsonl", "\"round\":5,", absl::Seconds(30)));
+  ASSERT_EQ(cut.Interrupt(), 1) << cut.LogText();
   auto resumed = RunStarling(absl::StrCat(flags, " --out=", out, " --resume"));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
 
@@ -716,22 +705,20 @@ TEST(NodeTest, MismatchedModelsRefuseEachOther) {
   // So does it for error feedback, which adds a round (the residual flush)
   // that only one side would run.
   // Both listen on port 0, so no other process can hold their ports.
-  pid_t a =
-      SpawnStarling(absl::StrCat("node --insecure --listen=127.0.0.1:0 "
-                                 "--min_members=2 "
-                                 "--connect_timeout=60 --compression=int4 ",
-                                 TinyFlags(), " --steps=5 --out=", dir, "/a"),
-                    dir + "/a.log");
-  const std::string address = ListenAddress(dir + "/a.log", absl::Seconds(60));
-  ASSERT_FALSE(address.empty()) << ReadFile(dir + "/a.log").value_or("");
+  Process a =
+      Process::Start(absl::StrCat("node --insecure --listen=127.0.0.1:0 "
+                                  "--min_members=2 "
+                                  "--connect_timeout=60 --compression=int4 ",
+                                  TinyFlags(), " --steps=5 --out=", dir, "/a"),
+                     dir + "/a.log");
+  const std::string address = ListenAddress(a.log_path(), absl::Seconds(60));
+  ASSERT_FALSE(address.empty()) << a.LogText();
   auto r = RunStarling(
       absl::StrCat("node --insecure --listen=127.0.0.1:0 --peers=", address,
                    " --connect_timeout=20 ", TinyFlags(),
                    " --width=64 --aggregate=median --compression=int4 "
                    "--error_feedback=off --steps=5 --out=",
                    dir, "/b"));
-  ::kill(a, SIGKILL);
-  ::waitpid(a, nullptr, 0);
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("model architecture differs"), std::string::npos)
       << r.err;
@@ -787,9 +774,7 @@ TEST(NodeTest, BadNodeFlagsExitTwo) {
            {"node --insecure --layers=1000 --width=300000 --heads=1",
             "--model=gpt: the weights, gradients and optimizer state need"},
            {"sim --poison=n9:nan@1-2", "--poison="}}) {
-    auto r = RunStarling(args + " --out=" + TempDir() + "/x");
-    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
-    EXPECT_NE(r.err.find(mention), std::string::npos) << r.err;
+    testing::ExpectRefused(args + " --out=" + TempDir() + "/x", mention);
   }
 }
 

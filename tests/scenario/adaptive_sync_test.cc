@@ -9,42 +9,35 @@
 #include "absl/strings/str_split.h"
 #include "core/file_util.h"
 #include "gtest/gtest.h"
-#include "tests/core/run_util.h"
+#include "tests/core/test_util.h"
+#include "tests/harness/process.h"
+#include "tests/harness/run_files.h"
 
 namespace starling {
 namespace {
 
 using ::starling::testing::Field;
-using ::starling::testing::ReadJson;
-using ::starling::testing::RunStarling;
-
-int CountEvents(const std::string& path, const std::string& kind) {
-  int n = 0;
-  for (absl::string_view line :
-       absl::StrSplit(ReadFile(path).value_or(""), '\n', absl::SkipEmpty())) {
-    if (absl::StrContains(line, absl::StrCat("\"event\":\"", kind, "\""))) ++n;
-  }
-  return n;
-}
+using ::starling::testing::ReadEvents;
+using ::starling::testing::RunToSummary;
 
 // 4 nodes × 10k inner steps of the Fashion-MNIST mlp, no drift, fixed seed,
 // adaptive H with the Page-Hinkley detector: at most one false alarm per
 // 10k steps per node, and the swarm lengthens H to its maximum.
 TEST(AdaptiveSyncScenario, StationaryRunRaisesAtMostOneFalseAlarmPerNode) {
   const std::string out = testing::TempDir() + "/stationary";
-  auto r = RunStarling(absl::StrCat(
+  auto summary = RunToSummary(
       "sim --nodes=4 --data=fmnist --model=mlp --steps=10000 "
       "--inner_steps=50 --min_inner_steps=10 --max_inner_steps=200 "
-      "--eval_every=5000 --checkpoint_every=0 --seed=1 --out=",
-      out));
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  auto summary = ReadJson(out + "/summary.json");
+      "--eval_every=5000 --checkpoint_every=0 --seed=1",
+      out);
   EXPECT_TRUE(Field(Field(summary, "final").struct_value(), "all_hashes_agree")
                   .bool_value());
   int alarms = 0;
   for (int k = 0; k < 4; ++k) {
-    alarms += CountEvents(absl::StrCat(out, "/n", k, "/events.jsonl"),
-                          "drift_detected");
+    alarms +=
+        static_cast<int>(ReadEvents(absl::StrCat(out, "/n", k, "/events.jsonl"),
+                                    "drift_detected")
+                             .size());
   }
   RecordProperty("false_alarms", alarms);
   EXPECT_LE(alarms, 4) << "false alarms over 4 nodes x 10k steps";

@@ -5,31 +5,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "tests/core/run_util.h"
+#include "tests/core/test_util.h"
+#include "tests/scenario/sim_result.h"
 
 namespace starling {
 namespace {
 
-using ::starling::testing::Field;
-using ::starling::testing::ReadJson;
-using ::starling::testing::RunStarling;
-
-struct SimResult {
-  double val_loss = 0;
-  double total_bytes = 0;
-  bool agree = false;
-};
+using ::starling::testing::SimResult;
 
 SimResult Sim(const std::string& flags) {
-  std::string out = testing::TempDir() + "/sim";
-  auto r = RunStarling(absl::StrCat("sim ", flags, " --out=", out));
-  EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.err;
-  auto fin = Field(ReadJson(out + "/summary.json"), "final").struct_value();
-  SimResult s;
-  s.val_loss = Field(fin, "val_loss").number_value();
-  s.total_bytes = Field(fin, "total_bytes").number_value();
-  s.agree = Field(fin, "all_hashes_agree").bool_value();
-  return s;
+  return testing::RunSim(flags, testing::TempDir() + "/sim");
 }
 
 struct Reference {
