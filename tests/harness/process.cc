@@ -185,11 +185,6 @@ int Process::Interrupt(absl::Duration timeout) {
   return Wait(timeout);
 }
 
-pid_t Process::Release() {
-  ended_ = true;  // not ours to kill any more
-  return pid_;
-}
-
 std::string ListenAddress(const std::string& log_path, absl::Duration timeout) {
   const std::string needle = "listening on ";
   if (!WaitForText(log_path, needle, timeout)) return "";

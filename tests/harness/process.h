@@ -96,9 +96,6 @@ class Process {
   // SIGINT, then Wait().
   int Interrupt(absl::Duration timeout = absl::Minutes(2));
 
-  // Gives the process up, running: the caller reaps it. Its pid.
-  pid_t Release();
-
  private:
   // Reaps the process if it changed state (`options` for waitpid); true when
   // it has ended.

@@ -1,5 +1,6 @@
 // Integration tests of the `starling` binary: flags, exit codes, messages,
 // the run directory, interruption and --resume.
+#include <google/protobuf/util/json_util.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,8 +20,10 @@
 #include "node/flag_sections.h"
 #include "node/flags.h"
 #include "node/subcommands.h"
-#include "tests/core/run_util.h"
 #include "tests/core/test_util.h"
+#include "tests/harness/process.h"
+#include "tests/harness/run_files.h"
+#include "tests/harness/wait.h"
 
 // A flag that no subcommand accepts and the section table lacks: help must
 // still list it.
@@ -457,13 +460,13 @@ TEST(CliTest, InterruptThenResumeMatchesAnUninterruptedRun) {
   ASSERT_EQ(straight.exit_code, 0) << straight.err;
 
   const std::string out = dir + "/cut";
-  pid_t pid = testing::SpawnStarling(
+  testing::Process cut_run = testing::Process::Start(
       absl::StrCat("train ", common, " --out=", out), dir + "/cut.err");
-  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(cut_run.started());
   // Wait until training is under way, then interrupt.
   EXPECT_TRUE(testing::WaitForText(out + "/events.jsonl", "\"step\":20,",
                                    absl::Seconds(30)));
-  EXPECT_EQ(testing::InterruptAndWait(pid), 1);
+  EXPECT_EQ(cut_run.Interrupt(), 1);
   std::string err = *ReadFile(dir + "/cut.err");
   EXPECT_NE(err.find("--resume"), std::string::npos) << err;
   auto cut = ReadJson(out + "/summary.json");
