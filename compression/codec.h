@@ -124,9 +124,9 @@ class ErrorFeedback {
 
   // e <- factor * e: drops (1 - factor) of what is held back. A DiLoCo node
   // with --overlap scales by the inner learning rate's decay over a round,
-  // and a flush empties it (factor 0; see the README's compression
-  // section). InvalidArgument unless factor is in [0, 1]; the residual is
-  // then unchanged.
+  // and a flush empties it (factor 0; see docs/compression.md).
+  // InvalidArgument unless factor is in [0, 1]; the residual is then
+  // unchanged.
   absl::Status ScaleResidual(float factor);
 
   // The residual as bytes, for checkpoints.

@@ -130,8 +130,8 @@ ABSL_FLAG(std::string, error_feedback, "auto",
           "θ_global minus it) and, after the last round, averages the "
           "members' residuals in one more round (the codec's own, int8 after "
           "topk), so θ_global ends as the average of their models; with "
-          "--overlap it shrinks with the learning rate instead (see the "
-          "README)");
+          "--overlap it shrinks with the learning rate instead (see "
+          "docs/compression.md)");
 ABSL_FLAG(int, small_tensor_elems, 4096,
           "with a lossy --compression, tensors with fewer elements (norms, "
           "biases) use --small_tensor_codec instead");

@@ -1,5 +1,5 @@
 // The run directory a node writes: events.jsonl (one JSON object per line)
-// and summary.json (DESIGN.md's contract), shared by `starling train` and
+// and summary.json (docs/design.md's contracts), shared by `starling train` and
 // `starling node`. EventLog is thread-compatible (one writer thread).
 #ifndef STARLING_NODE_RUN_OUTPUT_H_
 #define STARLING_NODE_RUN_OUTPUT_H_

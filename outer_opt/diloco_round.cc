@@ -60,7 +60,7 @@ absl::Status DilocoRound::ApplyErrorFeedback(const Codec* codec,
   // rate's decay over the round's steps, so that what was held back stays
   // in proportion to the steps now taken: unscaled, late rounds of a
   // decayed schedule send mostly stale progress from early ones, and the
-  // model gets worse (README, compression section).
+  // model gets worse (docs/compression.md).
   if (!options_.ef_in_model && work_.lr_start > 0 &&
       work_.lr_end < work_.lr_start) {
     absl::Status s = feedback.ScaleResidual(

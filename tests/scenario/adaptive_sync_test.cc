@@ -1,7 +1,7 @@
 // Scenario test (label `scenario`) of adaptive sync on real data: a
 // stationary swarm run with the drift detector on raises almost no false
 // alarms. The drift, heterogeneity and gossip comparisons are longer and
-// live in bench/adaptive_sync.py (numbers in the README).
+// live in bench/adaptive_sync.py (numbers in docs/results/).
 #include <string>
 
 #include "absl/strings/match.h"

@@ -35,7 +35,8 @@ TEST(CompressionQualityTest, CodecsKeepLearningQuality) {
   EXPECT_LE(r["int4"].val_loss, base * 1.02);
   // Top-k at 1% with error feedback (the residual in each node's model,
   // flushed after the last round) within 3%; without error feedback far
-  // worse (about 2.13 and 2.57 against 2.07; see the README).
+  // worse (about 2.13 and 2.57 against 2.07; see
+  // docs/results/2026-12-06-compression-quality.md).
   EXPECT_LE(r["topk:0.01+int8"].val_loss, base * 1.03);
   EXPECT_GT(r["topk:0.01+int8 --error_feedback=off"].val_loss,
             r["topk:0.01+int8"].val_loss + 0.1);
