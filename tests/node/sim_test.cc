@@ -602,9 +602,13 @@ TEST(SimTest, ErrorFeedbackEndsWithOneResidualFlush) {
   EXPECT_NE(
       Field(last, "model_hash").string_value(),
       Field(rounds.values(3).struct_value(), "model_hash").string_value());
-  // The flush is dense (int8): it sends more than a 5% top-k round.
-  EXPECT_GT(Field(last, "bytes").number_value(),
-            2 * Field(rounds.values(3).struct_value(), "bytes").number_value());
+  // The flush is dense (int8): it sends more than a 5% top-k round. About
+  // twice as much here; a round's bytes also count the membership gossip
+  // sent while it ran, which grows with its wall time, so the bound leaves
+  // room for that.
+  EXPECT_GT(
+      Field(last, "bytes").number_value(),
+      1.5 * Field(rounds.values(3).struct_value(), "bytes").number_value());
   for (int i = 0; i < 3; ++i) {
     auto node = ReadJson(absl::StrCat(out, "/n", i, "/summary.json"));
     const auto& nr = Field(node, "rounds").list_value();
