@@ -38,6 +38,15 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
                       std::string(s.message()));
 }
 
+// A stream refused before its first message: it finishes at once and frees
+// itself when gRPC is done with it.
+template <typename Reactor>
+class RefusedStream final : public Reactor {
+ public:
+  explicit RefusedStream(grpc::Status why) { this->Finish(std::move(why)); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace
 
 // Server side of the Swarm service: admits each call (credentials, and the
@@ -89,18 +98,35 @@ class Swarm::Service final : public peer::v1::Swarm::CallbackService {
   }
   grpc::ServerWriteReactor<StateChunk>* FetchState(
       grpc::CallbackServerContext* ctx, const StateRequest* req) override {
+    if (grpc::Status r = Ready(); !r.ok()) {
+      return new RefusedStream<grpc::ServerWriteReactor<StateChunk>>(r);
+    }
     return swarm_->state_->Open(ctx, req);
   }
   grpc::ServerReadReactor<PushChunk>* Push(grpc::CallbackServerContext* ctx,
                                            PushAck* ack) override {
+    if (grpc::Status r = Ready(); !r.ok()) {
+      return new RefusedStream<grpc::ServerReadReactor<PushChunk>>(r);
+    }
     return swarm_->pushes_->Receive(ctx, ack);
   }
 
  private:
+  // The server answers as soon as the transport listens, a moment before
+  // the swarm's parts exist (they need the port it bound); a call in that
+  // moment is told to try again rather than reaching a part not yet made.
+  grpc::Status Ready() const {
+    if (swarm_->ready_.load()) return grpc::Status::OK;
+    return grpc::Status(
+        grpc::StatusCode::UNAVAILABLE,
+        absl::StrCat(swarm_->options_.node_id, " is starting; try again"));
+  }
+
   // The call's credentials, and whether its caller may speak as member
   // `id` (--tls_bind_node_ids).
   grpc::Status Admit(grpc::CallbackServerContext* ctx, absl::string_view method,
                      const std::string& id, absl::string_view what) {
+    if (grpc::Status r = Ready(); !r.ok()) return r;
     const PeerCredentials& credentials = swarm_->options_.credentials;
     if (grpc::Status a = credentials.Admit(ctx, method); !a.ok()) return a;
     return credentials.CheckCaller(*ctx, id, what);
@@ -136,7 +162,7 @@ absl::StatusOr<std::unique_ptr<Swarm>> Swarm::Start(
   to.chunk_stream_deadline_flag = "--round_deadline";
   Swarm* self = s.get();
   to.blocked = [self](const std::string& address) {
-    return self->client_->Blocked(address);
+    return self->ready_.load() && self->client_->Blocked(address);
   };
   PeerIdentity id = options.identity;
   id.world = 0;
@@ -150,6 +176,7 @@ absl::StatusOr<std::unique_ptr<Swarm>> Swarm::Start(
                             Membership::Create(mo, absl::Now()));
   s->membership_->SetProgress(0, "", 0, /*joining=*/true);
   s->MakeParts();
+  s->ready_.store(true);
   s->client_->ReadPartitionFile();
   s->gossip_->Start();
   s->coordinator_->Start();

@@ -391,7 +391,8 @@ class Swarm {
   void ReportChanges(const std::vector<MembershipChange>& changes);
 
   const SwarmOptions options_;
-  std::atomic<bool> stopping_{false};           // every part's loops end on it
+  std::atomic<bool> ready_{false};     // the parts below exist (Service waits)
+  std::atomic<bool> stopping_{false};  // every part's loops end on it
   std::shared_ptr<StreamDeadlines> deadlines_;  // outlives the server
   std::unique_ptr<Service> service_;
   std::unique_ptr<GrpcTransport> transport_;
