@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 
 namespace starling {
 namespace {
@@ -113,6 +114,27 @@ absl::Status FileReader::Read(void* dst, size_t n) {
   return absl::OkStatus();
 }
 
+absl::Status FileReader::ReadAt(uint64_t offset, void* dst, size_t n) const {
+  auto* out = static_cast<char*>(dst);
+  while (n > 0) {
+    ssize_t got = ::pread(fd_, out, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot read ", path_, ": ", std::strerror(errno)));
+    }
+    if (got == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot read ", path_, ": it ended ", n,
+                       " bytes early (it shrank while being read)"));
+    }
+    out += got;
+    offset += static_cast<uint64_t>(got);
+    n -= static_cast<size_t>(got);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   absl::StatusOr<FileReader> file = FileReader::Open(path);
   if (!file.ok()) return file.status();
@@ -147,23 +169,67 @@ absl::Status WriteFileAtomic(const std::string& path, absl::string_view data) {
 
 absl::Status WriteFileAtomic(const std::string& path,
                              absl::Span<const absl::string_view> parts) {
+  STARLING_ASSIGN_OR_RETURN(AtomicFileWriter file,
+                            AtomicFileWriter::Create(path));
+  for (absl::string_view part : parts) {
+    STARLING_RETURN_IF_ERROR(file.Write(part.data(), part.size()));
+  }
+  return file.Commit();
+}
+
+absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Create(
+    const std::string& path) {
   std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("cannot create", tmp);
+  return AtomicFileWriter(path, std::move(tmp), fd);
+}
+
+AtomicFileWriter::AtomicFileWriter(AtomicFileWriter&& other) noexcept
+    : path_(std::move(other.path_)),
+      tmp_(std::move(other.tmp_)),
+      fd_(other.fd_),
+      written_(other.written_),
+      writeback_from_(other.writeback_from_) {
+  other.fd_ = -1;
+  other.tmp_.clear();
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!tmp_.empty()) ::unlink(tmp_.c_str());
+}
+
+absl::Status AtomicFileWriter::Write(const void* data, size_t n) {
+  if (fd_ < 0) return absl::InternalError(absl::StrCat(tmp_, " is closed"));
+  STARLING_RETURN_IF_ERROR(WriteAll(
+      fd_, absl::string_view(static_cast<const char*>(data), n), tmp_));
+  written_ += n;
+  // Start writing back every 8 MiB now, while the caller produces the
+  // next: Commit's fsync then waits for little more than the tail. Only a
+  // hint: fsync still writes whatever this did not.
+  constexpr uint64_t kWritebackBytes = 8 << 20;
+  if (written_ - writeback_from_ >= kWritebackBytes) {
+    (void)::sync_file_range(fd_, static_cast<off_t>(writeback_from_),
+                            static_cast<off_t>(written_ - writeback_from_),
+                            SYNC_FILE_RANGE_WRITE);
+    writeback_from_ = written_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFileWriter::Commit() {
+  if (fd_ < 0) return absl::InternalError(absl::StrCat(tmp_, " is closed"));
   absl::Status st;
-  for (absl::string_view part : parts) {
-    if (st.ok()) st = WriteAll(fd, part, tmp);
+  if (::fsync(fd_) != 0) st = Errno("fsync", tmp_);
+  if (::close(fd_) != 0 && st.ok()) st = Errno("close", tmp_);
+  fd_ = -1;
+  if (st.ok() && ::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    st = Errno("rename to", path_);
   }
-  if (st.ok() && ::fsync(fd) != 0) st = Errno("fsync", tmp);
-  if (::close(fd) != 0 && st.ok()) st = Errno("close", tmp);
-  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    st = Errno("rename to", path);
-  }
-  if (!st.ok()) {
-    ::unlink(tmp.c_str());
-    return st;
-  }
-  int dir = ::open(DirName(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (!st.ok()) return st;  // the destructor removes the temporary file
+  tmp_.clear();
+  int dir = ::open(DirName(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir >= 0) {
     ::fsync(dir);
     ::close(dir);

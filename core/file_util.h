@@ -1,11 +1,12 @@
 // Whole-file reads (or piece by piece, FileReader) and crash-safe whole-file
-// writes.
-// WriteFileAtomic writes a temp file in the same directory, fsyncs it, renames
-// it over the target and fsyncs the directory: a crash at any point leaves
-// either the old file or the new one, never a torn one.
+// writes (at once, WriteFileAtomic, or piece by piece, AtomicFileWriter).
+// A crash-safe write goes to a temp file in the same directory, which is
+// fsynced, renamed over the target, and the directory fsynced: a crash at
+// any point leaves either the old file or the new one, never a torn one.
 // The free functions are thread-safe (no shared state); concurrent writers to
-// one path race benignly (last rename wins). A FileReader is used by one
-// thread at a time.
+// one path race benignly (last rename wins). A FileReader or an
+// AtomicFileWriter is used by one thread at a time (FileReader::ReadAt, which
+// keeps no position, by several).
 #ifndef STARLING_CORE_FILE_UTIL_H_
 #define STARLING_CORE_FILE_UTIL_H_
 
@@ -42,6 +43,9 @@ class FileReader {
   // Reads the next `n` bytes into `dst`. InvalidArgument naming the file on
   // a read error or when the file ends first.
   absl::Status Read(void* dst, size_t n);
+  // Reads `n` bytes from byte `offset` into `dst`, leaving Read's position
+  // where it was. Errors as Read's.
+  absl::Status ReadAt(uint64_t offset, void* dst, size_t n) const;
 
  private:
   friend absl::StatusOr<std::string> ReadFile(const std::string& path);
@@ -63,6 +67,35 @@ absl::Status WriteFileAtomic(const std::string& path, absl::string_view data);
 // without being joined in memory.
 absl::Status WriteFileAtomic(const std::string& path,
                              absl::Span<const absl::string_view> parts);
+
+// A file written front to back under a temporary name and renamed over its
+// path by Commit, with WriteFileAtomic's guarantees. Destroyed without a
+// successful Commit, it removes the temporary file and leaves the path as it
+// was. It starts the kernel's writeback as it goes, so that Commit's fsync
+// has little left to wait for. Move-only.
+class AtomicFileWriter {
+ public:
+  // Internal when the temporary file cannot be created.
+  static absl::StatusOr<AtomicFileWriter> Create(const std::string& path);
+  AtomicFileWriter(AtomicFileWriter&& other) noexcept;
+  AtomicFileWriter& operator=(AtomicFileWriter&&) = delete;
+  ~AtomicFileWriter();
+
+  // Appends `n` bytes, written before it returns. Internal on I/O failure.
+  absl::Status Write(const void* data, size_t n);
+  // fsync, rename over the path, fsync of the directory. Internal on
+  // failure, the path then untouched. Once only.
+  absl::Status Commit();
+
+ private:
+  AtomicFileWriter(std::string path, std::string tmp, int fd)
+      : path_(std::move(path)), tmp_(std::move(tmp)), fd_(fd) {}
+  std::string path_;
+  std::string tmp_;
+  int fd_;                       // -1 once closed
+  uint64_t written_ = 0;         // bytes so far
+  uint64_t writeback_from_ = 0;  // the first byte whose writeback is not due
+};
 
 // Appends `line` plus '\n' with one write(2) (O_APPEND) and no fsync.
 absl::Status AppendLine(const std::string& path, absl::string_view line);

@@ -1,7 +1,6 @@
 #include "core/trainer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <malloc.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -22,20 +21,11 @@
 #include "core/checkpoint.h"
 #include "core/file_util.h"
 #include "core/logging.h"
+#include "core/memory.h"
+#include "core/optimizer_state.h"
 #include "core/status.h"
+#include "core/tensor_stream.h"
 #include "core/torch_error.h"
-
-// ASan's allocator replaces glibc's, and counts its own bytes.
-#if defined(__SANITIZE_ADDRESS__)
-#define STARLING_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define STARLING_ASAN 1
-#endif
-#endif
-#ifdef STARLING_ASAN
-#include <sanitizer/allocator_interface.h>
-#endif
 
 namespace starling {
 namespace {
@@ -46,93 +36,6 @@ bool IsImageData(const std::string& spec) {
 
 std::string ShapeString(const torch::Tensor& t) {
   return absl::StrCat("[", absl::StrJoin(t.sizes(), ","), "]");
-}
-
-// Bytes the C++ heap hands out for this process (LibTorch's CPU allocator
-// is posix_memalign): the sanitizer allocator's count under ASan, else
-// glibc's over all its arenas and mmapped blocks; 0 where neither is
-// there (another libc or allocator).
-int64_t HeapInUse() {
-#ifdef STARLING_ASAN
-  return static_cast<int64_t>(__sanitizer_get_current_allocated_bytes());
-#elif defined(__GLIBC__) && \
-    (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
-  const struct mallinfo2 m = mallinfo2();
-  return static_cast<int64_t>(m.uordblks + m.hblkhd);
-#else
-  return 0;
-#endif
-}
-
-// The memory this process may still take, and where that figure comes
-// from: MemAvailable in /proc/meminfo, capped by the headroom under its
-// memory cgroup's limit (a container's: v2 memory.max, v1
-// memory.limit_in_bytes). Bytes -1 when unknown.
-struct AvailableMemory {
-  int64_t bytes = -1;  // unknown
-  std::string source;
-};
-
-AvailableMemory AvailableMemoryNow() {
-  AvailableMemory out;
-  auto number = [](absl::string_view text, int64_t* value) {
-    return absl::SimpleAtoi(
-        absl::StripSuffix(absl::StripAsciiWhitespace(text), " kB"), value);
-  };
-  if (absl::StatusOr<std::string> info = ReadFile("/proc/meminfo"); info.ok()) {
-    for (absl::string_view line : absl::StrSplit(*info, '\n')) {
-      int64_t kib = 0;
-      if (absl::ConsumePrefix(&line, "MemAvailable:") && number(line, &kib)) {
-        out = {kib * 1024, "MemAvailable in /proc/meminfo"};
-      }
-    }
-  }
-  // /proc/self/cgroup names the cgroup ("0::/PATH" in v2, "N:memory:/PATH"
-  // in v1) as the host sees it; a container that mounts its own cgroup at
-  // the root of /sys/fs/cgroup has its limit there instead.
-  absl::StatusOr<std::string> cgroup = ReadFile("/proc/self/cgroup");
-  for (absl::string_view line :
-       absl::StrSplit(cgroup.ok() ? *cgroup : "", '\n')) {
-    std::string root, limit_file, usage_file;
-    if (absl::ConsumePrefix(&line, "0::")) {
-      root = "/sys/fs/cgroup";
-      limit_file = "memory.max";
-      usage_file = "memory.current";
-    } else if (std::vector<absl::string_view> f =
-                   absl::StrSplit(line, absl::MaxSplits(':', 2));
-               f.size() == 3 && absl::StrContains(f[1], "memory")) {
-      line = f[2];
-      root = "/sys/fs/cgroup/memory";
-      limit_file = "memory.limit_in_bytes";
-      usage_file = "memory.usage_in_bytes";
-    } else {
-      continue;
-    }
-    for (const std::string& dir : {absl::StrCat(root, line), root}) {
-      absl::StatusOr<std::string> limit_text = ReadFile(dir + "/" + limit_file);
-      absl::StatusOr<std::string> usage_text = ReadFile(dir + "/" + usage_file);
-      int64_t limit = 0, used = 0;
-      if (!limit_text.ok() || !usage_text.ok()) continue;
-      // "max" (v2) or a huge number (v1) when there is no limit.
-      if (number(*limit_text, &limit) && number(*usage_text, &used) &&
-          (out.bytes < 0 || limit - used < out.bytes)) {
-        out = {std::max<int64_t>(0, limit - used),
-               absl::StrCat("the headroom under ", dir, "/", limit_file)};
-      }
-      break;
-    }
-  }
-  return out;
-}
-
-// Straight into the string, without a stream's buffer and its copy.
-std::string ArchiveToString(torch::serialize::OutputArchive& archive) {
-  std::string out;
-  archive.save_to([&out](const void* data, size_t size) {
-    out.append(static_cast<const char*>(data), size);
-    return size;
-  });
-  return out;
 }
 
 double Seconds(std::chrono::steady_clock::time_point since) {
@@ -466,9 +369,9 @@ void Trainer::MeasureActivations() {
   // that no dropout draws a random number and no batch norm moves.
   auto held = [&](int64_t n) {
     Batch b = dataset_->ValBatch(0, n);
-    const int64_t before = HeapInUse();
+    const int64_t before = HeapBytesInUse();
     torch::Tensor logits = model_->Forward(b.x);
-    return HeapInUse() - before;
+    return HeapBytesInUse() - before;
   };
   model_->SetTraining(false);
   held(2);  // first-call allocations (thread pools, caches) land here
@@ -633,62 +536,119 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(
   return r;
 }
 
+namespace {
+
+// The trainer's sections: its small ones, and its tensors (the old
+// builds' LibTorch archives in "model" and "optimizer").
+constexpr char kModelTensors[] = "model_tensors";
+constexpr char kOptimizerTensors[] = "optimizer_tensors";
+constexpr char kModelArchive[] = "model";
+constexpr char kOptimizerArchive[] = "optimizer";
+
+// The model's parameters then buffers, named "param.i" and "buffer.i".
+NamedTensors ModelTensors(Model& model) {
+  NamedTensors out;
+  std::vector<torch::Tensor> params = model.Parameters();
+  std::vector<torch::Tensor> buffers = model.Buffers();
+  for (size_t i = 0; i < params.size(); ++i) {
+    out.emplace_back(absl::StrCat("param.", i), params[i].detach());
+  }
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    out.emplace_back(absl::StrCat("buffer.", i), buffers[i]);
+  }
+  return out;
+}
+
+// Each model tensor of the stream into its own tensor in `model`.
+TensorDestination ModelDestination(const NamedTensors& model) {
+  return [&model](const TensorHeader& h) -> absl::StatusOr<torch::Tensor> {
+    for (const auto& [name, t] : model) {
+      if (name == h.name) return t;
+    }
+    return absl::DataLossError(
+        absl::StrCat("tensor ", h.name, " is not in this model"));
+  };
+}
+
+std::string TorchRngState() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  torch::Tensor state;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    state = gen.get_state();
+  }
+  return std::string(static_cast<const char*>(state.data_ptr()),
+                     state.nbytes());
+}
+
+void SetTorchRngState(const std::string& bytes) {
+  torch::Tensor state =
+      torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+  std::memcpy(state.data_ptr(), bytes.data(), bytes.size());
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+}  // namespace
+
 absl::Status Trainer::SaveCheckpoint(const std::string& path,
                                      std::map<std::string, std::string> extra) {
-  Checkpoint ckpt;
-  ckpt.sections = std::move(extra);
+  CheckpointSections sections;
+  for (auto& [name, bytes] : extra) {
+    sections.emplace(name, CheckpointSection(std::move(bytes)));
+  }
+  return SaveCheckpoint(path, std::move(sections));
+}
+
+absl::Status Trainer::SaveCheckpoint(const std::string& path,
+                                     CheckpointSections extra) {
+  CheckpointSections& sections = extra;
   TrainerState st = state_;
   std::ostringstream rng;
   rng << sampler_.rng;
   st.set_sampler_rng(rng.str());
   st.set_epoch(sampler_.epoch);
   st.set_cursor(sampler_.cursor);
-  ckpt.sections["trainer_state"] = st.SerializeAsString();
-  ckpt.sections["architecture"] = model_->Architecture();
+  sections.insert_or_assign("trainer_state", st.SerializeAsString());
+  sections.insert_or_assign("architecture", model_->Architecture());
   try {
-    torch::serialize::OutputArchive model_archive;
-    std::vector<torch::Tensor> params = model_->Parameters();
-    std::vector<torch::Tensor> buffers = model_->Buffers();
-    for (size_t i = 0; i < params.size(); ++i) {
-      model_archive.write(absl::StrCat("param.", i), params[i].detach().cpu());
-    }
-    for (size_t i = 0; i < buffers.size(); ++i) {
-      model_archive.write(absl::StrCat("buffer.", i), buffers[i].cpu());
-    }
-    ckpt.sections["model"] = ArchiveToString(model_archive);
-    torch::serialize::OutputArchive opt_archive;
-    optimizer_->save(opt_archive);
-    ckpt.sections["optimizer"] = ArchiveToString(opt_archive);
-    auto gen = at::detail::getDefaultCPUGenerator();
-    torch::Tensor rng_state;
-    {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      rng_state = gen.get_state();
-    }
-    ckpt.sections["torch_rng"] = std::string(
-        static_cast<const char*>(rng_state.data_ptr()), rng_state.nbytes());
+    STARLING_ASSIGN_OR_RETURN(CheckpointSection model,
+                              TensorsSection(ModelTensors(*model_)));
+    sections.insert_or_assign(kModelTensors, std::move(model));
+    STARLING_ASSIGN_OR_RETURN(NamedTensors opt,
+                              OptimizerStateTensors(*optimizer_));
+    STARLING_ASSIGN_OR_RETURN(CheckpointSection opt_section,
+                              TensorsSection(std::move(opt)));
+    sections.insert_or_assign(kOptimizerTensors, std::move(opt_section));
+    sections.insert_or_assign("torch_rng", TorchRngState());
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("cannot serialize checkpoint ",
                                             path, ": ", TorchErrorMessage(e)));
   }
-  return WriteCheckpoint(path, ckpt);
+  return WriteCheckpoint(path, sections);
 }
 
 absl::Status Trainer::RestoreCheckpoint(
     const std::string& path, std::map<std::string, std::string>* sections) {
-  STARLING_ASSIGN_OR_RETURN(Checkpoint ckpt, ReadCheckpoint(path));
-  for (const char* name :
-       {"trainer_state", "architecture", "model", "optimizer", "torch_rng"}) {
-    if (!ckpt.sections.count(name)) {
-      return absl::DataLossError(
-          absl::StrCat("checkpoint ", path, " has no '", name, "' section"));
+  STARLING_ASSIGN_OR_RETURN(CheckpointReader reader,
+                            CheckpointReader::Open(path));
+  STARLING_RETURN_IF_ERROR(RestoreCheckpoint(reader));
+  if (sections == nullptr) return absl::OkStatus();
+  sections->clear();
+  for (const std::string& name : reader.Names()) {
+    if (name == kModelTensors || name == kOptimizerTensors ||
+        name == kModelArchive || name == kOptimizerArchive) {
+      continue;
     }
+    STARLING_ASSIGN_OR_RETURN((*sections)[name], reader.ReadString(name));
   }
-  TrainerState st;
-  if (!st.ParseFromString(ckpt.sections["trainer_state"])) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint ", path, ": unreadable trainer state"));
-  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::CheckResumable(const std::string& path,
+                                     const TrainerState& st,
+                                     const std::string& architecture) const {
   auto mismatch = [&](absl::string_view flag, const std::string& was,
                       const std::string& now) {
     return absl::FailedPreconditionError(
@@ -696,9 +656,8 @@ absl::Status Trainer::RestoreCheckpoint(
                      flag, "=", was, " but this run has --", flag, "=", now));
   };
   const TrainConfig& old = st.config();
-  if (ckpt.sections["architecture"] != model_->Architecture()) {
-    return mismatch("model", ckpt.sections["architecture"],
-                    model_->Architecture());
+  if (architecture != model_->Architecture()) {
+    return mismatch("model", architecture, model_->Architecture());
   }
   if (old.data() != config_.data())
     return mismatch("data", old.data(), config_.data());
@@ -718,52 +677,107 @@ absl::Status Trainer::RestoreCheckpoint(
     return mismatch("seed", absl::StrCat(old.seed()),
                     absl::StrCat(config_.seed()));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::RestoreTensors(const CheckpointReader& reader) {
+  // Every header of both streams is checked before any tensor is read, and
+  // the optimizer's state is installed only once read whole: a stream
+  // that does not fit this model changes nothing.
+  const NamedTensors model = ModelTensors(*model_);
+  const TensorDestination into_model = ModelDestination(model);
+  auto named = [&](const char* name, absl::Status s) {
+    if (s.ok() || !absl::IsDataLoss(s)) return s;
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint ", reader.path(), " section ", name, ": ", s.message()));
+  };
+  STARLING_ASSIGN_OR_RETURN(SectionReader check, reader.Section(kModelTensors));
+  STARLING_RETURN_IF_ERROR(
+      named(kModelTensors, CheckTensors(check, into_model)));
+  STARLING_ASSIGN_OR_RETURN(SectionReader opt,
+                            reader.Section(kOptimizerTensors));
+  STARLING_RETURN_IF_ERROR(
+      named(kOptimizerTensors, ReadOptimizerState(opt, *optimizer_)));
+  STARLING_ASSIGN_OR_RETURN(SectionReader in, reader.Section(kModelTensors));
+  return named(kModelTensors, ReadTensors(in, into_model));
+}
+
+absl::Status Trainer::RestoreArchives(const CheckpointReader& reader) {
+  STARLING_ASSIGN_OR_RETURN(std::string mbytes,
+                            reader.ReadString(kModelArchive));
+  torch::serialize::InputArchive model_archive;
+  model_archive.load_from(mbytes.data(), mbytes.size());
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> params = model_->Parameters();
+  std::vector<torch::Tensor> buffers = model_->Buffers();
+  auto load = [&](const std::string& key, torch::Tensor& dst) {
+    torch::Tensor src;
+    model_archive.read(key, src);
+    TORCH_CHECK(src.sizes() == dst.sizes(), "tensor ", key, " has shape ",
+                ShapeString(src), ", the model expects ", ShapeString(dst));
+    dst.copy_(src);
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    load(absl::StrCat("param.", i), params[i]);
+  }
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    load(absl::StrCat("buffer.", i), buffers[i]);
+  }
+  mbytes.clear();
+  mbytes.shrink_to_fit();
+  STARLING_ASSIGN_OR_RETURN(std::string obytes,
+                            reader.ReadString(kOptimizerArchive));
+  torch::serialize::InputArchive opt_archive;
+  opt_archive.load_from(obytes.data(), obytes.size());
+  optimizer_->load(opt_archive);
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::RestoreCheckpoint(const CheckpointReader& reader) {
+  const std::string& path = reader.path();
+  const bool archives = !reader.Has(kModelTensors) && reader.Has(kModelArchive);
+  for (const char* name : {"trainer_state", "architecture", "torch_rng",
+                           archives ? kModelArchive : kModelTensors,
+                           archives ? kOptimizerArchive : kOptimizerTensors}) {
+    if (!reader.Has(name)) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", path, " has no '", name, "' section"));
+    }
+  }
+  STARLING_ASSIGN_OR_RETURN(std::string st_bytes,
+                            reader.ReadString("trainer_state"));
+  TrainerState st;
+  if (!st.ParseFromString(st_bytes)) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", path, ": unreadable trainer state"));
+  }
+  STARLING_ASSIGN_OR_RETURN(std::string architecture,
+                            reader.ReadString("architecture"));
+  STARLING_RETURN_IF_ERROR(CheckResumable(path, st, architecture));
+  STARLING_ASSIGN_OR_RETURN(std::string rng_bytes,
+                            reader.ReadString("torch_rng"));
+  std::mt19937_64 sampler_rng;
+  std::istringstream rng(st.sampler_rng());
+  rng >> sampler_rng;
+  if (rng.fail()) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", path, ": unreadable sampler state"));
+  }
   try {
-    torch::serialize::InputArchive model_archive;
-    const std::string& mbytes = ckpt.sections["model"];
-    model_archive.load_from(mbytes.data(), mbytes.size());
-    torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> params = model_->Parameters();
-    std::vector<torch::Tensor> buffers = model_->Buffers();
-    auto load = [&](const std::string& key, torch::Tensor& dst) {
-      torch::Tensor src;
-      model_archive.read(key, src);
-      TORCH_CHECK(src.sizes() == dst.sizes(), "tensor ", key, " has shape ",
-                  ShapeString(src), ", the model expects ", ShapeString(dst));
-      dst.copy_(src);
-    };
-    for (size_t i = 0; i < params.size(); ++i) {
-      load(absl::StrCat("param.", i), params[i]);
-    }
-    for (size_t i = 0; i < buffers.size(); ++i) {
-      load(absl::StrCat("buffer.", i), buffers[i]);
-    }
-    torch::serialize::InputArchive opt_archive;
-    const std::string& obytes = ckpt.sections["optimizer"];
-    opt_archive.load_from(obytes.data(), obytes.size());
-    optimizer_->load(opt_archive);
-    const std::string& rbytes = ckpt.sections["torch_rng"];
-    torch::Tensor rng_state =
-        torch::empty({static_cast<int64_t>(rbytes.size())}, torch::kUInt8);
-    std::memcpy(rng_state.data_ptr(), rbytes.data(), rbytes.size());
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(rng_state);
+    STARLING_RETURN_IF_ERROR(archives ? RestoreArchives(reader)
+                                      : RestoreTensors(reader));
+    SetTorchRngState(rng_bytes);
   } catch (const std::exception& e) {
     return absl::DataLossError(
         absl::StrCat("checkpoint ", path,
                      " does not fit this model: ", TorchErrorMessage(e)));
   }
-  std::istringstream rng(st.sampler_rng());
-  rng >> sampler_.rng;
-  if (rng.fail()) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint ", path, ": unreadable sampler state"));
-  }
+  sampler_.rng = sampler_rng;
   sampler_.epoch = st.epoch();
   sampler_.cursor = st.cursor();
   sampler_.order_epoch = -1;
-  if (std::string changed = ResumeDifferences(old, config_); !changed.empty()) {
+  if (std::string changed = ResumeDifferences(st.config(), config_);
+      !changed.empty()) {
     STARLING_LOG(WARNING) << "--resume: settings differ from the checkpoint's: "
                           << changed << "; training goes on from step "
                           << st.step()
@@ -772,7 +786,6 @@ absl::Status Trainer::RestoreCheckpoint(
   }
   *st.mutable_config() = config_;
   state_ = st;
-  if (sections != nullptr) *sections = std::move(ckpt.sections);
   return absl::OkStatus();
 }
 

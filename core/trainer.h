@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/checkpoint.h"
 #include "core/data.h"
 #include "core/lr_schedule.h"
 #include "core/model.h"
@@ -123,14 +124,31 @@ class Trainer {
   const DriftSchedule& drift() const { return drift_; }
 
   // Writes model, optimizer, trainer state, sampler and RNG state atomically,
-  // plus the caller's `extra` sections (e.g. outer-optimizer state; moved
-  // in, as they may be as large as the model).
+  // plus the caller's `extra` sections. The model's parameters and buffers
+  // and the optimizer's state are streamed into the file from their own
+  // memory, as are `extra` sections that are producers: a checkpoint holds
+  // only bounded buffers besides what the trainer and the caller hold.
+  // Internal on failure, the previous file then untouched.
+  absl::Status SaveCheckpoint(const std::string& path,
+                              CheckpointSections extra);
+  // The same with the caller's sections held as strings (moved in, written
+  // from where they are).
   absl::Status SaveCheckpoint(const std::string& path,
                               std::map<std::string, std::string> extra = {});
-  // Restores everything SaveCheckpoint wrote and returns all sections in
-  // `sections` when non-null. FailedPrecondition naming the field when the
-  // checkpoint came from an incompatible configuration; DataLoss when the
-  // file is corrupt.
+
+  // Restores everything SaveCheckpoint wrote from a checkpoint opened (and
+  // so verified) by CheckpointReader::Open; the caller reads its own
+  // sections from `reader`. The tensors are read straight into the model
+  // and the optimizer's new state. Also restores the checkpoints of builds
+  // that wrote LibTorch archives (sections "model" and "optimizer").
+  // FailedPrecondition naming the flag when the checkpoint came from an
+  // incompatible configuration; DataLoss when a section is missing or does
+  // not fit this model. The trainer is unchanged on any error but an I/O
+  // error while its tensors are read.
+  absl::Status RestoreCheckpoint(const CheckpointReader& reader);
+  // Opens and restores `path`, and returns in `sections`, when non-null,
+  // every section but the trainer's tensors (the caller's sections, and the
+  // trainer's small ones), read whole. Errors as Open's and the above.
   absl::Status RestoreCheckpoint(
       const std::string& path,
       std::map<std::string, std::string>* sections = nullptr);
@@ -171,6 +189,13 @@ class Trainer {
   absl::Status Init();
   // Fills activation_bytes_*; throws what the model's forward throws.
   void MeasureActivations();
+  // RestoreCheckpoint's parts: FailedPrecondition when the checkpoint's
+  // trainer state `st` and architecture are not this run's; the tensors of
+  // either format; the RNG state.
+  absl::Status CheckResumable(const std::string& path, const TrainerState& st,
+                              const std::string& architecture) const;
+  absl::Status RestoreTensors(const CheckpointReader& reader);
+  absl::Status RestoreArchives(const CheckpointReader& reader);
 
   TrainConfig config_;
   torch::Device device_;

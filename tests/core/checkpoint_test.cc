@@ -4,13 +4,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/file_util.h"
 #include "core/flat_params.h"
+#include "core/memory.h"
+#include "core/status.h"
 #include "gtest/gtest.h"
 #include "tests/core/test_util.h"
 
@@ -215,6 +219,132 @@ TEST(CheckpointTest, KillDuringWriteLeavesAReadableCheckpoint) {
     EXPECT_EQ(r->sections.at("blob"),
               std::string(8 << 20, static_cast<char>('a' + version % 26)));
   }
+}
+
+// Bytes this process's heap hands out now (glibc's count over its arenas
+// and mapped blocks), to bound what a checkpoint holds on the way.
+int64_t HeapNow() { return HeapBytesInUse(); }
+
+// The bytes of every section written whole, in pieces by a producer, or as
+// a view make the same file as WriteCheckpoint of the same strings.
+TEST(CheckpointTest, StreamedSectionsMakeTheSameFile) {
+  const std::string a = testing::TempDir() + "/a.ckpt";
+  const std::string b = testing::TempDir() + "/b.ckpt";
+  Checkpoint c = Make(7, 3 << 20);
+  c.sections["small"] = "xyz";
+  ASSERT_TRUE(WriteCheckpoint(a, c).ok());
+  const std::string& blob = c.sections["blob"];
+  CheckpointSections s;
+  s.emplace(
+      "blob", CheckpointSection(blob.size(), [&](ByteSink& sink) {
+        for (size_t at = 0; at < blob.size(); at += 1000) {
+          STARLING_RETURN_IF_ERROR(sink.Write(
+              blob.data() + at, std::min<size_t>(1000, blob.size() - at)));
+        }
+        return absl::OkStatus();
+      }));
+  s.emplace("meta", CheckpointSection::View(c.sections["meta"]));
+  s.emplace("small", "xyz");
+  ASSERT_TRUE(WriteCheckpoint(b, s).ok());
+  EXPECT_EQ(ReadFile(a).value_or("a"), ReadFile(b).value_or("b"));
+}
+
+// A producer that fails, or writes other than it announced, fails the
+// write and leaves the previous file and no temporary one.
+TEST(CheckpointTest, AFailedProducerLeavesThePreviousFile) {
+  const std::string dir = testing::TempDir();
+  const std::string path = dir + "/c.ckpt";
+  ASSERT_TRUE(WriteCheckpoint(path, Make(1, 100)).ok());
+  const std::string before = *ReadFile(path);
+  // Too few bytes, too many, and the producer's own error.
+  for (const auto& [announced, error] :
+       std::vector<std::pair<uint64_t, absl::Status>>{
+           {5, absl::OkStatus()},
+           {3, absl::OkStatus()},
+           {4, absl::UnavailableError("no bytes today")}}) {
+    CheckpointSections s;
+    s.emplace("x", CheckpointSection(announced, [&](ByteSink& sink) {
+                STARLING_RETURN_IF_ERROR(sink.Write("four"));
+                return error;
+              }));
+    absl::Status st = WriteCheckpoint(path, s);
+    EXPECT_FALSE(st.ok());
+    if (error.ok()) {
+      EXPECT_TRUE(absl::IsInternal(st)) << st;
+      EXPECT_NE(st.message().find("section x wrote 4 bytes"), std::string::npos)
+          << st;
+    } else {
+      EXPECT_EQ(st, error);
+    }
+    EXPECT_EQ(*ReadFile(path), before);
+  }
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir),
+                          std::filesystem::directory_iterator()),
+            1);
+}
+
+TEST(CheckpointTest, ReaderKeepsSmallSectionsAndReadsOthersFromTheFile) {
+  const std::string path = testing::TempDir() + "/c.ckpt";
+  Checkpoint c = Make(2, 5000);
+  c.sections["empty"] = "";
+  ASSERT_TRUE(WriteCheckpoint(path, c).ok());
+  absl::StatusOr<CheckpointReader> r =
+      CheckpointReader::Open(path, /*keep_bytes=*/100);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->path(), path);
+  EXPECT_EQ(r->Names(), (std::vector<std::string>{"blob", "empty", "meta"}));
+  EXPECT_TRUE(r->Has("meta"));
+  EXPECT_FALSE(r->Has("nope"));
+  EXPECT_EQ(*r->Size("blob"), 5000u);
+  for (const auto& [name, bytes] : c.sections) {
+    EXPECT_EQ(r->ReadString(name).value_or("?"), bytes) << name;
+  }
+  absl::StatusOr<SectionReader> blob = r->Section("blob");
+  ASSERT_TRUE(blob.ok());
+  std::string head(10, '\0'), tail(4980, '\0');
+  ASSERT_TRUE(blob->Read(head.data(), 10).ok());
+  ASSERT_TRUE(blob->Skip(10).ok());
+  ASSERT_TRUE(blob->Read(tail.data(), tail.size()).ok());
+  EXPECT_EQ(head + std::string(10, head[0]) + tail, c.sections["blob"]);
+  absl::Status past = blob->Read(head.data(), 1);
+  EXPECT_TRUE(absl::IsDataLoss(past)) << past;
+  EXPECT_NE(past.message().find("section blob"), std::string::npos) << past;
+  EXPECT_TRUE(absl::IsNotFound(r->ReadString("nope").status()));
+  EXPECT_TRUE(absl::IsNotFound(r->Section("nope").status()));
+  // Damage anywhere is found when the file is opened, before any section
+  // is read.
+  std::string bytes = *ReadFile(path);
+  bytes[bytes.size() / 2] ^= 0x01;
+  ASSERT_TRUE(WriteFileAtomic(path, bytes).ok());
+  EXPECT_TRUE(absl::IsDataLoss(CheckpointReader::Open(path, 0).status()));
+}
+
+// Neither direction holds a section whole: writing a 64 MiB section held
+// elsewhere, or reading it into its destination, takes the heap no more
+// than the bounded buffers.
+TEST(CheckpointTest, WritingAndReadingHoldOnlyBoundedBuffers) {
+  const std::string path = testing::TempDir() + "/c.ckpt";
+  const size_t size = 64 << 20;
+  std::vector<char> blob(size, 'q');
+  std::vector<char> into(size);
+  const int64_t before = HeapNow();
+  int64_t during = 0;
+  CheckpointSections s;
+  s.emplace("blob", CheckpointSection::View({blob.data(), size}));
+  // Written after "blob" (by name): what the writer holds by then.
+  s.emplace("probe", CheckpointSection(0, [&](ByteSink&) {
+              during = HeapNow() - before;
+              return absl::OkStatus();
+            }));
+  ASSERT_TRUE(WriteCheckpoint(path, s).ok());
+  EXPECT_LT(during, 2 << 20);
+  absl::StatusOr<CheckpointReader> r = CheckpointReader::Open(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  absl::StatusOr<SectionReader> section = r->Section("blob");
+  ASSERT_TRUE(section.ok());
+  ASSERT_TRUE(section->Read(into.data(), size).ok());
+  EXPECT_LT(HeapNow() - before, 2 << 20);
+  EXPECT_TRUE(into == blob);
 }
 
 }  // namespace
