@@ -432,6 +432,22 @@ absl::Status Trainer::CheckMemory(int processes, int weight_copies) const {
       "; lower --batch or the model's size"));
 }
 
+void Trainer::DropGradients() {
+  for (torch::Tensor& p : model_->Parameters()) p.mutable_grad().reset();
+}
+
+void Trainer::ZeroMissingGradients() {
+  std::vector<torch::Tensor> params = model_->Parameters();
+  had_gradient_.resize(params.size(), false);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].grad().defined()) {
+      had_gradient_[i] = true;
+    } else if (had_gradient_[i]) {
+      params[i].mutable_grad() = torch::zeros_like(params[i]);
+    }
+  }
+}
+
 absl::StatusOr<StepResult> Trainer::Step(const GradientHook& hook) {
   auto start = std::chrono::steady_clock::now();
   double hook_seconds = 0;
@@ -444,17 +460,18 @@ absl::StatusOr<StepResult> Trainer::Step(const GradientHook& hook) {
     for (auto& group : optimizer_->param_groups()) group.options().set_lr(r.lr);
     Batch batch = dataset_->NextTrain(config_.batch(), sampler_, r.region);
     torch::Tensor x = batch.x.to(device_), y = batch.y.to(device_);
-    optimizer_->zero_grad();
+    DropGradients();  // none, unless the last step threw
     torch::Tensor logits = model_->Forward(x);
     torch::Tensor loss = torch::nn::functional::cross_entropy(
         logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
     loss.backward();
+    ZeroMissingGradients();
     if (hook) {
       auto hook_start = std::chrono::steady_clock::now();
       absl::Status s = hook(model_->Parameters());
       hook_seconds = Seconds(hook_start);
       if (!s.ok()) {
-        optimizer_->zero_grad();
+        DropGradients();
         return s;
       }
     }
@@ -462,6 +479,7 @@ absl::StatusOr<StepResult> Trainer::Step(const GradientHook& hook) {
       torch::nn::utils::clip_grad_norm_(model_->Parameters(), config_.clip());
     }
     optimizer_->step();
+    DropGradients();
     r.loss = loss.item<double>();
     r.samples = batch.y.size(0);
     r.tokens = batch.y.numel();

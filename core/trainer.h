@@ -189,6 +189,14 @@ class Trainer {
   absl::Status Init();
   // Fills activation_bytes_*; throws what the model's forward throws.
   void MeasureActivations();
+  // The gradients live only from a step's backward pass to its optimizer
+  // step: between steps (a round's exchange, a checkpoint) and through the
+  // forward pass, the memory of one copy of the weights is free.
+  // ZeroMissingGradients then gives a parameter that had a gradient in an
+  // earlier step but none in this backward pass a zero one, as clearing
+  // the gradients in place did: the optimizer steps it all the same.
+  void DropGradients();
+  void ZeroMissingGradients();
   // RestoreCheckpoint's parts: FailedPrecondition when the checkpoint's
   // trainer state `st` and architecture are not this run's; the tensors of
   // either format; the RNG state.
@@ -212,6 +220,7 @@ class Trainer {
   // Bytes of the weights, and of their gradients plus optimizer state.
   double weight_bytes_ = 0;
   double training_state_bytes_ = 0;
+  std::vector<bool> had_gradient_;  // by parameter, see ZeroMissingGradients
 };
 
 }  // namespace starling

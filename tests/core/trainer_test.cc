@@ -666,5 +666,29 @@ TEST(TrainerTest, CheckpointHoldsNoCopyOfTheModel) {
   EXPECT_LT(during, weights / 4) << "of " << weights << " bytes of weights";
 }
 
+// The gradients live only inside a step: between steps (a round's
+// exchange, a checkpoint) their copy of the weights is free. A step whose
+// hook fails leaves none either, and the parameters as they were.
+TEST(TrainerTest, GradientsLiveOnlyInsideAStep) {
+  auto t = MustCreate(TinyText());
+  auto no_grads = [&] {
+    for (const torch::Tensor& p : t->Parameters()) {
+      if (p.grad().defined()) return false;
+    }
+    return true;
+  };
+  RunSteps(*t, 2);
+  EXPECT_TRUE(no_grads());
+  const std::string before = ModelHash(t->Parameters());
+  absl::StatusOr<StepResult> failed =
+      t->Step([](const std::vector<torch::Tensor>& params) {
+        EXPECT_TRUE(params[0].grad().defined());
+        return absl::AbortedError("peer left");
+      });
+  EXPECT_TRUE(absl::IsAborted(failed.status()));
+  EXPECT_TRUE(no_grads());
+  EXPECT_EQ(ModelHash(t->Parameters()), before);
+}
+
 }  // namespace
 }  // namespace starling
