@@ -1,15 +1,21 @@
-// Fuzz target for the checkpoint loader (core/checkpoint.h ReadCheckpoint)
-// and the parsers of the sections a resumed node reads besides LibTorch's
-// archives: the trainer state proto, the outer optimizer's and the error
-// feedback's saved state, and the round and comm counters
-// (node/node_command.cc).
+// Fuzz target for the checkpoint loaders (core/checkpoint.h ReadCheckpoint
+// and the streaming CheckpointReader) and the parsers of the sections a
+// resumed node reads besides LibTorch's archives: the trainer's tensor
+// streams (core/tensor_stream.h: the model's, and the optimizer's state as
+// core/optimizer_state.h reads it), the trainer state proto, the outer
+// optimizer's and the error feedback's saved state, and the round and comm
+// counters (node/node_command.cc).
 // Input: u8 mode, then the file's bytes. With mode bit0 set the correct
 // trailing checksum is appended, so the fuzzer reaches the section parser;
 // without it the bytes are the whole file. The file is written to a scratch
 // directory of this process (under $TMPDIR) and nowhere else.
-// Invariants: errors are DataLoss; a checkpoint that loads is written back
-// and reads back with the same sections; a section state that loads saves
-// back to the same bytes.
+// Invariants: errors are DataLoss; both loaders agree (the same error, or
+// the same sections, the streaming one reading them from the file in
+// pieces); a checkpoint that loads is written back and reads back with the
+// same sections; a section state or a tensor stream that loads saves back
+// to the same bytes.
+#include <torch/torch.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -19,8 +25,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "compression/codec.h"
+#include "core/byte_stream.h"
 #include "core/checkpoint.h"
 #include "core/flat_params.h"
+#include "core/optimizer_state.h"
+#include "core/tensor_stream.h"
 #include "outer_opt/outer_optimizer.h"
 #include "starling/config/v1/config.pb.h"
 #include "tests/fuzz/fuzz_util.h"
@@ -35,6 +44,70 @@ void WriteRaw(const std::string& path, absl::string_view bytes) {
   FUZZ_CHECK(f != nullptr, "cannot write %s", path.c_str());
   if (!bytes.empty()) std::fwrite(bytes.data(), 1, bytes.size(), f);
   std::fclose(f);
+}
+
+// A section that is a tensor stream: read into tensors of its own headers'
+// shapes, it streams back to the same bytes; as optimizer state, it loads
+// into a small AdamW or is DataLoss.
+void LoadTensorStream(const std::string& bytes) {
+  if (bytes.compare(0, 8, "STARTNSR") != 0) return;
+  NamedTensors read;
+  StringSource in(bytes);
+  const absl::Status st = ReadTensors(in, [&](const TensorHeader& h) {
+    read.emplace_back(h.name, torch::empty(h.shape, torch::dtype(h.dtype)));
+    return read.back().second;
+  });
+  FUZZ_CHECK(st.ok() || absl::IsDataLoss(st), "tensors: %s",
+             st.ToString().c_str());
+  if (st.ok()) {
+    std::string back;
+    StringSink sink(&back);
+    FUZZ_CHECK(WriteTensors(read, sink).ok(), "tensors do not write back");
+    FUZZ_CHECK(back == bytes, "tensors do not stream back to the same bytes");
+  }
+  static auto* params = new std::vector<torch::Tensor>{
+      torch::zeros({2, 3}, torch::requires_grad()),
+      torch::zeros({3}, torch::requires_grad())};
+  torch::optim::AdamW opt(*params);
+  StringSource again(bytes);
+  const absl::Status os = ReadOptimizerState(again, opt);
+  FUZZ_CHECK(os.ok() || absl::IsDataLoss(os), "optimizer state: %s",
+             os.ToString().c_str());
+  if (os.ok()) {
+    FUZZ_CHECK(OptimizerStateTensors(opt).ok(), "state does not save back");
+  }
+}
+
+// The streaming reader, keeping nothing, finds what ReadCheckpoint found.
+void ReadStreamed(const std::string& path,
+                  const absl::StatusOr<Checkpoint>& whole) {
+  absl::StatusOr<CheckpointReader> reader =
+      CheckpointReader::Open(path, /*keep_bytes=*/0);
+  FUZZ_CHECK(reader.ok() == whole.ok(), "the loaders disagree: %s vs %s",
+             reader.status().ToString().c_str(),
+             whole.status().ToString().c_str());
+  if (!whole.ok()) {
+    FUZZ_CHECK(reader.status() == whole.status(), "different errors");
+    return;
+  }
+  FUZZ_CHECK(reader->Names().size() == whole->sections.size(),
+             "different sections");
+  for (const auto& [name, bytes] : whole->sections) {
+    absl::StatusOr<SectionReader> section = reader->Section(name);
+    FUZZ_CHECK(section.ok(), "section %s: %s", name.c_str(),
+               section.status().ToString().c_str());
+    std::string got(bytes.size(), '\0');
+    // In two pieces, as a consumer that reads a header then a body would.
+    const size_t half = got.size() / 2;
+    FUZZ_CHECK(section->Read(got.data(), half).ok() &&
+                   section->Read(got.data() + half, got.size() - half).ok() &&
+                   section->remaining() == 0,
+               "section %s does not read back", name.c_str());
+    FUZZ_CHECK(got == bytes, "section %s reads back other bytes", name.c_str());
+    char past;
+    FUZZ_CHECK(absl::IsDataLoss(section->Read(&past, 1)),
+               "read past the end of %s", name.c_str());
+  }
 }
 
 void LoadSections(const Checkpoint& c) {
@@ -72,6 +145,9 @@ void LoadSections(const Checkpoint& c) {
       FUZZ_CHECK(ef.SaveState() == *s, "residual does not save back");
     }
   }
+  for (const char* name : {"model_tensors", "optimizer_tensors"}) {
+    if (const std::string* s = section(name)) LoadTensorStream(*s);
+  }
   if (const std::string* s = section("round")) {
     int64_t round = 0;
     (void)absl::SimpleAtoi(*s, &round);
@@ -103,6 +179,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   WriteRaw(*path, file);
   absl::StatusOr<Checkpoint> c = ReadCheckpoint(*path);
+  ReadStreamed(*path, c);
   if (!c.ok()) {
     FUZZ_CHECK(absl::IsDataLoss(c.status()), "ReadCheckpoint: %s",
                c.status().ToString().c_str());

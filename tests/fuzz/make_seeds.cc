@@ -1,10 +1,10 @@
 // Writes the seed corpus of the fuzz targets: a few small valid inputs per
 // target, made with Starling's own encoders (codecs, MakePushChunks,
-// StateBlob, EncodeSwarmState, WriteCheckpoint, protos) in the input layout
-// each target reads (tests/fuzz/fuzz_util.h). Deterministic: the same tree
-// writes the same bytes.
-// The seeds are committed under tests/fuzz/corpus/<target>/, so CI needs no
-// generation. To regenerate them after a format change:
+// StateBlob, EncodeSwarmState, WriteCheckpoint, WriteTensors, protos) in the
+// input layout each target reads (tests/fuzz/fuzz_util.h). Deterministic: the
+// same tree writes the same bytes. The seeds are committed under
+// tests/fuzz/corpus/<target>/, so CI needs no generation. To regenerate them
+// after a format change:
 //   cmake -S . -B build-fuzz -DSTARLING_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ \
 //       -DSTARLING_BUILD_TESTS=OFF -DSTARLING_BUILD_BENCH=OFF
 //   cmake --build build-fuzz --target make_seeds
@@ -12,6 +12,8 @@
 //       tests/fuzz/corpus
 // and bring back the regression-* seeds, which fuzzing found and this does
 // not write: git checkout -- 'tests/fuzz/corpus/*/regression-*'
+#include <torch/torch.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -26,9 +28,12 @@
 #include "compression/codec.h"
 #include "compression/tensor_policy.h"
 #include "compression/zstd_stage.h"
+#include "core/byte_stream.h"
 #include "core/checkpoint.h"
 #include "core/file_util.h"
 #include "core/flat_params.h"
+#include "core/optimizer_state.h"
+#include "core/tensor_stream.h"
 #include "gossip/grpc_transport.h"
 #include "gossip/mailbox.h"
 #include "gossip/push_sum.h"
@@ -479,6 +484,30 @@ void CheckpointSeeds() {
   Writer empty;
   empty.Put<uint8_t>(1).Bytes(none.substr(0, none.size() - 8));
   Save("checkpoint", "no-sections", empty.str());
+  // A trainer's tensor sections: a model of two tensors (the shapes
+  // checkpoint_fuzz's AdamW has) and its optimizer state after one step.
+  std::vector<torch::Tensor> params = {
+      torch::arange(6, torch::kFloat32).reshape({2, 3}).requires_grad_(),
+      torch::full({3}, 0.5f).requires_grad_()};
+  torch::optim::AdamW opt(params);
+  (params[0].sum() * 2 + params[1].sum()).backward();
+  opt.step();
+  auto stream = [](const NamedTensors& t) {
+    std::string out;
+    StringSink sink(&out);
+    FUZZ_CHECK(WriteTensors(t, sink).ok(), "WriteTensors");
+    return out;
+  };
+  Checkpoint tensors;
+  tensors.sections["model_tensors"] = stream(
+      {{"param.0", params[0].detach()}, {"param.1", params[1].detach()}});
+  tensors.sections["optimizer_tensors"] =
+      stream(Must(OptimizerStateTensors(opt)));
+  tensors.sections["architecture"] = "tiny";
+  const std::string streamed = file(tensors);
+  Writer with_tensors;
+  with_tensors.Put<uint8_t>(1).Bytes(streamed.substr(0, streamed.size() - 8));
+  Save("checkpoint", "tensor-sections", with_tensors.str());
 }
 
 }  // namespace
