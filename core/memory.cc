@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -120,6 +121,147 @@ AvailableMemory AvailableMemoryNow() {
     }
   }
   return out;
+}
+
+namespace {
+
+// Measured by bench/memory.py (docs/results/2026-12-07-memory.md), where
+// counting from the code is not practical:
+// - the backward pass's own transients (gradients of the activations, the
+//   optimizer step's temporaries), per byte of activations;
+constexpr double kBackwardPerActivation = 0.5;
+// - the transport's buffers during a round's exchange (ring all-reduce
+//   segments, gRPC's messages, the allocator's arenas of its threads), in
+//   copies of the weights: fp32, and a compressed codec.
+constexpr double kTransportCopiesFp32 = 7.5;
+constexpr double kTransportCopiesCompressed = 3.0;
+// node/main.cc keeps up to this much freed heap for reuse
+// (M_TRIM_THRESHOLD): an inner step's transients stay resident through the
+// phases that follow it.
+constexpr double kKeptFreeHeap = 512.0 * (1 << 20);
+
+double Sum(const std::vector<MemoryItem>& items) {
+  double total = 0;
+  for (const MemoryItem& i : items) total += i.bytes;
+  return total;
+}
+
+}  // namespace
+
+double MemoryEstimate::Held() const { return Sum(held); }
+
+std::string MemoryEstimate::PeakPhase() const {
+  const double s = Sum(step), r = Sum(round), c = Sum(checkpoint);
+  if (r > s && r >= c) return "round";
+  if (c > s && c > r) return "checkpoint";
+  return "step";
+}
+
+double MemoryEstimate::Peak() const {
+  return Held() + std::max({Sum(step), Sum(round), Sum(checkpoint)});
+}
+
+std::string MemoryEstimate::Describe() const {
+  const std::string phase = PeakPhase();
+  std::vector<MemoryItem> items = held;
+  const std::vector<MemoryItem>& top = phase == "round"        ? round
+                                       : phase == "checkpoint" ? checkpoint
+                                                               : step;
+  items.insert(items.end(), top.begin(), top.end());
+  std::stable_sort(items.begin(), items.end(),
+                   [](const MemoryItem& a, const MemoryItem& b) {
+                     return a.bytes > b.bytes;
+                   });
+  std::string out = absl::StrCat(FormatBytes(Peak()), " at peak (",
+                                 phase == "round"        ? "a round's exchange"
+                                 : phase == "checkpoint" ? "a checkpoint"
+                                                         : "an inner step",
+                                 "): ");
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].bytes <= 0) continue;
+    absl::StrAppend(&out, i > 0 ? ", " : "", FormatBytes(items[i].bytes), " ",
+                    items[i].what);
+  }
+  return out;
+}
+
+MemoryEstimate EstimateMemory(const MemoryPlanOptions& o) {
+  const double copy = 4.0 * static_cast<double>(o.parameters);
+  const bool diloco = o.algo == "diloco", gossip = o.algo == "gossip";
+  const bool ddp = o.algo == "ddp";
+  // With the residual in the model (DiLoCo without --overlap), the node
+  // rebuilds its own model θ_global − e around rounds and checkpoints.
+  const bool ef_in_model = o.error_feedback && diloco && !o.overlap;
+  MemoryEstimate e;
+  auto add = [](std::vector<MemoryItem>& to, std::string what, double bytes) {
+    if (bytes > 0) to.push_back({std::move(what), bytes});
+  };
+
+  // For the whole run.
+  add(e.held, "of the process itself (code, data, threads)", o.process_bytes);
+  add(e.held, "of weights", copy);
+  if (o.optimizer == "sgd") {
+    add(e.held, "of SGD momentum", o.sgd_momentum ? copy : 0);
+  } else {
+    add(e.held,
+        absl::StrCat("of ", o.optimizer == "adam" ? "Adam" : "AdamW",
+                     " moments"),
+        2 * copy);
+  }
+  if (diloco) {
+    add(e.held, "of θ_global", copy);  // RunDiloco's theta_global
+    add(e.held, "of outer momentum", o.outer_momentum ? copy : 0);
+    // --overlap: the round in flight outlives the loop iteration that
+    // launched it (its start, the ring's input and buffer).
+    add(e.held, "of the round in flight", o.overlap ? 3 * copy : 0);
+  }
+  if (gossip) {
+    add(e.held, "of the push-sum model", copy);  // RunGossip's y
+    add(e.held, "of gossip momentum", o.gossip_momentum ? 2 * copy : 0);
+  }
+  add(e.held, "of error-feedback residual", o.error_feedback ? copy : 0);
+
+  // An inner step: Trainer::Step's gradients live from the backward pass
+  // to the optimizer step.
+  add(e.step, "of gradients", copy);
+  add(e.step, "of activations", o.activation_bytes);
+  add(e.step, "of the backward pass's transients",
+      kBackwardPerActivation * o.activation_bytes);
+  // ddp: the flat gradients and the all-reduce's working copy.
+  add(e.step, "of flat gradients for the all-reduce", ddp ? 2 * copy : 0);
+
+  // What the allocator keeps of the last step through the phases after it.
+  const double kept = std::min(
+      kKeptFreeHeap, (1 + kBackwardPerActivation) * o.activation_bytes + copy);
+  const bool lossless = o.compression == "fp32";
+  if (diloco) {
+    add(e.round, "of freed step memory the allocator keeps", kept);
+    // RunDiloco: Δ, the ring's input, and each attempt's working copy.
+    add(e.round, "of Δ and the ring's input and working copy", 3 * copy);
+    add(e.round, "of the error feedback's compressed Δ and saved residual",
+        o.error_feedback ? 2 * copy : 0);
+    add(e.round, "of the node's own model", ef_in_model ? copy : 0);
+    add(e.round, "of the overlapped round's start", o.overlap ? copy : 0);
+    add(e.round, "of transport buffers",
+        (lossless ? kTransportCopiesFp32 : kTransportCopiesCompressed) * copy);
+  }
+  if (gossip) {
+    add(e.round, "of freed step memory the allocator keeps", kept);
+    // A push's share and the pushes received (RunGossip, PushSum).
+    add(e.round, "of push buffers", 2 * copy);
+  }
+  if (o.checkpoints) {
+    add(e.checkpoint, "of freed step memory the allocator keeps", kept);
+    // The node's own sections, passed as strings (OuterOptimizer::SaveState,
+    // ErrorFeedback::SaveState); the trainer's tensors go to the file from
+    // their own memory.
+    add(e.checkpoint, "of the outer optimizer's saved state",
+        diloco && o.outer_momentum ? copy : 0);
+    add(e.checkpoint, "of the error feedback's saved state",
+        o.error_feedback ? copy : 0);
+    add(e.checkpoint, "of the node's own model", ef_in_model ? copy : 0);
+  }
+  return e;
 }
 
 }  // namespace starling

@@ -1,13 +1,18 @@
 // What a process holds in memory: the heap in use (glibc's or the sanitizer
 // allocator's count), the memory still available to this process
-// (MemAvailable, capped by its memory cgroup), and this process's resident
-// set (/proc/self/status).
+// (MemAvailable, capped by its memory cgroup), this process's resident set
+// (/proc/self/status); and what a `starling train` or `starling node`
+// process will hold (EstimateMemory, the plan behind the start-up check,
+// Trainer::CheckMemory): every model-sized buffer, by phase, counted from
+// what the code allocates and checked against RSS measured by
+// bench/memory.py (tests/core/memory_test.cc).
 // Free functions, no shared state: thread-safe.
 #ifndef STARLING_CORE_MEMORY_H_
 #define STARLING_CORE_MEMORY_H_
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace starling {
 
@@ -42,6 +47,54 @@ struct ResidentMemory {
   int64_t file = -1;  // RssFile
 };
 ResidentMemory ResidentMemoryNow();
+
+// What one process of a run is, for its memory plan.
+struct MemoryPlanOptions {
+  std::string algo = "train";        // train | diloco | gossip | ddp
+  std::string optimizer = "adamw";   // adamw | adam | sgd
+  bool sgd_momentum = true;          // sgd with --momentum > 0
+  bool outer_momentum = true;        // diloco --outer=nesterov
+  std::string compression = "fp32";  // --compression
+  bool error_feedback = false;       // the node keeps a residual
+  bool overlap = false;              // diloco --overlap
+  bool checkpoints = true;           // a checkpoint is written at all
+  // Gossip's momentum (--gossip_momentum > 0): the anchor and its buffer.
+  bool gossip_momentum = false;
+  int64_t parameters = 0;  // trainable fp32 values
+  // What an inner step's forward pass holds for the backward pass, at the
+  // run's --batch (Trainer measures it); 0 when unknown.
+  double activation_bytes = 0;
+  // The process without its model: code, data, threads (Trainer measures
+  // its own before it builds the model); 0 when unknown.
+  double process_bytes = 0;
+};
+
+struct MemoryItem {
+  std::string what;
+  double bytes = 0;
+};
+
+// What one process holds: `held` for the whole run, and on top of it, at
+// any moment, one of its phases.
+struct MemoryEstimate {
+  std::vector<MemoryItem> held;
+  std::vector<MemoryItem> step;        // an inner step
+  std::vector<MemoryItem> round;       // a round's exchange
+  std::vector<MemoryItem> checkpoint;  // a checkpoint being written
+  double Held() const;
+  // Held() plus the largest phase.
+  double Peak() const;
+  // The largest phase: "step", "round" or "checkpoint".
+  std::string PeakPhase() const;
+  // "1.8 GB at peak (a round's exchange): 76.8 MB of weights, ..." for
+  // messages: the items held and those of the peak phase, largest first.
+  std::string Describe() const;
+};
+
+// The plan of one process of `o`, item by item. Each item is a buffer the
+// code allocates (its owner named in memory.cc), or, for the transport and
+// the allocator, what bench/memory.py measured of them.
+MemoryEstimate EstimateMemory(const MemoryPlanOptions& o);
 
 }  // namespace starling
 

@@ -226,23 +226,39 @@ std::string ResumeDifferences(const TrainConfig& was, const TrainConfig& now) {
   return absl::StrJoin(out, ", ");
 }
 
-absl::Status CheckTrainConfig(const TrainConfig& config, int processes,
-                              int weight_copies) {
+namespace {
+
+// The trainer CheckTrainConfig checks: built and probed on the CPU (the
+// launcher that checks should not hold a GPU context of its own for the
+// whole run), unsharded. Create checks one process; GPU nodes keep their
+// weights, state and activations in GPU memory, not this machine's.
+absl::StatusOr<std::unique_ptr<Trainer>> ProbeTrainer(
+    const TrainConfig& config) {
   STARLING_RETURN_IF_ERROR(DeviceOf(config).status());
-  // The model is built and probed on the CPU: the launcher that checks
-  // should not hold a GPU context of its own for the whole run.
   TrainConfig probe = config;
   probe.set_device("cpu");
   probe.set_shard("0/1");
-  // Create checks one process. GPU nodes keep their weights, state and
-  // activations in GPU memory, not this machine's.
-  STARLING_ASSIGN_OR_RETURN(
-      std::unique_ptr<Trainer> trainer,
-      Trainer::Create(probe, /*check_memory=*/config.device() == "cpu"));
+  return Trainer::Create(probe, /*check_memory=*/config.device() == "cpu");
+}
+
+}  // namespace
+
+absl::Status CheckTrainConfig(const TrainConfig& config, int processes,
+                              int weight_copies) {
+  STARLING_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                            ProbeTrainer(config));
   if ((processes <= 1 && weight_copies == 0) || config.device() != "cpu") {
     return absl::OkStatus();
   }
   return trainer->CheckMemory(processes, weight_copies);
+}
+
+absl::Status CheckTrainConfig(const TrainConfig& config, int processes,
+                              const MemoryPlanOptions& plan) {
+  STARLING_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                            ProbeTrainer(config));
+  if (config.device() != "cpu") return absl::OkStatus();
+  return trainer->CheckMemory(processes, plan);
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
@@ -261,6 +277,7 @@ absl::Status Trainer::Init() {
   STARLING_ASSIGN_OR_RETURN(data.shard,
                             ParseShard(config_.shard(), config_.shard_mode()));
   STARLING_ASSIGN_OR_RETURN(dataset_, LoadDataset(data));
+  process_bytes_ = std::max<int64_t>(0, ResidentMemoryNow().anon);
 
   ModelOptions mo;
   mo.spec = config_.model();
@@ -446,6 +463,41 @@ void Trainer::ZeroMissingGradients() {
       params[i].mutable_grad() = torch::zeros_like(params[i]);
     }
   }
+}
+
+MemoryPlanOptions Trainer::MemoryPlan(MemoryPlanOptions plan) const {
+  plan.parameters = static_cast<int64_t>(weight_bytes_ / sizeof(float));
+  plan.optimizer = config_.optimizer();
+  plan.sgd_momentum = config_.momentum() > 0;
+  plan.activation_bytes =
+      activation_bytes_per_example_ > 0
+          ? activation_bytes_fixed_ +
+                config_.batch() * activation_bytes_per_example_
+          : 0;
+  plan.process_bytes = process_bytes_;
+  return plan;
+}
+
+absl::Status Trainer::CheckMemory(int processes,
+                                  const MemoryPlanOptions& plan) const {
+  if (!device_.is_cpu()) return absl::OkStatus();
+  const AvailableMemory available = AvailableMemoryNow();
+  if (available.bytes < 0) return absl::OkStatus();
+  const MemoryEstimate each = EstimateMemory(MemoryPlan(plan));
+  // This process holds its own cost and its weights already.
+  const double need = processes * each.Peak() -
+                      (model_ != nullptr ? process_bytes_ + weight_bytes_ : 0);
+  if (need <= static_cast<double>(available.bytes)) return absl::OkStatus();
+  const bool several = processes > 1;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--model=", config_.model(), " with --batch=", config_.batch(), ": ",
+      several ? absl::StrCat(processes, " nodes hold about ",
+                             FormatBytes(processes * each.Peak()), ", each ")
+              : "a process holds ",
+      each.Describe(), "; more than the ",
+      FormatBytes(static_cast<double>(available.bytes)),
+      " of memory available here (", available.source,
+      "); use a smaller model or --batch", several ? " or fewer nodes" : ""));
 }
 
 absl::StatusOr<StepResult> Trainer::Step(const GradientHook& hook) {

@@ -22,6 +22,7 @@
 #include "core/checkpoint.h"
 #include "core/data.h"
 #include "core/lr_schedule.h"
+#include "core/memory.h"
 #include "core/model.h"
 #include "starling/config/v1/config.pb.h"
 
@@ -59,6 +60,12 @@ absl::Status ResolveTrainConfig(TrainConfig* config);
 // besides the trainer's (a DiLoCo node's global weights, say) count too.
 absl::Status CheckTrainConfig(const TrainConfig& config, int processes = 1,
                               int weight_copies = 0);
+// The same check, counting what each of `processes` processes of `plan`
+// really holds at its peak (EstimateMemory: its algorithm, compression,
+// error feedback and checkpoints; the model's size, optimizer, activations
+// and the process's own cost come from the probed trainer).
+absl::Status CheckTrainConfig(const TrainConfig& config, int processes,
+                              const MemoryPlanOptions& plan);
 
 // The settings in which `now` differs from `was` (a checkpoint's) that
 // change what training computes, as "--lr=0.01 (was 0.003), --steps=2000
@@ -183,6 +190,14 @@ class Trainer {
   // `weight_copies` more fp32 copies of the weights per process (what a
   // node keeps besides the trainer) count with the state.
   absl::Status CheckMemory(int processes, int weight_copies = 0) const;
+  // CheckMemory against the peak of `processes` processes of `plan`
+  // (MemoryPlan's): InvalidArgument naming --model, --batch and --nodes,
+  // with what a process holds item by item. OK on a GPU.
+  absl::Status CheckMemory(int processes, const MemoryPlanOptions& plan) const;
+  // `plan` with this trainer's part filled in: its parameters, optimizer,
+  // the activations of a step at --batch (where measured) and the memory
+  // this process held before it built its model (code, data).
+  MemoryPlanOptions MemoryPlan(MemoryPlanOptions plan) const;
 
  private:
   Trainer(const TrainConfig& config, torch::Device device);
@@ -220,6 +235,7 @@ class Trainer {
   // Bytes of the weights, and of their gradients plus optimizer state.
   double weight_bytes_ = 0;
   double training_state_bytes_ = 0;
+  double process_bytes_ = 0;  // RssAnon before the model, measured by Init
   std::vector<bool> had_gradient_;  // by parameter, see ZeroMissingGradients
 };
 

@@ -122,14 +122,31 @@ absl::StatusOr<std::unique_ptr<Trainer>> StartTrainer(NodeConfig* config) {
   if (!trainer.ok()) {
     return WithExitCode(trainer.status(), ExitCodeFor(trainer.status()));
   }
-  absl::Status s = (*trainer)->CheckMemory(1, WeightCopiesOfNode(config->algo));
+  const MemoryPlanOptions plan =
+      (*trainer)->MemoryPlan(NodeMemoryPlan(*config));
+  absl::Status s = (*trainer)->CheckMemory(1, plan);
   if (!s.ok()) return WithExitCode(s, 2);
+  // bench/memory.py sets the plan beside the RSS it measures.
+  const MemoryEstimate estimate = EstimateMemory(plan);
+  LogEvent(LogLevel::kInfo, "memory_plan",
+           absl::StrCat("memory plan (", static_cast<int64_t>(estimate.Peak()),
+                        " bytes): ", estimate.Describe()),
+           {{"peak_bytes", absl::StrCat(static_cast<int64_t>(estimate.Peak()))},
+            {"peak_phase", estimate.PeakPhase()}});
   return trainer;
 }
 
 // Pseudo-gradient compression: a per-tensor policy over the flat view
 // (params) and the same plus the fp32 averaging weights and stop vote (the
 // ring's tensor).
+// --error_feedback as asked: "on", or "auto" and a codec that keeps a
+// residual by default. A lossless codec has none either way.
+bool WantsErrorFeedback(const NodeConfig& config) {
+  const std::string& ef = config.error_feedback;
+  return ef == "on" ||
+         (ef == "auto" && ErrorFeedbackByDefault(config.compression));
+}
+
 absl::StatusOr<NodeCodecs> MakeCodecs(
     const NodeConfig& config, const std::vector<torch::Tensor>& params) {
   NodeCodecs codecs;
@@ -142,10 +159,8 @@ absl::StatusOr<NodeCodecs> MakeCodecs(
   STARLING_ASSIGN_OR_RETURN(codecs.ring, PolicyCodec::Create(tensor_sizes, po));
   const std::string& compression = config.compression;
   codecs.ring_codec = compression == "fp32" ? nullptr : codecs.ring.get();
-  const std::string& ef = config.error_feedback;
   codecs.error_feedback =
-      !codecs.params->lossless() &&
-      (ef == "on" || (ef == "auto" && ErrorFeedbackByDefault(compression)));
+      !codecs.params->lossless() && WantsErrorFeedback(config);
   codecs.ef_in_model = codecs.error_feedback && config.algo == "diloco" &&
                        !config.diloco.overlap;
   if (codecs.ef_in_model) {
@@ -294,8 +309,18 @@ const Subcommand& NodeSubcommand() {
   return *sub;
 }
 
-int WeightCopiesOfNode(const std::string& algo) {
-  return algo == "diloco" ? 3 : 1;
+MemoryPlanOptions NodeMemoryPlan(const NodeConfig& config) {
+  MemoryPlanOptions plan;
+  plan.algo = config.algo;
+  plan.compression = config.compression;
+  plan.error_feedback =
+      config.compression != "fp32" && WantsErrorFeedback(config);
+  plan.overlap = config.algo == "diloco" && config.diloco.overlap;
+  plan.outer_momentum = config.diloco.outer.kind == "nesterov" &&
+                        config.diloco.outer.momentum > 0;
+  plan.gossip_momentum = config.gossip.momentum > 0;
+  plan.checkpoints = !config.train.out().empty();
+  return plan;
 }
 
 int RunNodeCommand() {

@@ -15,6 +15,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/status/status.h"
+#include "core/memory.h"
 #include "gossip/peer_credentials.h"
 #include "node/flags.h"
 
@@ -30,6 +31,8 @@ ABSL_DECLARE_FLAG(std::string, link_latency_ms);
 
 namespace starling {
 
+struct NodeConfig;
+
 const Subcommand& NodeSubcommand();
 
 // The node-only flags (sim passes them through to its children).
@@ -43,10 +46,10 @@ const std::vector<std::string>& NodeFlagNames();
 // directory or starts a node; RunNodeCommand runs the same checks first.
 absl::Status CheckNodeFlags();
 
-// The fp32 copies of the weights a node running `algo` keeps besides its
-// trainer's, for the memory check: DiLoCo's global weights, outer momentum
-// and pseudo-gradient (3); gossip's and ddp's flat vector (1).
-int WeightCopiesOfNode(const std::string& algo);
+// What a node of `config` holds besides its trainer's part, for the memory
+// check (core/memory.h EstimateMemory): its algorithm, compression, error
+// feedback, --overlap, outer and gossip momentum, and checkpoints.
+MemoryPlanOptions NodeMemoryPlan(const NodeConfig& config);
 
 // The peer-security flags (--tls_*, --insecure, --join_token_file,
 // --peer_rate_limit) as the node reads them.

@@ -21,6 +21,8 @@
 #include "gossip/peer_credentials.h"
 #include "node/faults.h"
 #include "node/node_command.h"
+#include "node/node_flags.h"
+#include "node/node_run.h"
 #include "node/run_output.h"
 #include "node/sim_events.h"
 #include "node/sim_merge.h"
@@ -222,13 +224,15 @@ absl::Status ParseSimFlags(SimSetup* s) {
 // before the run directory and the node processes exist.
 absl::Status CheckNodesCanStart(SimSetup* s) {
   STARLING_RETURN_IF_ERROR(ResolveTrainConfig(&s->config));
-  STARLING_RETURN_IF_ERROR(CheckNodeFlags());
+  NodeConfig node;
+  node.train = s->config;
+  STARLING_RETURN_IF_ERROR(ParseNodeFlags(&node));
   // The data and model, which every node loads: a missing file, an unknown
-  // model, or a model and batch whose weights, training state and
-  // activations in every node (joiners included) cannot fit in memory.
-  STARLING_RETURN_IF_ERROR(
-      CheckTrainConfig(s->config, static_cast<int>(s->ids.size()),
-                       WeightCopiesOfNode(absl::GetFlag(FLAGS_algo))));
+  // model, or a run whose nodes (joiners included) cannot fit in memory at
+  // their peak: the trainer, what the algorithm keeps, a round's exchange
+  // or a checkpoint (core/memory.h).
+  STARLING_RETURN_IF_ERROR(CheckTrainConfig(
+      s->config, static_cast<int>(s->ids.size()), NodeMemoryPlan(node)));
   // main() keeps up to 512 MiB of freed heap for the all-reduce; the probe
   // model's was the sim's only large allocation, so give it back rather
   // than hold it for the whole run (588 MB of RSS with --width=1024

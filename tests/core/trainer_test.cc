@@ -198,6 +198,19 @@ TEST(MemoryTest, WhatCannotFitIsRefusedNamingTheFlag) {
                  "1000000000 nodes need");
   expect_refused(small, 1000000000, 0, "or fewer nodes");
   expect_refused(small, 1000000000, 3, "and 3 more copies of the weights");
+  // With a node's plan (core/memory.h), the refusal says what one node
+  // holds at its peak, item by item.
+  MemoryPlanOptions diloco;
+  diloco.algo = "diloco";
+  EXPECT_TRUE(CheckTrainConfig(small, 4, diloco).ok());
+  const absl::Status plan = CheckTrainConfig(small, 1000000000, diloco);
+  EXPECT_TRUE(absl::IsInvalidArgument(plan)) << plan;
+  for (absl::string_view want :
+       {"--model=cnn with --batch=4: 1000000000 nodes hold about",
+        "at peak (a round's exchange): ", "of transport buffers",
+        "of memory available here", "or fewer nodes"}) {
+    EXPECT_NE(plan.message().find(want), std::string::npos) << plan;
+  }
   // A model whose weights alone cannot fit is refused before it is built:
   // a gpt of 10^15 parameters (4 PB) fails at once, not in an allocation.
   TrainConfig huge = TinyText();
