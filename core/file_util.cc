@@ -94,18 +94,23 @@ FileReader::~FileReader() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-absl::Status FileReader::Read(void* dst, size_t n) {
-  auto* out = static_cast<char*>(dst);
+namespace {
+
+// Fills out[0, n) through `read_some` (read or pread of the rest), retrying
+// on EINTR: a file that ends early is an error, never a short read.
+template <typename ReadSome>
+absl::Status ReadFully(const std::string& path, char* out, size_t n,
+                       ReadSome read_some) {
   while (n > 0) {
-    ssize_t got = ::read(fd_, out, n);
+    ssize_t got = read_some(out, n);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("cannot read ", path_, ": ", std::strerror(errno)));
+          absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
     }
     if (got == 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("cannot read ", path_, ": it ended ", n,
+          absl::StrCat("cannot read ", path, ": it ended ", n,
                        " bytes early (it shrank while being read)"));
     }
     out += got;
@@ -114,25 +119,20 @@ absl::Status FileReader::Read(void* dst, size_t n) {
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::Status FileReader::Read(void* dst, size_t n) {
+  return ReadFully(path_, static_cast<char*>(dst), n,
+                   [this](char* out, size_t k) { return ::read(fd_, out, k); });
+}
+
 absl::Status FileReader::ReadAt(uint64_t offset, void* dst, size_t n) const {
-  auto* out = static_cast<char*>(dst);
-  while (n > 0) {
-    ssize_t got = ::pread(fd_, out, n, static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot read ", path_, ": ", std::strerror(errno)));
-    }
-    if (got == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot read ", path_, ": it ended ", n,
-                       " bytes early (it shrank while being read)"));
-    }
-    out += got;
-    offset += static_cast<uint64_t>(got);
-    n -= static_cast<size_t>(got);
-  }
-  return absl::OkStatus();
+  return ReadFully(
+      path_, static_cast<char*>(dst), n, [this, &offset](char* out, size_t k) {
+        const ssize_t got = ::pread(fd_, out, k, static_cast<off_t>(offset));
+        if (got > 0) offset += static_cast<uint64_t>(got);
+        return got;
+      });
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
