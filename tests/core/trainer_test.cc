@@ -15,10 +15,13 @@
 #include "gtest/gtest.h"
 #include "tests/core/test_util.h"
 #include "tests/core/tiny_gpt.h"
+#include "tests/core/trainer_util.h"
 
 namespace starling {
 namespace {
 
+using ::starling::testing::MustCreate;
+using ::starling::testing::RunSteps;
 using ::starling::testing::TempDir;
 
 std::string Fixture(const char* name) {
@@ -57,23 +60,6 @@ TrainConfig TinyImages(const std::string& model) {
   c.set_seed(9);
   EXPECT_TRUE(ResolveTrainConfig(&c).ok());
   return c;
-}
-
-std::unique_ptr<Trainer> MustCreate(const TrainConfig& c) {
-  auto t = Trainer::Create(c);
-  EXPECT_TRUE(t.ok()) << t.status();
-  return t.ok() ? std::move(t).value() : nullptr;
-}
-
-std::vector<double> RunSteps(Trainer& t, int n) {
-  std::vector<double> losses;
-  for (int i = 0; i < n; ++i) {
-    auto r = t.Step();
-    EXPECT_TRUE(r.ok()) << r.status();
-    if (!r.ok()) break;
-    losses.push_back(r->loss);
-  }
-  return losses;
 }
 
 TEST(ResolveTest, AutoDefaultsFollowTheData) {
