@@ -18,16 +18,21 @@ int64_t NumElements(const std::vector<torch::Tensor>& tensors) {
 
 std::vector<float> Flatten(const std::vector<torch::Tensor>& tensors) {
   std::vector<float> flat(static_cast<size_t>(NumElements(tensors)));
+  FlattenInto(tensors, absl::MakeSpan(flat));
+  return flat;
+}
+
+void FlattenInto(const std::vector<torch::Tensor>& tensors,
+                 absl::Span<float> out) {
   torch::NoGradGuard no_grad;
   size_t offset = 0;
   for (const auto& t : tensors) {
     torch::Tensor cpu =
         t.detach().to(torch::kCPU, torch::kFloat32).contiguous();
-    std::memcpy(flat.data() + offset, cpu.data_ptr<float>(),
+    std::memcpy(out.data() + offset, cpu.data_ptr<float>(),
                 sizeof(float) * static_cast<size_t>(cpu.numel()));
     offset += static_cast<size_t>(cpu.numel());
   }
-  return flat;
 }
 
 absl::Status Unflatten(absl::Span<const float> flat,

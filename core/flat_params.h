@@ -22,6 +22,9 @@ int64_t NumElements(const std::vector<torch::Tensor>& tensors);
 // Copies every tensor (any device, floating dtype) into one fp32 CPU buffer,
 // concatenated in order.
 std::vector<float> Flatten(const std::vector<torch::Tensor>& tensors);
+// Flatten into `out`, which must hold exactly NumElements(tensors) floats.
+void FlattenInto(const std::vector<torch::Tensor>& tensors,
+                 absl::Span<float> out);
 
 // Writes `flat` back into `tensors` in place (same order, converting to each
 // tensor's dtype and device). InvalidArgument when the sizes differ.

@@ -19,12 +19,14 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/checkpoint.h"
+#include "core/device.h"
 #include "core/file_util.h"
 #include "core/logging.h"
 #include "core/memory.h"
 #include "core/optimizer_state.h"
 #include "core/status.h"
 #include "core/tensor_stream.h"
+#include "core/torch_compat.h"
 #include "core/torch_error.h"
 
 namespace starling {
@@ -41,6 +43,22 @@ std::string ShapeString(const torch::Tensor& t) {
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since)
       .count();
+}
+
+// torch::nn::utils::clip_grad_norm_ (2-norm) with the same operations, so
+// the same bits, minus its last line: it reads the norm back to the host,
+// which on a GPU stalls every step until the backward pass has finished.
+void ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm) {
+  std::vector<torch::Tensor> grads, norms;
+  for (const torch::Tensor& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad().data());
+  }
+  if (grads.empty()) return;
+  for (const torch::Tensor& g : grads) norms.push_back(g.norm(2.0));
+  const torch::Tensor total =
+      norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2.0);
+  const torch::Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+  for (torch::Tensor& g : grads) g.mul_(coef);
 }
 
 // The data options of `config`, shard and drift aside.
@@ -79,6 +97,8 @@ TrainConfig DefaultTrainConfig() {
   c.set_batch(0);  // auto
   c.set_steps(0);  // auto
   c.set_device("cpu");
+  c.set_precision("fp32");
+  c.set_gpu_memory_fraction(0);
   c.set_threads(0);
   c.set_seed(0);
   c.set_eval_every(200);
@@ -149,6 +169,14 @@ absl::Status ResolveTrainConfig(TrainConfig* c) {
       !absl::StartsWith(c->device(), "cuda:")) {
     return bad("device", c->device(), "expected cpu, cuda or cuda:N");
   }
+  if (c->precision().empty()) c->set_precision("fp32");
+  if (c->precision() != "fp32" && c->precision() != "bf16") {
+    return bad("precision", c->precision(), "expected fp32 or bf16");
+  }
+  if (!(c->gpu_memory_fraction() >= 0 && c->gpu_memory_fraction() <= 1)) {
+    return bad("gpu_memory_fraction", c->gpu_memory_fraction(),
+               "must be in [0, 1] (0: no cap)");
+  }
   if (!(c->slowdown() >= 1.0 && c->slowdown() <= kMaxSlowdown)) {
     return bad("slowdown", c->slowdown(),
                absl::StrCat("must be a factor in [1, ", kMaxSlowdown,
@@ -163,34 +191,16 @@ Trainer::Trainer(const TrainConfig& config, torch::Device device)
 
 Trainer::~Trainer() = default;
 
-namespace {
-
-// The torch::Device that --device names: FailedPrecondition when it asks for
-// CUDA and this build or machine has none.
-absl::StatusOr<torch::Device> DeviceOf(const TrainConfig& config) {
-  if (config.device() == "cpu") return torch::Device(torch::kCPU);
-  if (!torch::cuda::is_available()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--device=", config.device(),
-        ": CUDA is not available (this LibTorch build has no CUDA support "
-        "or no GPU is visible); build against a CUDA LibTorch with "
-        "-DCMAKE_PREFIX_PATH=/path/to/libtorch, or use --device=cpu"));
-  }
-  try {
-    return torch::Device(config.device());
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device=", config.device(), ": ", TorchErrorMessage(e)));
-  }
-}
-
-}  // namespace
-
-std::string ResumeDifferences(const TrainConfig& was, const TrainConfig& now) {
+std::string ResumeDifferences(const TrainConfig& was_written,
+                              const TrainConfig& now) {
+  // A checkpoint from before --precision existed trained in fp32.
+  TrainConfig was = was_written;
+  if (was.precision().empty()) was.set_precision("fp32");
   static constexpr absl::string_view kNotCounted[] = {
-      "out",        "resume",    "cache_dir",
-      "eval_every", "log_every", "checkpoint_every",
-      "threads",    "device",    "slowdown"};
+      "out", "resume", "cache_dir", "eval_every", "log_every",
+      "checkpoint_every", "threads", "device", "slowdown",
+      // How much of a GPU the process may hold, not what it computes.
+      "gpu_memory_fraction"};
   const google::protobuf::Descriptor* d = TrainConfig::descriptor();
   const google::protobuf::Reflection* r = TrainConfig::GetReflection();
   std::vector<std::string> out;
@@ -234,7 +244,7 @@ namespace {
 // weights, state and activations in GPU memory, not this machine's.
 absl::StatusOr<std::unique_ptr<Trainer>> ProbeTrainer(
     const TrainConfig& config) {
-  STARLING_RETURN_IF_ERROR(DeviceOf(config).status());
+  STARLING_RETURN_IF_ERROR(ParseDevice(config.device()).status());
   TrainConfig probe = config;
   probe.set_device("cpu");
   probe.set_shard("0/1");
@@ -263,7 +273,10 @@ absl::Status CheckTrainConfig(const TrainConfig& config, int processes,
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const TrainConfig& config, bool check_memory) {
-  STARLING_ASSIGN_OR_RETURN(torch::Device device, DeviceOf(config));
+  STARLING_ASSIGN_OR_RETURN(torch::Device device, ParseDevice(config.device()));
+  // Before this process allocates on the GPU: the cap holds from the start.
+  STARLING_RETURN_IF_ERROR(
+      SetGpuMemoryFraction(device, config.gpu_memory_fraction()));
   auto trainer = std::unique_ptr<Trainer>(new Trainer(config, device));
   trainer->check_memory_ = check_memory;
   STARLING_RETURN_IF_ERROR(trainer->Init());
@@ -331,6 +344,7 @@ absl::Status Trainer::Init() {
         absl::StrCat(model_flag, ": forward(x) failed on ",
                      dataset_->Describe(), ": ", TorchErrorMessage(e)));
   }
+  STARLING_RETURN_IF_ERROR(ProbeAutocast());
   // The state as built (the count above is exact for built-in models; a
   // TorchScript model is counted only here).
   int64_t trainable = 0;
@@ -373,6 +387,33 @@ absl::Status Trainer::Init() {
   sampler_ = Sampler(config_.seed() ^ (static_cast<uint64_t>(shard.index) *
                                        0x9E3779B97F4A7C15ULL));
   *state_.mutable_config() = config_;
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::ProbeAutocast() {
+  if (!bf16()) return absl::OkStatus();
+  // A forward and backward pass on two validation examples, as a step runs
+  // them: where LibTorch's autocast lacks a kernel for this model on this
+  // device, say so now rather than at the first step.
+  try {
+    Batch probe =
+        dataset_->ValBatch(0, std::min<int64_t>(2, dataset_->val_examples()));
+    torch::Tensor logits;
+    {
+      torch_compat::AutocastScope autocast(device_.type(), true);
+      logits = model_->Forward(probe.x.to(device_));
+    }
+    torch::nn::functional::cross_entropy(
+        logits.to(torch::kFloat32).reshape({-1, logits.size(-1)}),
+        probe.y.to(device_).reshape({-1}))
+        .backward();
+    for (torch::Tensor& p : model_->Parameters()) p.mutable_grad().reset();
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--precision=bf16: LibTorch ", TORCH_VERSION,
+        " cannot run this model's training step under bf16 autocast on ",
+        device_.str(), " (", TorchErrorMessage(e), "); use --precision=fp32"));
+  }
   return absl::OkStatus();
 }
 
@@ -513,9 +554,17 @@ absl::StatusOr<StepResult> Trainer::Step(const GradientHook& hook) {
     Batch batch = dataset_->NextTrain(config_.batch(), sampler_, r.region);
     torch::Tensor x = batch.x.to(device_), y = batch.y.to(device_);
     DropGradients();  // none, unless the last step threw
-    torch::Tensor logits = model_->Forward(x);
+    torch::Tensor logits;
+    {
+      // --precision=bf16: the forward pass (and so its backward) in bf16
+      // where autocast says so; the weights it casts stay fp32.
+      torch_compat::AutocastScope autocast(device_.type(), bf16());
+      logits = model_->Forward(x);
+    }
+    // The loss in fp32 whatever the precision (a no-op in fp32).
     torch::Tensor loss = torch::nn::functional::cross_entropy(
-        logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+        logits.to(torch::kFloat32).reshape({-1, logits.size(-1)}),
+        y.reshape({-1}));
     loss.backward();
     ZeroMissingGradients();
     if (hook) {
@@ -527,9 +576,7 @@ absl::StatusOr<StepResult> Trainer::Step(const GradientHook& hook) {
         return s;
       }
     }
-    if (config_.clip() > 0) {
-      torch::nn::utils::clip_grad_norm_(model_->Parameters(), config_.clip());
-    }
+    if (config_.clip() > 0) ClipGradNorm(model_->Parameters(), config_.clip());
     optimizer_->step();
     DropGradients();
     r.loss = loss.item<double>();
@@ -580,8 +627,13 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(
       }
       Batch b = dataset_->ValBatch(
           begin, std::min<int64_t>(batch_size, n - begin), reg);
-      torch::Tensor logits = model_->Forward(b.x.to(device_));
-      torch::Tensor flat = logits.reshape({-1, logits.size(-1)});
+      torch::Tensor logits;
+      {
+        torch_compat::AutocastScope autocast(device_.type(), bf16());
+        logits = model_->Forward(b.x.to(device_));
+      }
+      torch::Tensor flat =
+          logits.to(torch::kFloat32).reshape({-1, logits.size(-1)});
       torch::Tensor y = b.y.to(device_).reshape({-1});
       loss_sum +=
           torch::nn::functional::cross_entropy(
@@ -798,7 +850,8 @@ absl::Status Trainer::RestoreArchives(const CheckpointReader& reader) {
   STARLING_ASSIGN_OR_RETURN(std::string obytes,
                             reader.ReadString(kOptimizerArchive));
   torch::serialize::InputArchive opt_archive;
-  opt_archive.load_from(obytes.data(), obytes.size());
+  // The optimizer's state goes where its parameters are.
+  opt_archive.load_from(obytes.data(), obytes.size(), device_);
   optimizer_->load(opt_archive);
   return absl::OkStatus();
 }

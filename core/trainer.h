@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "core/checkpoint.h"
 #include "core/data.h"
+#include "core/device.h"
 #include "core/lr_schedule.h"
 #include "core/memory.h"
 #include "core/model.h"
@@ -71,6 +72,7 @@ absl::Status CheckTrainConfig(const TrainConfig& config, int processes,
 // change what training computes, as "--lr=0.01 (was 0.003), --steps=2000
 // (was 1000)"; empty when there are none. Where the output goes, how often
 // it is written, and the threads, device and slowdown are not counted.
+// A checkpoint without a precision (older) counts as fp32.
 std::string ResumeDifferences(const TrainConfig& was, const TrainConfig& now);
 
 struct StepResult {
@@ -174,6 +176,10 @@ class Trainer {
   // Trainable parameters in flat-view order.
   std::vector<torch::Tensor> Parameters() { return model_->Parameters(); }
   torch::Device device() const { return device_; }
+  // --precision=bf16: the inner forward and backward under bf16 autocast.
+  bool bf16() const { return config_.precision() == "bf16"; }
+  // The GPU memory this trainer's process has used at most (-1 on a CPU).
+  DeviceMemory PeakMemory() const { return PeakDeviceMemory(device_); }
 
   // InvalidArgument when `processes` trainers like this one, training at
   // once, would hold more memory than this machine has available
@@ -219,6 +225,9 @@ class Trainer {
                               const std::string& architecture) const;
   absl::Status RestoreTensors(const CheckpointReader& reader);
   absl::Status RestoreArchives(const CheckpointReader& reader);
+  // --precision=bf16: InvalidArgument naming the flag when a training step
+  // of this model fails under autocast here.
+  absl::Status ProbeAutocast();
 
   TrainConfig config_;
   torch::Device device_;

@@ -17,9 +17,12 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
+
+#ifdef STARLING_WITH_GLOO
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <vector>
+#endif
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
@@ -56,6 +59,7 @@ ABSL_DECLARE_FLAG(std::string, compression);
 ABSL_DECLARE_FLAG(int, chunk_bytes);
 
 namespace starling {
+#ifdef STARLING_WITH_GLOO
 namespace {
 
 // Set by the parent in each worker's environment: "RANK:STORE_PATH".
@@ -724,6 +728,7 @@ int RunWorkers(const BenchConfig& c, const std::string& store) {
 }
 
 }  // namespace
+#endif  // STARLING_WITH_GLOO
 
 const Subcommand& BenchSubcommand() {
   static const Subcommand* sub = new Subcommand{
@@ -754,6 +759,14 @@ const Subcommand& BenchSubcommand() {
 }
 
 int RunBenchCommand() {
+#ifndef STARLING_WITH_GLOO
+  WriteStderrLine(
+      "starling bench allreduce: error: this starling was built without "
+      "Gloo (-DSTARLING_WITH_GLOO=OFF, as against a LibTorch whose Gloo "
+      "headers are not at hand), and the bench measures against Gloo's "
+      "all-reduce; build with Debian's LibTorch and libgloo-dev");
+  return 2;
+#else
   absl::StatusOr<BenchConfig> config = ConfigFromFlags();
   if (!config.ok()) {
     WriteStderrLine(absl::StrCat("starling bench allreduce: error: ",
@@ -805,6 +818,7 @@ int RunBenchCommand() {
   WriteStderrLine(absl::StrCat("bench allreduce: wrote ", c.out,
                                "/allreduce.json and ", c.out, "/allreduce.md"));
   return 0;
+#endif  // STARLING_WITH_GLOO
 }
 
 }  // namespace starling

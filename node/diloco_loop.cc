@@ -191,13 +191,13 @@ absl::StatusOr<bool> DilocoLoop::RunRound() {
   swarm_->SetProgress(Here(), /*joining=*/false);
   // On the best lineage, with the model: ready (and it stays so).
   run_.ops.SetReady(StopSignal() == 0);
-  STARLING_ASSIGN_OR_RETURN(const InnerSteps inner, RunInnerSteps());
+  STARLING_ASSIGN_OR_RETURN(InnerSteps inner, RunInnerSteps());
   if (inner.abandoned) {
     trainer_.set_step(inner.prev_step);
     STARLING_RETURN_IF_ERROR(LoadNodeModel());
     return false;
   }
-  std::vector<float> delta = RoundPseudoGradient();
+  std::vector<float> delta = RoundPseudoGradient(&inner);
   if (pending_) {
     // --overlap: the previous round's outcome. When it did not commit,
     // this round's inner steps are dropped too: they started from a
@@ -354,6 +354,7 @@ absl::StatusOr<DilocoLoop::InnerSteps> DilocoLoop::RunInnerSteps() {
       break;
     }
   }
+  in.seconds = absl::ToDoubleSeconds(absl::Now() - in.round_start);
   return in;
 }
 
@@ -391,11 +392,12 @@ bool DilocoLoop::DriftTriggered(const StepResult& r,
 // ---------------------------------------------------------------------------
 // The round's contribution and its exchange
 
-std::vector<float> DilocoLoop::RoundPseudoGradient() const {
+std::vector<float> DilocoLoop::RoundPseudoGradient(InnerSteps* inner) {
   // The round started from θ_global, or (when it ran behind an exchange,
   // --overlap) from eager_start_; with the residual in the model, from
   // θ_global − e (the node's own model).
-  const std::vector<float> trained = Flatten(run_.params);
+  const absl::Span<const float> trained = staging_.Copy(run_.params);
+  inner->copy_seconds = staging_.last_seconds();
   if (run_.codecs.ef_in_model) return PseudoGradient(OwnModel(), trained);
   return PseudoGradient(pending_ ? eager_start_ : theta_global_, trained);
 }
@@ -565,6 +567,7 @@ absl::StatusOr<RoundUpdate> DilocoLoop::ApplyCommit(
     return absl::InternalError(absl::StrCat(
         "round ", state.round, " committed without an all-reduce here"));
   }
+  const absl::Time outer_start = absl::Now();
   STARLING_ASSIGN_OR_RETURN(
       const RoundUpdate update,
       x.round().Commit(*x.sum(), &theta_global_, *state.outer));
@@ -572,6 +575,7 @@ absl::StatusOr<RoundUpdate> DilocoLoop::ApplyCommit(
     run_.ops.metrics->SetPseudoGradientNorm(update.delta_norm);
   }
   STARLING_RETURN_IF_ERROR(LoadNodeModel());
+  outer_seconds_ = absl::ToDoubleSeconds(absl::Now() - outer_start);
   lineage_ = FlatHash(theta_global_);
   state.member_rounds =
       std::min(kMaxMemberRounds,
@@ -603,6 +607,11 @@ absl::StatusOr<RoundRecord> DilocoLoop::RecordCommit(
   rec.inner_steps = in.steps;
   rec.early = in.early;
   rec.sync_seconds = c.exchange->sync_seconds();
+  if (!in.flush) {
+    rec.inner_seconds = in.seconds;
+    rec.copy_seconds = in.copy_seconds;
+  }
+  rec.outer_seconds = outer_seconds_;
   rec.overlapped = overlapped;
   rec.members = res.members;
   rec.model_hash = lineage_;

@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "core/device.h"
 #include "gossip/swarm.h"
 #include "node/node_run.h"
 #include "node/node_session.h"
@@ -58,9 +59,11 @@ class DilocoLoop {
     int steps = 0;
     double loss_sum = 0;
     int64_t samples = 0;
-    bool early = false;      // a drift trigger or a member's request
-    bool abandoned = false;  // a second signal: leave now
-    bool flush = false;      // none: the residual flush
+    bool early = false;       // a drift trigger or a member's request
+    bool abandoned = false;   // a second signal: leave now
+    bool flush = false;       // none: the residual flush
+    double seconds = 0;       // the steps' wall time
+    double copy_seconds = 0;  // the trained weights' copy to the host
   };
   // A round from its inner steps to its outcome.
   struct RoundInFlight {
@@ -89,8 +92,9 @@ class DilocoLoop {
   // now and says so.
   bool DriftTriggered(const StepResult& r, const std::vector<float>& own_start);
 
-  // Δ of the inner steps just run, from where they started.
-  std::vector<float> RoundPseudoGradient() const;
+  // Δ of the inner steps just run, from where they started; the trained
+  // weights come to the host through staging_ (inner->copy_seconds).
+  std::vector<float> RoundPseudoGradient(InnerSteps* inner);
   // The contribution (error feedback, weights, stop vote, --test_poison)
   // and the exchange that carries it.
   absl::StatusOr<std::unique_ptr<RoundInFlight>> BuildRound(
@@ -167,6 +171,10 @@ class DilocoLoop {
   int64_t recorded_sent_ = -1;             // BytesSent() as it was recorded
   std::vector<std::string> last_members_;  // of the last committed round
   std::vector<float> eager_start_;  // where the round behind `pending_` began
+  // The trained weights on their way to the host, once per round (pinned
+  // memory when the model is on a GPU).
+  HostStaging staging_;
+  double outer_seconds_ = 0;  // of the last ApplyCommit
   // Set when the loop ends with a round in flight (an error): the round
   // gives up at its next wait instead of holding the exit up.
   std::atomic<bool> abandon_{false};

@@ -57,6 +57,8 @@ constexpr PlacedFlag kTable[] = {
     {"batch", S::kTraining},
     {"seed", S::kTraining},
     {"device", S::kTraining},
+    {"precision", S::kTraining},
+    {"gpu_memory_fraction", S::kTraining},
     {"threads", S::kTraining},
     {"optimizer", S::kTraining},
     {"lr", S::kTraining},

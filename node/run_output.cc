@@ -91,9 +91,36 @@ JsonObject RoundJson(const RoundRecord& r) {
   }
   if (r.early) o.Add("early", true);
   if (r.sync_seconds >= 0) o.Add("sync_seconds", r.sync_seconds);
+  if (r.inner_seconds >= 0) o.Add("inner_seconds", r.inner_seconds);
+  if (r.copy_seconds >= 0) o.Add("copy_seconds", r.copy_seconds);
+  if (r.outer_seconds >= 0) o.Add("outer_seconds", r.outer_seconds);
   if (r.overlapped) o.Add("overlapped", true);
   if (r.residual_flush) o.Add("residual_flush", true);
   return o;
+}
+
+std::optional<JsonObject> RoundTimeSplit(
+    const std::vector<RoundRecord>& rounds) {
+  double inner = 0, copy = 0, exchange = 0, outer = 0;
+  int64_t n = 0;
+  for (const RoundRecord& r : rounds) {
+    if (r.inner_seconds < 0 || r.copy_seconds < 0 || r.outer_seconds < 0 ||
+        r.sync_seconds < 0 || r.residual_flush) {
+      continue;
+    }
+    inner += r.inner_seconds;
+    copy += r.copy_seconds;
+    exchange += r.sync_seconds;
+    outer += r.outer_seconds;
+    ++n;
+  }
+  if (n == 0) return std::nullopt;
+  return JsonObject()
+      .Add("rounds", n)
+      .Add("inner_seconds", inner / n)
+      .Add("copy_seconds", copy / n)
+      .Add("exchange_seconds", exchange / n)
+      .Add("outer_seconds", outer / n);
 }
 
 std::vector<RoundRecord> ReadRoundEvents(const std::string& path,
@@ -162,6 +189,15 @@ absl::Status WriteNodeSummary(const std::string& out_dir,
       .Add("wall_seconds", wall)
       .Add("tokens_per_second", compute > 0 ? st.tokens() / compute : 0.0)
       .Add("model_hash", hash);
+  node.Add("precision", trainer.config().precision());
+  if (const DeviceMemory gpu = trainer.PeakMemory();
+      gpu.peak_allocated_bytes >= 0) {
+    node.Add("gpu_peak_allocated_bytes", gpu.peak_allocated_bytes)
+        .Add("gpu_peak_reserved_bytes", gpu.peak_reserved_bytes);
+  }
+  if (std::optional<JsonObject> split = RoundTimeSplit(rounds)) {
+    node.Add("round_time_split", *split);
+  }
   if (!totals.compression.empty()) {
     node.Add("compression", totals.compression)
         .Add("bytes_before_compression", totals.bytes_before_compression)

@@ -5,6 +5,7 @@
 #define STARLING_NODE_RUN_OUTPUT_H_
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,13 @@ struct RoundRecord {
   int inner_steps = 0;   // this node's inner steps in the round (0: unknown)
   bool early = false;    // ended early by a drift/divergence request
   double sync_seconds = -1;  // in the round protocol (< 0: unknown)
+  // The rest of a DiLoCo round's time (< 0: unknown): its inner steps, the
+  // device-to-host copy of the trained weights for the pseudo-gradient, and
+  // the outer step with the new weights' way back into the model. With
+  // sync_seconds (the exchange) they make docs/training.md's round split.
+  double inner_seconds = -1;
+  double copy_seconds = -1;
+  double outer_seconds = -1;
   // --overlap: the exchange ran behind the next round's inner steps and
   // the update was applied one round late.
   bool overlapped = false;
@@ -64,6 +72,12 @@ struct RoundRecord {
 };
 
 JsonObject RoundJson(const RoundRecord& r);
+
+// The mean split of the rounds that have one (DiLoCo's, the residual flush
+// aside): {"rounds", "inner_seconds", "copy_seconds", "exchange_seconds",
+// "outer_seconds"}; nullopt when none has.
+std::optional<JsonObject> RoundTimeSplit(
+    const std::vector<RoundRecord>& rounds);
 
 // The "round" events in an events.jsonl with round < `before_round` (a
 // resumed node's history; later ones were redone). Unreadable lines are

@@ -308,6 +308,16 @@ std::string SimRunId() {
   return run_id;
 }
 
+// Each node's --gpu_memory_fraction: as given, or, for nodes sharing a GPU
+// (--device=cuda), an equal share of 90% of its memory for every node the
+// sim may run at once (joiners included): the rest is for the processes'
+// CUDA contexts, which the cap does not count.
+double NodeGpuMemoryFraction(const SimSetup& s) {
+  const double given = s.config.gpu_memory_fraction();
+  if (given > 0 || s.config.device() == "cpu") return given;
+  return 0.9 / static_cast<double>(std::max<size_t>(1, s.ids.size()));
+}
+
 // Flags every node gets: the current value of each training and node flag
 // that the sim does not set per node.
 std::vector<std::string> CommonNodeFlags(const SimSetup& s,
@@ -316,7 +326,8 @@ std::vector<std::string> CommonNodeFlags(const SimSetup& s,
   const std::vector<std::string>& sim_only = SimOnlyFlagNames();
   for (const std::string& name : SimSubcommand().flags) {
     if (std::find(sim_only.begin(), sim_only.end(), name) != sim_only.end() ||
-        name == "out" || name == "run_id" || name == "threads") {
+        name == "out" || name == "run_id" || name == "threads" ||
+        name == "gpu_memory_fraction") {
       continue;
     }
     absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
@@ -326,6 +337,8 @@ std::vector<std::string> CommonNodeFlags(const SimSetup& s,
   }
   common.push_back(absl::StrCat("--run_id=", run_id));
   common.push_back(absl::StrCat("--threads=", std::max(1, s.config.threads())));
+  common.push_back(
+      absl::StrCat("--gpu_memory_fraction=", NodeGpuMemoryFraction(s)));
   // Plaintext unless TLS was asked for (then --tls_* reach every node above).
   if (s.plaintext) common.push_back("--insecure=true");
   return common;

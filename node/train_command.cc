@@ -73,7 +73,21 @@ ABSL_FLAG(int, batch, starling::DefaultTrainConfig().batch(),
 ABSL_FLAG(int, steps, starling::DefaultTrainConfig().steps(),
           "inner steps in the run; 0 = auto (800 text, 1900 fmnist)");
 ABSL_FLAG(std::string, device, starling::DefaultTrainConfig().device(),
-          "cpu | cuda | cuda:N (cuda needs a CUDA build of LibTorch)");
+          "cpu | cuda | cuda:N (cuda needs a CUDA build of LibTorch): where "
+          "the model, the inner optimizer and the batches live; DiLoCo's "
+          "global weights and outer optimizer stay in host memory");
+ABSL_FLAG(std::string, precision, starling::DefaultTrainConfig().precision(),
+          "fp32 | bf16: bf16 runs the inner forward and backward passes "
+          "under LibTorch's bf16 autocast (on a GPU, or a CPU where its "
+          "autocast works: otherwise refused at start); weights, optimizer "
+          "state, pseudo-gradients and DiLoCo's global weights stay fp32");
+ABSL_FLAG(double, gpu_memory_fraction,
+          starling::DefaultTrainConfig().gpu_memory_fraction(),
+          "--device=cuda: the share of the GPU's memory this process's CUDA "
+          "allocator may hold, in [0, 1], so that several processes can share "
+          "one GPU (an allocation past it is an out-of-memory error); 0 = no "
+          "cap. `starling sim` gives each of N nodes 0.9/N by default. No "
+          "effect with --device=cpu");
 ABSL_FLAG(int, threads, starling::DefaultTrainConfig().threads(),
           "intra-op CPU threads, at most 4 per core; 0 = LibTorch's default");
 ABSL_FLAG(uint32_t, seed, starling::DefaultTrainConfig().seed(),
@@ -129,6 +143,8 @@ TrainConfig ConfigFromFlags() {
   c.set_batch(absl::GetFlag(FLAGS_batch));
   c.set_steps(absl::GetFlag(FLAGS_steps));
   c.set_device(absl::GetFlag(FLAGS_device));
+  c.set_precision(absl::GetFlag(FLAGS_precision));
+  c.set_gpu_memory_fraction(absl::GetFlag(FLAGS_gpu_memory_fraction));
   c.set_threads(absl::GetFlag(FLAGS_threads));
   c.set_seed(absl::GetFlag(FLAGS_seed));
   c.set_out(absl::GetFlag(FLAGS_out));
@@ -153,7 +169,7 @@ const std::vector<std::string>& TrainFlagNames() {
       "device",    "threads",    "seed",
       "out",       "eval_every", "checkpoint_every",
       "log_every", "resume",     "slowdown",
-      "drift"};
+      "drift",     "precision",  "gpu_memory_fraction"};
   return *names;
 }
 

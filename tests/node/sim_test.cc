@@ -90,6 +90,16 @@ TEST(SimTest, FourNodeDilocoAgreesEveryRoundAndCountsBytes) {
     EXPECT_EQ(Field(node, "id").string_value(), absl::StrCat("n", i));
     EXPECT_EQ(Field(node, "inner_steps").number_value(), 40);
     EXPECT_TRUE(FileExists(absl::StrCat(out, "/n", i, "/events.jsonl")));
+    // The round time split (docs/training.md), the same on a CPU.
+    EXPECT_EQ(Field(node, "precision").string_value(), "fp32");
+    const auto& split = Field(node, "round_time_split").struct_value();
+    EXPECT_EQ(Field(split, "rounds").number_value(), 4);
+    for (const char* part : {"inner_seconds", "copy_seconds",
+                             "exchange_seconds", "outer_seconds"}) {
+      EXPECT_GT(Field(split, part).number_value(), 0) << part;
+    }
+    EXPECT_LT(Field(split, "copy_seconds").number_value(),
+              Field(split, "inner_seconds").number_value());
   }
   std::string html = *ReadFile(out + "/report.html");
   for (const char* chart : {"val_loss_vs_time.png", "loss_vs_bytes.png",
