@@ -645,6 +645,8 @@ absl::Status Trainer::SaveCheckpoint(const std::string& path,
   st.set_cursor(sampler_.cursor);
   ckpt.sections["trainer_state"] = st.SerializeAsString();
   ckpt.sections["architecture"] = model_->Architecture();
+  ckpt.sections["model_tensors"] =
+      absl::StrJoin(TensorSignature(*model_), "\n");
   try {
     torch::serialize::OutputArchive model_archive;
     std::vector<torch::Tensor> params = model_->Parameters();
@@ -674,6 +676,38 @@ absl::Status Trainer::SaveCheckpoint(const std::string& path,
   return WriteCheckpoint(path, ckpt);
 }
 
+namespace {
+
+// Whether the checkpoint at `path` (its "architecture" and, when present,
+// "model_tensors" sections) holds `model`: FailedPrecondition naming both
+// and the first tensor that differs otherwise. A TorchScript model is
+// compared by content (Model::Architecture), so a file that moved resumes.
+absl::Status SameModel(const std::string& path, const std::string& was,
+                       const std::string* tensors, Model& model) {
+  const std::string now = model.Architecture();
+  if (was == now) return absl::OkStatus();
+  // A checkpoint without a tensor list names its TorchScript model by the
+  // file's path, which proves nothing either way: the tensors are checked
+  // as they load.
+  if (tensors == nullptr && absl::StartsWith(was, "torchscript(") &&
+      absl::StartsWith(now, "torchscript(")) {
+    return absl::OkStatus();
+  }
+  std::string first;
+  if (tensors != nullptr) {
+    const std::vector<std::string> old_lines =
+        absl::StrSplit(*tensors, '\n', absl::SkipEmpty());
+    first = SignatureDifference(old_lines, "the checkpoint",
+                                TensorSignature(model), "this run's model");
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("--resume: checkpoint ", path, " holds model ", was,
+                   " but this run's --model is ", now,
+                   first.empty() ? "" : absl::StrCat(" (", first, ")")));
+}
+
+}  // namespace
+
 absl::Status Trainer::RestoreCheckpoint(
     const std::string& path, std::map<std::string, std::string>* sections) {
   STARLING_ASSIGN_OR_RETURN(Checkpoint ckpt, ReadCheckpoint(path));
@@ -696,10 +730,11 @@ absl::Status Trainer::RestoreCheckpoint(
                      flag, "=", was, " but this run has --", flag, "=", now));
   };
   const TrainConfig& old = st.config();
-  if (ckpt.sections["architecture"] != model_->Architecture()) {
-    return mismatch("model", ckpt.sections["architecture"],
-                    model_->Architecture());
-  }
+  STARLING_RETURN_IF_ERROR(SameModel(path, ckpt.sections["architecture"],
+                                     ckpt.sections.count("model_tensors")
+                                         ? &ckpt.sections["model_tensors"]
+                                         : nullptr,
+                                     *model_));
   if (old.data() != config_.data())
     return mismatch("data", old.data(), config_.data());
   if (old.shard() != config_.shard()) {
