@@ -8,6 +8,7 @@
 #include <functional>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -252,6 +253,24 @@ struct GptImpl : torch::nn::Module {
 };
 TORCH_MODULE(Gpt);
 
+// `text` without TorchScript's class renamings: it renames a class it has
+// seen before in the same process ("__torch__.___torch_mangle_3.ByteLM"),
+// when Python scripts two models of one class and when a module is cloned
+// (Export), so the mangle says nothing of the model.
+std::string WithoutMangling(const std::string& text) {
+  constexpr absl::string_view kMangle = "___torch_mangle_";
+  std::string out;
+  size_t i = 0;
+  while (true) {
+    const size_t at = text.find(kMangle.data(), i, kMangle.size());
+    if (at == std::string::npos) return out.append(text, i, std::string::npos);
+    out.append(text, i, at - i);
+    i = at + kMangle.size();
+    while (i < text.size() && absl::ascii_isdigit(text[i])) ++i;
+    if (i < text.size() && text[i] == '.') ++i;
+  }
+}
+
 // The content a TorchScript module is identified by: its submodules' types
 // and the graphs of their methods (without source locations), then its
 // tensors' names, shapes and dtypes. Nothing of the file's path or of
@@ -269,7 +288,8 @@ std::string ModuleDigest(const torch::jit::script::Module& module,
     }
   }
   absl::StrAppend(&text, absl::StrJoin(signature, "\n"));
-  return absl::StrFormat("%016x", HashBytes(text.data(), text.size()));
+  const std::string plain = WithoutMangling(text);
+  return absl::StrFormat("%016x", HashBytes(plain.data(), plain.size()));
 }
 
 class TorchScriptModel : public Model {

@@ -155,6 +155,32 @@ TEST(ExportTest, BatchNormBuffersAreTheSameOnEveryMember) {
   EXPECT_EQ(Number(b, "max_diff"), 0) << r.out;
 }
 
+// ddp keeps the members' buffers equal too: their movement rides in each
+// step's gradient all-reduce, so every step's hash (which covers them)
+// agrees, and the members end on the same, moved, statistics.
+TEST(ExportTest, DdpAveragesBatchNormBuffersEveryStep) {
+  const std::string out = TempDir() + "/bn_ddp";
+  RunResult r = RunStarling(absl::StrCat(
+      "sim --nodes=2 --steps=6 --algo=ddp ", TinyText().flags,
+      " --model=torchscript:", Fixture("byte_bn.pt"), " --out=", out));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto& fin =
+      Field(ReadJson(out + "/summary.json"), "final").struct_value();
+  EXPECT_TRUE(Field(fin, "all_hashes_agree").bool_value());
+  EXPECT_TRUE(Field(fin, "final_models_agree").bool_value());
+  std::string files;
+  for (const char* id : {"n0", "n1"}) {
+    const std::string file = absl::StrCat(out, "/", id, ".pt");
+    Export(absl::StrCat(out, "/", id, "/checkpoint.ckpt"), file);
+    absl::StrAppend(&files, " ", file);
+  }
+  r = Python("buffers" + files);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto b = JsonOf(r);
+  EXPECT_TRUE(Field(b, "moved").bool_value()) << r.out;
+  EXPECT_EQ(Number(b, "max_diff"), 0) << r.out;
+}
+
 // TorchScript in, TorchScript out: torch.jit.load runs the exported model,
 // and its validation loss is the one the sim reported.
 TEST(ExportTest, TorchScriptRoundTripGivesTheRunsValLoss) {
