@@ -164,8 +164,8 @@ TEST(ExportTest, DdpAveragesBatchNormBuffersEveryStep) {
       "sim --nodes=2 --steps=6 --algo=ddp ", TinyText().flags,
       " --model=torchscript:", Fixture("byte_bn.pt"), " --out=", out));
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto& fin =
-      Field(ReadJson(out + "/summary.json"), "final").struct_value();
+  const auto summary = ReadJson(out + "/summary.json");
+  const auto& fin = Field(summary, "final").struct_value();
   EXPECT_TRUE(Field(fin, "all_hashes_agree").bool_value());
   EXPECT_TRUE(Field(fin, "final_models_agree").bool_value());
   std::string files;
