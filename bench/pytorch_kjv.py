@@ -30,7 +30,6 @@ import time
 
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 DEFAULT_CACHE = os.path.join(
@@ -85,56 +84,12 @@ class Sampler:
 # --------------------------------------------------------------------------
 # Model
 # --------------------------------------------------------------------------
-class Block(nn.Module):
-    def __init__(self, width, heads):
-        super().__init__()
-        assert width % heads == 0
-        self.heads = heads
-        # Registration order matters for parameter order: ln1, qkv, proj,
-        # ln2, fc1, fc2.
-        self.ln1 = nn.LayerNorm(width)
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
-        self.ln2 = nn.LayerNorm(width)
-        self.fc1 = nn.Linear(width, 4 * width)
-        self.fc2 = nn.Linear(4 * width, width)
-
-    def attn(self, x):
-        B, T, W = x.shape
-        hd = W // self.heads
-        q, k, v = self.qkv(x).chunk(3, dim=-1)
-        # [B, T, W] -> [B, heads, T, head_dim]
-        q, k, v = (t.view(B, T, self.heads, hd).transpose(1, 2)
-                   for t in (q, k, v))
-        scores = q @ k.transpose(-2, -1) / math.sqrt(hd)
-        # Mask keys that lie in the future (key index > query index).
-        mask = torch.triu(torch.ones(T, T, dtype=torch.bool, device=x.device),
-                          diagonal=1)
-        scores = scores.masked_fill(mask, float("-inf"))
-        y = scores.softmax(dim=-1) @ v
-        return y.transpose(1, 2).reshape(B, T, W)
-
-    def forward(self, x):
-        x = x + self.proj(self.attn(self.ln1(x)))
-        x = x + self.fc2(F.gelu(self.fc1(self.ln2(x))))  # exact (erf) GELU
-        return x
-
-
-class GPT(nn.Module):
-    def __init__(self, context, layers, width, heads):
-        super().__init__()
-        self.tok_emb = nn.Embedding(256, width)
-        self.pos_emb = nn.Embedding(context, width)
-        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(width)
-        self.head = nn.Linear(width, 256)
-
-    def forward(self, idx):  # idx: int64 [B, T] -> logits [B, T, 256]
-        T = idx.shape[1]
-        x = self.tok_emb(idx) + self.pos_emb(torch.arange(T, device=idx.device))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x))
+# The model is Starling's `gpt` as python/starling_models.py defines it (the
+# classes `starling export`'s state_dicts load into): same parameters, same
+# registration order, so the same default init for the same seed.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "python"))
+from starling_models import Gpt  # noqa: E402
 
 
 def loss_fn(logits, y):
@@ -196,7 +151,8 @@ def main(argv=None):
     print(f"data: {len(train)} train bytes, {len(val)} val bytes", flush=True)
 
     torch.manual_seed(args.seed)
-    model = GPT(args.context, args.layers, args.width, args.heads)
+    model = Gpt(layers=args.layers, width=args.width, heads=args.heads,
+                context=args.context)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"params: {n_params:,}", flush=True)
 

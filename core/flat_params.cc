@@ -48,12 +48,31 @@ absl::Status Unflatten(absl::Span<const float> flat,
   for (const auto& t : tensors) {
     torch::Tensor src = torch::from_blob(
         const_cast<float*>(flat.data() + offset), t.sizes(), torch::kFloat32);
+    // An integer buffer (a step count) takes the nearest integer, not the
+    // truncation that a conversion would give an average.
+    if (!t.is_floating_point()) src = src.round();
     // copy_ converts dtype/device and never aliases `flat`.
     torch::Tensor dst = t;
     dst.copy_(src);
     offset += static_cast<size_t>(t.numel());
   }
   return absl::OkStatus();
+}
+
+std::vector<float> BufferDelta(absl::Span<const float> shared,
+                               absl::Span<const float> own) {
+  std::vector<float> delta(own.size());
+  for (size_t i = 0; i < delta.size(); ++i) {
+    delta[i] = shared[i] == own[i] ? 0.0f : shared[i] - own[i];
+  }
+  return delta;
+}
+
+void ApplyBufferMean(absl::Span<const float> sum, double weight,
+                     absl::Span<float> shared) {
+  for (size_t i = 0; i < shared.size(); ++i) {
+    if (sum[i] != 0) shared[i] -= static_cast<float>(sum[i] / weight);
+  }
 }
 
 // Word-at-a-time multiply/rotate mixing with an avalanche finish
@@ -122,12 +141,17 @@ uint64_t HashBytes(const void* data, size_t size) {
   return hasher.Finish();
 }
 
-std::string FlatHash(absl::Span<const float> flat) {
-  return absl::StrFormat("%016x", HashBytes(flat.data(), flat.size() * 4));
+std::string FlatHash(absl::Span<const float> flat,
+                     absl::Span<const float> buffers) {
+  BytesHasher hasher((flat.size() + buffers.size()) * 4);
+  hasher.Update(flat.data(), flat.size() * 4);
+  hasher.Update(buffers.data(), buffers.size() * 4);
+  return absl::StrFormat("%016x", hasher.Finish());
 }
 
-std::string ModelHash(const std::vector<torch::Tensor>& tensors) {
-  return FlatHash(Flatten(tensors));
+std::string ModelHash(const std::vector<torch::Tensor>& tensors,
+                      const std::vector<torch::Tensor>& buffers) {
+  return FlatHash(Flatten(tensors), Flatten(buffers));
 }
 
 }  // namespace starling

@@ -1,5 +1,6 @@
-// Flat fp32 views of a model's parameters, in a fixed order, and the model
-// hash over those bytes. The network modules exchange these buffers, and tests
+// Flat fp32 views of a model's parameters (and of its buffers: integer ones
+// as exact floats up to 2^24), in a fixed order, and the model hash over
+// those bytes. The network modules exchange these buffers, and tests
 // and reports compare model hashes to check bit-identity.
 // Functions are thread-compatible: callers serialize access to the tensors.
 #ifndef STARLING_CORE_FLAT_PARAMS_H_
@@ -19,7 +20,7 @@ namespace starling {
 // Total number of elements across `tensors`.
 int64_t NumElements(const std::vector<torch::Tensor>& tensors);
 
-// Copies every tensor (any device, floating dtype) into one fp32 CPU buffer,
+// Copies every tensor (any device, any real dtype) into one fp32 CPU buffer,
 // concatenated in order.
 std::vector<float> Flatten(const std::vector<torch::Tensor>& tensors);
 // Flatten into `out`, which must hold exactly NumElements(tensors) floats.
@@ -27,9 +28,23 @@ void FlattenInto(const std::vector<torch::Tensor>& tensors,
                  absl::Span<float> out);
 
 // Writes `flat` back into `tensors` in place (same order, converting to each
-// tensor's dtype and device). InvalidArgument when the sizes differ.
+// tensor's dtype and device; an integer tensor takes the nearest integer).
+// InvalidArgument when the sizes differ.
 absl::Status Unflatten(absl::Span<const float> flat,
                        const std::vector<torch::Tensor>& tensors);
+
+// Buffers (BatchNorm's running statistics and the like) are kept equal
+// across members by averaging what each member's moved from the shared
+// value: δb = BufferDelta(shared, own) goes into the exchange weighted, and
+// ApplyBufferMean(Σ w δb, Σ w, shared) applies the mean.
+// δb = shared − own, elementwise, and exactly 0 where the two are equal (so
+// that equal infinities, a mask's, give 0, not NaN). Same sizes.
+std::vector<float> BufferDelta(absl::Span<const float> shared,
+                               absl::Span<const float> own);
+// shared −= sum / weight, elementwise, leaving an element whose sum is 0 as
+// it was (exactly, infinities included). Same sizes; weight > 0.
+void ApplyBufferMean(absl::Span<const float> sum, double weight,
+                     absl::Span<float> shared);
 
 // 64-bit non-cryptographic hash of a byte range; stable across runs and
 // machines of the same endianness.
@@ -51,11 +66,15 @@ class BytesHasher {
   size_t pending_size_ = 0;
 };
 
-// Hash of a flat fp32 buffer, as 16 lowercase hex digits.
-std::string FlatHash(absl::Span<const float> flat);
+// Hash of a flat fp32 buffer followed by the model's flat buffers (the
+// hash of their concatenation), as 16 lowercase hex digits. A model
+// without buffers hashes its parameters alone.
+std::string FlatHash(absl::Span<const float> flat,
+                     absl::Span<const float> buffers = {});
 
-// Hash of the flat fp32 bytes of `tensors` (FlatHash of Flatten).
-std::string ModelHash(const std::vector<torch::Tensor>& tensors);
+// The model hash: FlatHash of Flatten(params) and Flatten(buffers).
+std::string ModelHash(const std::vector<torch::Tensor>& params,
+                      const std::vector<torch::Tensor>& buffers = {});
 
 }  // namespace starling
 

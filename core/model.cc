@@ -1,13 +1,21 @@
 #include "core/model.h"
 
+#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
 #include <cmath>
+#include <functional>
+#include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "core/file_util.h"
+#include "core/flat_params.h"
 #include "core/torch_error.h"
 
 namespace starling {
@@ -15,6 +23,83 @@ namespace {
 
 std::vector<torch::Tensor> ToVector(const std::vector<at::Tensor>& v) {
   return std::vector<torch::Tensor>(v.begin(), v.end());
+}
+
+// The names of a torch::nn::Module's named_parameters() / named_buffers().
+template <typename Dict>
+std::vector<std::string> Keys(const Dict& named) {
+  std::vector<std::string> keys;
+  for (const auto& item : named) keys.push_back(item.key());
+  return keys;
+}
+
+// The same for a TorchScript module's.
+template <typename List>
+std::vector<std::string> Names(const List& named) {
+  std::vector<std::string> names;
+  for (const auto& item : named) names.push_back(item.name);
+  return names;
+}
+
+// PyTorch's own spelling of the dtypes a model holds ("float32", "int64").
+std::string DtypeName(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat32:
+      return "float32";
+    case torch::kFloat64:
+      return "float64";
+    case torch::kFloat16:
+      return "float16";
+    case torch::kBFloat16:
+      return "bfloat16";
+    case torch::kInt64:
+      return "int64";
+    case torch::kInt32:
+      return "int32";
+    case torch::kInt16:
+      return "int16";
+    case torch::kInt8:
+      return "int8";
+    case torch::kUInt8:
+      return "uint8";
+    case torch::kBool:
+      return "bool";
+    default:
+      return c10::toString(t);
+  }
+}
+
+std::vector<std::string> SignatureLines(
+    const std::vector<std::string>& param_names,
+    const std::vector<torch::Tensor>& params,
+    const std::vector<std::string>& buffer_names,
+    const std::vector<torch::Tensor>& buffers) {
+  std::vector<std::string> lines;
+  auto add = [&](const char* kind, const std::vector<std::string>& names,
+                 const std::vector<torch::Tensor>& tensors) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      lines.push_back(absl::StrCat(
+          kind, " ", i < names.size() ? names[i] : absl::StrCat("#", i), " ",
+          DtypeName(tensors[i].scalar_type()), "[",
+          absl::StrJoin(tensors[i].sizes(), ","), "]"));
+    }
+  };
+  add("parameter", param_names, params);
+  add("buffer", buffer_names, buffers);
+  return lines;
+}
+
+// Writes `bytes` (what a LibTorch serializer made) to `path` atomically.
+absl::Status WriteExport(const std::string& path,
+                         const std::function<std::string()>& serialize) {
+  std::string bytes;
+  try {
+    bytes = serialize();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("cannot serialize the model for ",
+                                            path, ": ", TorchErrorMessage(e)));
+  }
+  return WriteFileAtomic(path, bytes);
 }
 
 // Wraps a torch::nn::Module built in C++.
@@ -31,9 +116,30 @@ class NnModel : public Model {
   std::vector<torch::Tensor> Buffers() override {
     return ToVector(net_->buffers());
   }
+  std::vector<std::string> ParameterNames() override {
+    return Keys(net_->named_parameters());
+  }
+  std::vector<std::string> BufferNames() override {
+    return Keys(net_->named_buffers());
+  }
   void SetTraining(bool training) override { net_->train(training); }
   void To(const torch::Device& device) override { net_->to(device); }
   std::string Architecture() const override { return arch_; }
+  // A state_dict: torch.save of an ordered name -> tensor dict, as
+  // torch::pickle_save writes it (the zip format torch.load reads).
+  absl::Status Export(const std::string& path) override {
+    return WriteExport(path, [&] {
+      c10::Dict<std::string, at::Tensor> dict;
+      for (const auto& item : net_->named_parameters()) {
+        dict.insert(item.key(), item.value().detach().cpu().contiguous());
+      }
+      for (const auto& item : net_->named_buffers()) {
+        dict.insert(item.key(), item.value().detach().cpu().contiguous());
+      }
+      const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+      return std::string(bytes.begin(), bytes.end());
+    });
+  }
 
  private:
   Net net_;
@@ -147,10 +253,53 @@ struct GptImpl : torch::nn::Module {
 };
 TORCH_MODULE(Gpt);
 
+// `text` without TorchScript's class renamings: it renames a class it has
+// seen before in the same process ("__torch__.___torch_mangle_3.ByteLM"),
+// when Python scripts two models of one class and when a module is cloned
+// (Export), so the mangle says nothing of the model.
+std::string WithoutMangling(const std::string& text) {
+  constexpr absl::string_view kMangle = "___torch_mangle_";
+  std::string out;
+  size_t i = 0;
+  while (true) {
+    const size_t at = text.find(kMangle.data(), i, kMangle.size());
+    if (at == std::string::npos) return out.append(text, i, std::string::npos);
+    out.append(text, i, at - i);
+    i = at + kMangle.size();
+    while (i < text.size() && absl::ascii_isdigit(text[i])) ++i;
+    if (i < text.size() && text[i] == '.') ++i;
+  }
+}
+
+// The content a TorchScript module is identified by: its submodules' types
+// and the graphs of their methods (without source locations), then its
+// tensors' names, shapes and dtypes. Nothing of the file's path or of
+// the addresses that Module::dump_to_str prints.
+std::string ModuleDigest(const torch::jit::script::Module& module,
+                         const std::vector<std::string>& signature) {
+  std::string text;
+  for (const auto& sub : module.named_modules()) {
+    absl::StrAppend(&text, "module ", sub.name, " ", sub.value.type()->str(),
+                    "\n");
+    for (const auto& method : sub.value.get_methods()) {
+      absl::StrAppend(&text, "method ", method.name(), "\n",
+                      method.graph()->toString(/*print_source_locations=*/
+                                               false));
+    }
+  }
+  absl::StrAppend(&text, absl::StrJoin(signature, "\n"));
+  const std::string plain = WithoutMangling(text);
+  return absl::StrFormat("%016x", HashBytes(plain.data(), plain.size()));
+}
+
 class TorchScriptModel : public Model {
  public:
   TorchScriptModel(torch::jit::script::Module module, std::string path)
-      : module_(std::move(module)), path_(std::move(path)) {}
+      : module_(std::move(module)), path_(std::move(path)) {
+    std::vector<std::string> signature = SignatureLines(
+        ParameterNames(), Parameters(), BufferNames(), Buffers());
+    digest_ = ModuleDigest(module_, signature);
+  }
 
   torch::Tensor Forward(const torch::Tensor& x) override {
     c10::IValue out = module_.forward({x});
@@ -170,18 +319,72 @@ class TorchScriptModel : public Model {
     for (const auto& b : module_.buffers()) out.push_back(b);
     return out;
   }
+  std::vector<std::string> ParameterNames() override {
+    return Names(module_.named_parameters());
+  }
+  std::vector<std::string> BufferNames() override {
+    return Names(module_.named_buffers());
+  }
   void SetTraining(bool training) override { module_.train(training); }
   void To(const torch::Device& device) override { module_.to(device); }
   std::string Architecture() const override {
-    return absl::StrCat("torchscript(", path_, ")");
+    return absl::StrCat("torchscript(", digest_, ")");
+  }
+  // The module itself (its code, parameters and buffers), on the CPU.
+  absl::Status Export(const std::string& path) override {
+    return WriteExport(path, [&] {
+      torch::jit::script::Module copy = module_.clone();
+      copy.to(torch::kCPU);
+      copy.eval();
+      std::ostringstream out;
+      copy.save(out);
+      return out.str();
+    });
   }
 
  private:
   torch::jit::script::Module module_;
   std::string path_;
+  std::string digest_;
 };
 
 }  // namespace
+
+std::vector<std::string> TensorSignature(Model& model) {
+  return SignatureLines(model.ParameterNames(), model.Parameters(),
+                        model.BufferNames(), model.Buffers());
+}
+
+std::string SignatureDifference(const std::vector<std::string>& a,
+                                const std::string& a_label,
+                                const std::vector<std::string>& b,
+                                const std::string& b_label) {
+  // "KIND NAME SHAPE": the kind and name, and what follows them.
+  auto split = [](const std::string& line) {
+    std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(' ', 2));
+    f.resize(3);
+    return f;
+  };
+  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    if (i < a.size() && i < b.size() && a[i] == b[i]) continue;
+    if (i >= b.size()) {
+      return absl::StrCat(a[i].substr(0, a[i].rfind(' ')), " exists at ",
+                          a_label, " only");
+    }
+    if (i >= a.size()) {
+      return absl::StrCat(b[i].substr(0, b[i].rfind(' ')), " exists at ",
+                          b_label, " only");
+    }
+    const std::vector<std::string> fa = split(a[i]), fb = split(b[i]);
+    if (fa[0] != fb[0] || fa[1] != fb[1]) {
+      return absl::StrCat(fa[0], " ", fa[1], " at ", a_label, " is ", fb[0],
+                          " ", fb[1], " at ", b_label);
+    }
+    return absl::StrCat(fa[0], " ", fa[1], " is ", fa[2], " at ", a_label, ", ",
+                        fb[2], " at ", b_label);
+  }
+  return "";
+}
 
 int64_t BuiltInParameterCount(const ModelOptions& o) {
   const int64_t c = o.num_classes;

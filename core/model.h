@@ -1,6 +1,8 @@
 // Models the trainer can run: built-in `mlp` and `cnn` (Fashion-MNIST), `gpt`
 // (a byte/token-level decoder-only transformer), and any TorchScript module
-// exported from Python whose forward(x) returns logits.
+// exported from Python whose forward(x) returns logits. A model goes back to
+// PyTorch with Export: a TorchScript file, or for a built-in model a
+// state_dict that python/starling_models.py's classes load.
 // A Model is not thread-safe: one trainer owns it. LibTorch exceptions are
 // caught inside CreateModel; Forward may throw c10::Error, which the trainer
 // catches at its edge.
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace starling {
@@ -26,14 +29,43 @@ class Model {
   virtual torch::Tensor Forward(const torch::Tensor& x) = 0;
   // Trainable parameters in a fixed order (the flat-view order).
   virtual std::vector<torch::Tensor> Parameters() = 0;
-  // Non-trainable state that checkpoints keep (may be empty).
+  // Non-trainable state that checkpoints keep (may be empty): BatchNorm's
+  // running statistics and the like.
   virtual std::vector<torch::Tensor> Buffers() = 0;
+  // PyTorch's names of Parameters() and Buffers(), in their order: the keys
+  // of the model's state_dict, e.g. "block0.ln1.weight".
+  virtual std::vector<std::string> ParameterNames() = 0;
+  virtual std::vector<std::string> BufferNames() = 0;
   virtual void SetTraining(bool training) = 0;
   virtual void To(const torch::Device& device) = 0;
-  // Architecture string, e.g.
-  // "gpt(layers=2,width=64,heads=4,context=64,vocab=256)".
+  // What identifies the model, e.g.
+  // "gpt(layers=2,width=64,heads=4,context=64,vocab=256)". A TorchScript
+  // model is identified by its content, never by its path:
+  // "torchscript(DIGEST)", 16 hex digits of a hash over the code of its
+  // methods and the names, shapes and dtypes of its parameters and buffers,
+  // so the same file under two paths is the same model.
   virtual std::string Architecture() const = 0;
+  // Writes the model, with its current parameters and buffers, for
+  // PyTorch: a TorchScript model as a TorchScript file (torch.jit.load runs
+  // it), a built-in one as a state_dict, name -> tensor (torch.load reads
+  // it; python/starling_models.py's classes load it with strict=True). In
+  // eval mode. Written atomically; Internal naming `path` on failure.
+  virtual absl::Status Export(const std::string& path) = 0;
 };
+
+// One line per parameter, then per buffer: "parameter NAME DTYPE[SHAPE]" or
+// "buffer NAME DTYPE[SHAPE]", e.g. "parameter fc1.weight float32[128,784]".
+// Two models that can share weights have the same lines; the handshake and
+// checkpoints carry them, so that a mismatch names the tensor.
+std::vector<std::string> TensorSignature(Model& model);
+
+// The first line where two TensorSignature()s differ, as "parameter
+// conv.weight is float32[48,16,3] at A, float32[32,16,3] at B" (A and B are
+// the labels), or "... exists at A only"; empty when they are equal.
+std::string SignatureDifference(const std::vector<std::string>& a,
+                                const std::string& a_label,
+                                const std::vector<std::string>& b,
+                                const std::string& b_label);
 
 struct ModelOptions {
   std::string spec = "gpt";  // "mlp", "cnn", "gpt" or "torchscript:PATH"

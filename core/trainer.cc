@@ -663,6 +663,9 @@ namespace {
 // The trainer's sections: its small ones, and its tensors (the old
 // builds' LibTorch archives in "model" and "optimizer").
 constexpr char kModelTensors[] = "model_tensors";
+// The model's tensors' names, shapes and dtypes, one a line: a resume into
+// another model names the first that differs.
+constexpr char kTensorSignature[] = "tensor_signature";
 constexpr char kOptimizerTensors[] = "optimizer_tensors";
 constexpr char kModelArchive[] = "model";
 constexpr char kOptimizerArchive[] = "optimizer";
@@ -734,6 +737,9 @@ absl::Status Trainer::SaveCheckpoint(const std::string& path,
   st.set_cursor(sampler_.cursor);
   sections.insert_or_assign("trainer_state", st.SerializeAsString());
   sections.insert_or_assign("architecture", model_->Architecture());
+  sections.insert_or_assign(kTensorSignature,
+                            absl::StrJoin(TensorSignature(*model_), "
+"));
   try {
     STARLING_ASSIGN_OR_RETURN(CheckpointSection model,
                               TensorsSection(ModelTensors(*model_)));
@@ -750,6 +756,38 @@ absl::Status Trainer::SaveCheckpoint(const std::string& path,
   }
   return WriteCheckpoint(path, sections);
 }
+
+namespace {
+
+// Whether the checkpoint at `path` (its "architecture" and, when present,
+// "tensor_signature" sections) holds `model`: FailedPrecondition naming both
+// and the first tensor that differs otherwise. A TorchScript model is
+// compared by content (Model::Architecture), so a file that moved resumes.
+absl::Status SameModel(const std::string& path, const std::string& was,
+                       const std::string* tensors, Model& model) {
+  const std::string now = model.Architecture();
+  if (was == now) return absl::OkStatus();
+  // A checkpoint without a tensor list names its TorchScript model by the
+  // file's path, which proves nothing either way: the tensors are checked
+  // as they load.
+  if (tensors == nullptr && absl::StartsWith(was, "torchscript(") &&
+      absl::StartsWith(now, "torchscript(")) {
+    return absl::OkStatus();
+  }
+  std::string first;
+  if (tensors != nullptr) {
+    const std::vector<std::string> old_lines =
+        absl::StrSplit(*tensors, '\n', absl::SkipEmpty());
+    first = SignatureDifference(old_lines, "the checkpoint",
+                                TensorSignature(model), "this run's model");
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("--resume: checkpoint ", path, " holds model ", was,
+                   " but this run's --model is ", now,
+                   first.empty() ? "" : absl::StrCat(" (", first, ")")));
+}
+
+}  // namespace
 
 absl::Status Trainer::RestoreCheckpoint(
     const std::string& path, std::map<std::string, std::string>* sections) {
@@ -770,7 +808,8 @@ absl::Status Trainer::RestoreCheckpoint(
 
 absl::Status Trainer::CheckResumable(const std::string& path,
                                      const TrainerState& st,
-                                     const std::string& architecture) const {
+                                     const std::string& architecture,
+                                     const std::string* signature) const {
   auto mismatch = [&](absl::string_view flag, const std::string& was,
                       const std::string& now) {
     return absl::FailedPreconditionError(
@@ -778,9 +817,7 @@ absl::Status Trainer::CheckResumable(const std::string& path,
                      flag, "=", was, " but this run has --", flag, "=", now));
   };
   const TrainConfig& old = st.config();
-  if (architecture != model_->Architecture()) {
-    return mismatch("model", architecture, model_->Architecture());
-  }
+  STARLING_RETURN_IF_ERROR(SameModel(path, architecture, signature, *model_));
   if (old.data() != config_.data())
     return mismatch("data", old.data(), config_.data());
   if (old.shard() != config_.shard()) {
@@ -876,7 +913,13 @@ absl::Status Trainer::RestoreCheckpoint(const CheckpointReader& reader) {
   }
   STARLING_ASSIGN_OR_RETURN(std::string architecture,
                             reader.ReadString("architecture"));
-  STARLING_RETURN_IF_ERROR(CheckResumable(path, st, architecture));
+  std::string signature;
+  if (reader.Has(kTensorSignature)) {
+    STARLING_ASSIGN_OR_RETURN(signature, reader.ReadString(kTensorSignature));
+  }
+  STARLING_RETURN_IF_ERROR(
+      CheckResumable(path, st, architecture,
+                     reader.Has(kTensorSignature) ? &signature : nullptr));
   STARLING_ASSIGN_OR_RETURN(std::string rng_bytes,
                             reader.ReadString("torch_rng"));
   std::mt19937_64 sampler_rng;

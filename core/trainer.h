@@ -222,7 +222,8 @@ class Trainer {
   // trainer state `st` and architecture are not this run's; the tensors of
   // either format; the RNG state.
   absl::Status CheckResumable(const std::string& path, const TrainerState& st,
-                              const std::string& architecture) const;
+                              const std::string& architecture,
+                              const std::string* signature) const;
   absl::Status RestoreTensors(const CheckpointReader& reader);
   absl::Status RestoreArchives(const CheckpointReader& reader);
   // --precision=bf16: InvalidArgument naming the flag when a training step

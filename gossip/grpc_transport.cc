@@ -63,6 +63,12 @@ class GrpcTransport::Service final
     rank_ = rank;
     address_ = std::move(address);
   }
+  // Where this node listens, for the handshake's refusals (before
+  // SetMailbox too).
+  void SetAddress(std::string address) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    address_ = std::move(address);
+  }
   int64_t received() const { return router_.received(); }
 
   // Why this node refused the peer that listens on `address`, if it did.
@@ -81,7 +87,12 @@ class GrpcTransport::Service final
       reactor->Finish(a);
       return reactor;
     }
-    std::string why = HandshakeMismatch(*req, identity_);
+    std::string own_address;
+    {
+      absl::MutexLock lock(&mu_);
+      own_address = address_;
+    }
+    std::string why = HandshakeMismatch(*req, identity_, own_address);
     if (!why.empty()) {
       STARLING_LOG(WARNING) << "refused peer " << req->address() << ": " << why;
       {
@@ -229,6 +240,7 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(
   }
   std::string host = options.listen.substr(0, options.listen.rfind(':'));
   t->address_ = absl::StrCat(host, ":", port);
+  t->service_->SetAddress(t->address_);
   return t;
 }
 

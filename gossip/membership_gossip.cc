@@ -254,7 +254,7 @@ absl::Status MembershipGossip::OnJoin(const JoinRequest& req,
   }
   PeerIdentity mine = options_.identity;
   mine.world = 0;
-  std::string why = HandshakeMismatch(req.hello(), mine);
+  std::string why = HandshakeMismatch(req.hello(), mine, options_.address);
   if (!why.empty()) {
     STARLING_LOG(WARNING) << "refused joiner " << req.self().id() << " at "
                           << QuoteForLog(req.hello().address()) << ": " << why;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "starling/peer/v1/peer.pb.h"
 
@@ -15,7 +16,10 @@ namespace starling {
 
 // 2: lineages carry a weight (member_rounds) that orders them at one round,
 // and the swarm state holds it; a node of version 1 would order them apart.
-inline constexpr uint32_t kProtocolVersion = 2;
+// 3: a model's buffers travel in DiLoCo's round contributions, ddp's
+// gradient all-reduce and the swarm state, and TorchScript models are
+// identified by content.
+inline constexpr uint32_t kProtocolVersion = 3;
 
 // Elastic rounds (gossip/swarm.h) number the mailbox sequence of a round's
 // attempt as round * kAttemptsPerRound + attempt. A receiver holds a
@@ -50,19 +54,25 @@ struct PeerIdentity {
   peer::v1::ModelFingerprint model;
 };
 
-// Fingerprint fields for a flat fp32 model.
-peer::v1::ModelFingerprint MakeFingerprint(const std::string& architecture,
-                                           int64_t parameters,
-                                           const std::string& init_hash);
+// Fingerprint fields for a flat fp32 model; `tensors` its TensorSignature
+// (core/model.h).
+peer::v1::ModelFingerprint MakeFingerprint(
+    const std::string& architecture, int64_t parameters,
+    const std::string& init_hash, const std::vector<std::string>& tensors = {});
 
 // The handshake of a node with `identity` that listens on `address`.
 peer::v1::HandshakeRequest MakeHandshakeRequest(const PeerIdentity& identity,
                                                 const std::string& address);
 
 // Why `theirs` may not join a run with `mine`: empty when compatible,
-// otherwise a message naming every field that differs.
+// otherwise a message naming every field that differs, and for a model
+// the first tensor that differs. The message is read on both ends (this
+// node logs it and returns it to the peer), so with `my_address` (this
+// node's --listen) each value is labelled with the address of the node
+// that holds it, not as "peer" and "this node".
 std::string HandshakeMismatch(const peer::v1::HandshakeRequest& theirs,
-                              const PeerIdentity& mine);
+                              const PeerIdentity& mine,
+                              const std::string& my_address = "");
 
 }  // namespace starling
 

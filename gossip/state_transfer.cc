@@ -26,10 +26,11 @@ namespace {
 namespace ci = compression_internal;
 
 // Encoded state: "SWST", u32 version, i64 round, i64 step, u64 lineage bytes
-// + lineage, i64 member_rounds, u64 theta count + theta (fp32), u64
-// outer_state bytes + outer_state. (Version 1 had no member_rounds.)
+// + lineage, i64 member_rounds, u64 theta count + theta (fp32), u64 buffers
+// count + buffers (fp32), u64 outer_state bytes + outer_state. (Version 1
+// had no member_rounds, version 2 no buffers.)
 constexpr char kStateMagic[4] = {'S', 'W', 'S', 'T'};
-constexpr uint32_t kStateVersion = 2;
+constexpr uint32_t kStateVersion = 3;
 
 // Blob: "SWBL", u32 format, u64 raw size, then the encoded state either as
 // is (kFormatRaw) or through the chunked zstd stage (kFormatZstd).
@@ -166,8 +167,8 @@ int64_t MaxStateBytesFor(int64_t parameters) {
 
 std::string EncodeSwarmState(const SwarmState& s) {
   std::string out;
-  const size_t size = 4 + 4 + 8 * 6 + s.lineage.size() + 4 * s.theta.size() +
-                      s.outer_state.size();
+  const size_t size = 4 + 4 + 8 * 7 + s.lineage.size() + 4 * s.theta.size() +
+                      4 * s.buffers.size() + s.outer_state.size();
   ReserveHuge(out, size);
   out.append(kStateMagic, 4);
   Put<uint32_t>(&out, kStateVersion);
@@ -178,6 +179,9 @@ std::string EncodeSwarmState(const SwarmState& s) {
   Put<int64_t>(&out, s.member_rounds);
   Put<uint64_t>(&out, s.theta.size());
   out.append(reinterpret_cast<const char*>(s.theta.data()), 4 * s.theta.size());
+  Put<uint64_t>(&out, s.buffers.size());
+  out.append(reinterpret_cast<const char*>(s.buffers.data()),
+             4 * s.buffers.size());
   Put<uint64_t>(&out, s.outer_state.size());
   out.append(s.outer_state);
   return out;
@@ -210,6 +214,11 @@ absl::StatusOr<SwarmState> DecodeSwarmState(absl::string_view bytes) {
   ReserveHuge(s.theta, n);
   s.theta.resize(n);
   if (n > 0) std::memcpy(s.theta.data(), v.data(), 4 * n);
+  if (!r.Get(&n) || n > r.remaining() / 4 || !r.Bytes(4 * n, &v)) {
+    return Truncated("buffers");
+  }
+  s.buffers.resize(n);
+  if (n > 0) std::memcpy(s.buffers.data(), v.data(), 4 * n);
   if (!r.Get(&n) || !r.Bytes(n, &v)) return Truncated("outer_state");
   ReserveHuge(s.outer_state, v.size());
   s.outer_state.assign(v.data(), v.size());
@@ -239,11 +248,18 @@ absl::StatusOr<SwarmState> DecodeSwarmState(absl::string_view bytes) {
           absl::StrCat("swarm state: theta[", i, "] is not finite"));
     }
   }
-  const std::string hash = FlatHash(s.theta);
+  // A buffer may hold an infinity (an attention mask), never a NaN.
+  for (size_t i = 0; i < s.buffers.size(); ++i) {
+    if (std::isnan(s.buffers[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("swarm state: buffers[", i, "] is NaN"));
+    }
+  }
+  const std::string hash = FlatHash(s.theta, s.buffers);
   if (s.lineage != hash) {
     return absl::InvalidArgumentError(
         absl::StrCat("swarm state: lineage \"", s.lineage,
-                     "\" does not match the hash of theta ", hash));
+                     "\" does not match the hash of theta and buffers ", hash));
   }
   return s;
 }

@@ -25,17 +25,21 @@ namespace starling {
 struct SwarmState {
   int64_t round = 0;          // the next round to run
   int64_t step = 0;           // inner steps done per member (LR position)
-  std::string lineage;        // FlatHash of theta
+  std::string lineage;        // FlatHash of theta and buffers
   int64_t member_rounds = 0;  // the lineage's weight (Swarm::Lineage)
   std::vector<float> theta;   // θ_global
-  std::string outer_state;    // OuterOptimizer::SaveState()
+  // The model's buffers (BatchNorm's running statistics...) as the round
+  // left them, flat (core/flat_params.h); empty for a model without.
+  std::vector<float> buffers;
+  std::string outer_state;  // OuterOptimizer::SaveState()
 };
 
 // Self-describing little-endian layout with a magic and version.
 std::string EncodeSwarmState(const SwarmState& s);
 // DataLoss naming the field when `bytes` is truncated, has a bad magic or
 // version, or sizes that do not add up; InvalidArgument when `lineage` does
-// not match FlatHash(theta), theta holds NaN/Inf, the round is outside
+// not match FlatHash(theta, buffers), theta holds NaN/Inf, buffers hold NaN
+// (an infinity is a mask's), the round is outside
 // [0, kMaxRound] (gossip/membership.h), member_rounds outside [0,
 // kMaxMemberRounds] or the step outside [0, INT_MAX].
 absl::StatusOr<SwarmState> DecodeSwarmState(absl::string_view bytes);
@@ -101,8 +105,9 @@ class StateAssembler {
   std::string bytes_;
 };
 
-// A bound on the encoded state of a model with `parameters` values (θ and
-// the outer optimizer's state, with room to spare), for StateAssembler.
+// A bound on the encoded state of a model with `parameters` values (θ, its
+// buffers and the outer optimizer's state, with room to spare), for
+// StateAssembler.
 int64_t MaxStateBytesFor(int64_t parameters);
 
 }  // namespace starling

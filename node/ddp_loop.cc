@@ -118,12 +118,13 @@ absl::Status DdpLoop::Start() {
     id.algo = "ddp";
     id.world = world_;
     id.compression = "fp32";
-    id.model = MakeFingerprint(trainer_.model().Architecture(), run_.n_params,
-                               run_.init_hash);
+    id.model =
+        MakeFingerprint(trainer_.model().Architecture(), run_.n_params,
+                        run_.init_hash, TensorSignature(trainer_.model()));
     STARLING_ASSIGN_OR_RETURN(transport_, GrpcTransport::Start(to, id));
     MailboxOptions mo;
     mo.run_id = id.run_id;
-    mo.tensors = {{kGrad, run_.n_params + 2}};
+    mo.tensors = {{kGrad, run_.n_params + 2 + NumElements(run_.buffers)}};
     mo.first_round = run_.state.round;
     STARLING_LOG(INFO) << "listening on " << transport_->address()
                        << "; connecting to " << world_ - 1 << " peers";
@@ -148,6 +149,7 @@ absl::Status DdpLoop::Start() {
 }
 
 absl::StatusOr<bool> DdpLoop::Train() {
+  buffers_synced_ = Flatten(run_.buffers);
   while (trainer_.state().step() < total_) {
     if (!transport_ && StopSignal() != 0) return true;
     STARLING_ASSIGN_OR_RETURN(const bool go_on, RunStep());
@@ -159,6 +161,12 @@ absl::StatusOr<bool> DdpLoop::Train() {
 absl::Status DdpLoop::AverageGradients(
     const std::vector<torch::Tensor>& params) {
   std::vector<float> g = FlattenGrads(params);
+  const size_t n = g.size();
+  // What this step's forward passes moved the buffers by: averaged with
+  // the gradients (a buffer no member moved stays exact).
+  const std::vector<float> moved =
+      BufferDelta(buffers_synced_, Flatten(run_.buffers));
+  g.insert(g.end(), moved.begin(), moved.end());
   RingOptions o;
   o.step_timeout = config_.net.round_timeout;
   o.tensor = kGrad;
@@ -168,6 +176,10 @@ absl::Status DdpLoop::AverageGradients(
   STARLING_RETURN_IF_ERROR(RingWeightedAverage(
       *transport_, g, static_cast<double>(config_.train.batch()), o));
   stop_voted_ = stop_voted_ || votes[0] > 0;
+  ApplyBufferMean(absl::MakeConstSpan(g).subspan(n), 1.0,
+                  absl::MakeSpan(buffers_synced_));
+  STARLING_RETURN_IF_ERROR(Unflatten(buffers_synced_, run_.buffers));
+  g.resize(n);
   return UnflattenGrads(g, params);
 }
 
@@ -194,7 +206,7 @@ absl::StatusOr<bool> DdpLoop::RunStep() {
   rec.round = state.round;
   rec.step = trainer_.state().step();
   rec.members = ids_;
-  rec.model_hash = ModelHash(run_.params);
+  rec.model_hash = ModelHash(run_.params, run_.buffers);
   rec.train_loss = r.loss;
   rec.bytes = session_.BytesSent() - sent_before;
   rec.seconds = absl::ToDoubleSeconds(absl::Now() - round_start);

@@ -2,7 +2,10 @@
 // fixed member list (--listen and --peers; ranks follow the sorted list):
 // gradients are all-reduced every step, and every member votes in every
 // all-reduce, so that a SIGINT/SIGTERM stops all of them after the same
-// step. Thread-safety: the loop runs on the training thread.
+// step. The model's buffers (BatchNorm's running statistics) travel in the
+// same all-reduce: after each step every member holds their mean, as
+// PyTorch's DDP keeps its members' buffers equal. Thread-safety: the loop runs
+// on the training thread.
 #ifndef STARLING_NODE_DDP_LOOP_H_
 #define STARLING_NODE_DDP_LOOP_H_
 
@@ -51,7 +54,7 @@ class DdpLoop {
   // voted to stop before the last step.
   absl::StatusOr<bool> RunStep();
   // The gradient hook: gradients ← the members' batch-weighted average,
-  // with this node's stop vote.
+  // with this node's stop vote; the buffers ← the members' mean.
   absl::Status AverageGradients(const std::vector<torch::Tensor>& params);
   int End(bool interrupted);
 
@@ -68,6 +71,8 @@ class DdpLoop {
   std::unique_ptr<GrpcTransport> transport_;  // null when alone
   NodeSession session_;
   bool stop_voted_ = false;
+  // The buffers as the last all-reduce left them, the same on every member.
+  std::vector<float> buffers_synced_;
 };
 
 }  // namespace starling

@@ -38,6 +38,7 @@ ExchangeSettings ExchangeSettingsOf(const NodeRun& run) {
   s.aggregate = run.config.diloco.aggregate;
   s.norm_bound = run.config.diloco.norm_bound;
   s.n_params = run.n_params;
+  s.n_buffers = NumElements(run.buffers);
   s.watchdog = run.ops.watchdog.get();
   return s;
 }
@@ -84,7 +85,8 @@ int DilocoLoop::Run() {
 
 SwarmOptions DilocoLoop::DilocoSwarmOptions(SwarmOptions so) {
   const NodeCodecs& codecs = run_.codecs;
-  const int64_t pack = run_.n_params + kWeightingSlots + 1;
+  const int64_t pack =
+      run_.n_params + kWeightingSlots + 1 + NumElements(run_.buffers);
   so.identity.compression = codecs.ring->Name();
   so.identity.aggregate = AggregateName(config_.diloco.aggregate);
   if (config_.diloco.norm_bound > 0) {
@@ -121,7 +123,8 @@ absl::Status DilocoLoop::Start() {
   absl::StatusOr<SwarmOptions> shared = ElasticSwarmOptions(run_, "diloco");
   if (!shared.ok()) return WithExitCode(shared.status(), 2);
   theta_global_ = Flatten(run_.params);
-  lineage_ = FlatHash(theta_global_);
+  buffers_global_ = Flatten(run_.buffers);
+  lineage_ = FlatHash(theta_global_, buffers_global_);
   // A resumed node trains on from its own model (its residual restored).
   STARLING_RETURN_IF_ERROR(LoadNodeModel());
   const SwarmOptions so = DilocoSwarmOptions(*std::move(shared));
@@ -198,6 +201,8 @@ absl::StatusOr<bool> DilocoLoop::RunRound() {
     return false;
   }
   std::vector<float> delta = RoundPseudoGradient(&inner);
+  // The node's own buffers, before a commit below puts the shared ones in.
+  std::vector<float> own_buffers = Flatten(run_.buffers);
   if (pending_) {
     // --overlap: the previous round's outcome. When it did not commit,
     // this round's inner steps are dropped too: they started from a
@@ -213,8 +218,10 @@ absl::StatusOr<bool> DilocoLoop::RunRound() {
     eager_start = theta_global_;
     for (size_t i = 0; i < delta.size(); ++i) eager_start[i] -= delta[i];
   }
-  STARLING_ASSIGN_OR_RETURN(std::unique_ptr<RoundInFlight> round,
-                            BuildRound(inner, std::move(delta)));
+  STARLING_ASSIGN_OR_RETURN(
+      std::unique_ptr<RoundInFlight> round,
+      BuildRound(inner, std::move(delta),
+                 BufferDelta(buffers_global_, own_buffers)));
   const bool overlap_now = OverlapNow(inner.prev_step);
   // Not "round": scripts read "round":N as that round's commit.
   session_.events().Write(
@@ -224,7 +231,7 @@ absl::StatusOr<bool> DilocoLoop::RunRound() {
                   .Add("overlapped", overlap_now));
   round->exchange->Launch(*swarm_, Here(), overlap_now, abandon_);
   if (overlap_now) {
-    STARLING_RETURN_IF_ERROR(StartEagerly(std::move(eager_start)));
+    STARLING_RETURN_IF_ERROR(StartEagerly(std::move(eager_start), own_buffers));
     pending_ = std::move(round);
     return true;
   }
@@ -249,7 +256,9 @@ absl::Status DilocoLoop::CatchUp(const Swarm::Lineage& best) {
   NodeState& state = run_.state;
   STARLING_RETURN_IF_ERROR(state.outer->LoadState(st.outer_state));
   theta_global_ = std::move(st.theta);
+  buffers_global_ = std::move(st.buffers);
   STARLING_RETURN_IF_ERROR(Unflatten(theta_global_, run_.params));
+  STARLING_RETURN_IF_ERROR(Unflatten(buffers_global_, run_.buffers));
   const int64_t from_round = state.round;
   state.round = st.round;
   lineage_ = st.lineage;
@@ -403,7 +412,8 @@ std::vector<float> DilocoLoop::RoundPseudoGradient(InnerSteps* inner) {
 }
 
 absl::StatusOr<std::unique_ptr<DilocoLoop::RoundInFlight>>
-DilocoLoop::BuildRound(const InnerSteps& inner, std::vector<float> delta) {
+DilocoLoop::BuildRound(const InnerSteps& inner, std::vector<float> delta,
+                       const std::vector<float>& buffer_delta) {
   const int64_t n = static_cast<int64_t>(delta.size());
   RoundWork work;
   work.steps = inner.steps;
@@ -424,7 +434,8 @@ DilocoLoop::BuildRound(const InnerSteps& inner, std::vector<float> delta) {
   STARLING_ASSIGN_OR_RETURN(
       DilocoRound round,
       DilocoRound::Begin(round_options_, work, std::move(delta),
-                         run_.codecs.params.get(), run_.state.feedback.get()));
+                         run_.codecs.params.get(), run_.state.feedback.get(),
+                         buffer_delta));
   const int64_t number = run_.state.round;
   if (const PoisonWindow* w = PoisonFor(config_.diloco.poison, number)) {
     const std::string what =
@@ -453,11 +464,13 @@ bool DilocoLoop::OverlapNow(int prev_step) const {
          !Swarm::Ahead(swarm_->Best(), Here());
 }
 
-absl::Status DilocoLoop::StartEagerly(std::vector<float> eager_start) {
+absl::Status DilocoLoop::StartEagerly(std::vector<float> eager_start,
+                                      const std::vector<float>& own_buffers) {
   // The swarm's update for the round behind it replaces this node's own
-  // progress one round later.
+  // progress one round later; its buffers go on from its own too.
   eager_start_ = std::move(eager_start);
   STARLING_RETURN_IF_ERROR(Unflatten(eager_start_, run_.params));
+  STARLING_RETURN_IF_ERROR(Unflatten(own_buffers, run_.buffers));
   if (sync_.detector) sync_.detector->Suppress();  // θ jumps to θ_global
   return absl::OkStatus();
 }
@@ -568,15 +581,15 @@ absl::StatusOr<RoundUpdate> DilocoLoop::ApplyCommit(
         "round ", state.round, " committed without an all-reduce here"));
   }
   const absl::Time outer_start = absl::Now();
-  STARLING_ASSIGN_OR_RETURN(
-      const RoundUpdate update,
-      x.round().Commit(*x.sum(), &theta_global_, *state.outer));
+  STARLING_ASSIGN_OR_RETURN(const RoundUpdate update,
+                            x.round().Commit(*x.sum(), &theta_global_,
+                                             *state.outer, &buffers_global_));
   if (run_.ops.metrics) {
     run_.ops.metrics->SetPseudoGradientNorm(update.delta_norm);
   }
   STARLING_RETURN_IF_ERROR(LoadNodeModel());
   outer_seconds_ = absl::ToDoubleSeconds(absl::Now() - outer_start);
-  lineage_ = FlatHash(theta_global_);
+  lineage_ = FlatHash(theta_global_, buffers_global_);
   state.member_rounds =
       std::min(kMaxMemberRounds,
                state.member_rounds + static_cast<int64_t>(res.members.size()));
@@ -785,6 +798,7 @@ void DilocoLoop::Serve(int step) {
   st.lineage = lineage_;
   st.member_rounds = run_.state.member_rounds;
   st.theta = theta_global_;
+  st.buffers = buffers_global_;
   st.outer_state = run_.state.outer->SaveState();
   swarm_->ServeState(std::move(st));
 }
@@ -799,6 +813,7 @@ bool DilocoLoop::FlushDue() const {
 }
 
 absl::Status DilocoLoop::LoadNodeModel() {
+  STARLING_RETURN_IF_ERROR(Unflatten(buffers_global_, run_.buffers));
   return run_.codecs.ef_in_model ? Unflatten(OwnModel(), run_.params)
                                  : Unflatten(theta_global_, run_.params);
 }

@@ -95,16 +95,18 @@ class DilocoLoop {
   // Δ of the inner steps just run, from where they started; the trained
   // weights come to the host through staging_ (inner->copy_seconds).
   std::vector<float> RoundPseudoGradient(InnerSteps* inner);
-  // The contribution (error feedback, weights, stop vote, --test_poison)
-  // and the exchange that carries it.
+  // The contribution (error feedback, weights, stop vote, the buffers'
+  // δb, --test_poison) and the exchange that carries it.
   absl::StatusOr<std::unique_ptr<RoundInFlight>> BuildRound(
-      const InnerSteps& inner, std::vector<float> delta);
+      const InnerSteps& inner, std::vector<float> delta,
+      const std::vector<float>& buffer_delta);
   // --overlap: whether this round's exchange may run behind the next
   // round's inner steps.
   bool OverlapNow(int prev_step) const;
   // --overlap: the next round starts from θ_global minus this node's own
-  // progress (its Δ before compression).
-  absl::Status StartEagerly(std::vector<float> eager_start);
+  // progress (its Δ before compression), and from its own buffers.
+  absl::Status StartEagerly(std::vector<float> eager_start,
+                            const std::vector<float>& own_buffers);
 
   // Waits for the round's outcome and applies it.
   absl::StatusOr<RoundAction> FinishRound(RoundInFlight& c, bool overlapped);
@@ -143,6 +145,7 @@ class DilocoLoop {
   void Serve(int step = -1);
   std::vector<float> OwnModel() const;
   bool FlushDue() const;
+  // The node's own model and the shared buffers into the trainer.
   absl::Status LoadNodeModel();
   // fn() with θ_global in the model, then the node's own model back:
   // checkpoints and evaluations are of θ_global, which all members share.
@@ -161,7 +164,9 @@ class DilocoLoop {
   Swarm* swarm_ = nullptr;  // the session's
   AdaptiveSync sync_;       // the controllers, as this node's rounds move them
   std::vector<float> theta_global_;
-  std::string lineage_;            // FlatHash(theta_global_)
+  // The model's buffers as the last round averaged them (empty without).
+  std::vector<float> buffers_global_;
+  std::string lineage_;            // FlatHash(theta_global_, buffers_global_)
   Swarm::FetchStats fetch_stats_;  // of a transfer under way
   // When the last round committed here (see --round_seconds).
   absl::Time committed_at_ = absl::InfiniteFuture();

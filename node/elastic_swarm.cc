@@ -43,8 +43,9 @@ absl::StatusOr<SwarmOptions> ElasticSwarmOptions(const NodeRun& run,
   }
   so.identity.run_id = net.run_id;
   so.identity.algo = algo;  // a node of the other algorithm cannot join
-  so.identity.model = MakeFingerprint(run.trainer.model().Architecture(),
-                                      run.n_params, run.init_hash);
+  so.identity.model =
+      MakeFingerprint(run.trainer.model().Architecture(), run.n_params,
+                      run.init_hash, TensorSignature(run.trainer.model()));
   so.chunk_bytes = net.chunk_bytes;
   so.rpc_timeout = net.round_timeout;
   so.suspect_after = net.suspect_timeout;

@@ -138,6 +138,9 @@ constexpr PlacedFlag kTable[] = {
 
     // Operations.
     {"out", S::kOperations},
+    // export: what it reads, and whether a node apart from the swarm may go.
+    {"from", S::kOperations},
+    {"allow_apart", S::kOperations},
     {"resume", S::kOperations},
     {"resume_if_exists", S::kOperations},
     {"eval_every", S::kOperations},

@@ -136,9 +136,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> StartTrainer(NodeConfig* config) {
   return trainer;
 }
 
-// Pseudo-gradient compression: a per-tensor policy over the flat view
-// (params) and the same plus the fp32 averaging weights and stop vote (the
-// ring's tensor).
 // --error_feedback as asked: "on", or "auto" and a codec that keeps a
 // residual by default. A lossless codec has none either way.
 bool WantsErrorFeedback(const NodeConfig& config) {
@@ -147,15 +144,19 @@ bool WantsErrorFeedback(const NodeConfig& config) {
          (ef == "auto" && ErrorFeedbackByDefault(config.compression));
 }
 
-absl::StatusOr<NodeCodecs> MakeCodecs(
-    const NodeConfig& config, const std::vector<torch::Tensor>& params) {
+// Pseudo-gradient compression: a per-tensor policy over the flat view
+// (params) and the same plus the fp32 averaging weights, stop vote and
+// `n_buffers` buffer values (the ring's tensor).
+absl::StatusOr<NodeCodecs> MakeCodecs(const NodeConfig& config,
+                                      const std::vector<torch::Tensor>& params,
+                                      int64_t n_buffers) {
   NodeCodecs codecs;
   std::vector<int64_t> tensor_sizes;
   for (const auto& p : params) tensor_sizes.push_back(p.numel());
   PolicyOptions po = config.policy;
   STARLING_ASSIGN_OR_RETURN(codecs.params,
                             PolicyCodec::Create(tensor_sizes, po));
-  po.trailing_fp32 = kWeightingSlots + 1;
+  po.trailing_fp32 = kWeightingSlots + 1 + n_buffers;
   STARLING_ASSIGN_OR_RETURN(codecs.ring, PolicyCodec::Create(tensor_sizes, po));
   const std::string& compression = config.compression;
   codecs.ring_codec = compression == "fp32" ? nullptr : codecs.ring.get();
@@ -227,17 +228,19 @@ absl::StatusOr<std::unique_ptr<NodeRun>> MakeRun(NodeConfig config,
                                                  Trainer& trainer,
                                                  NodeOps& ops) {
   std::vector<torch::Tensor> params = trainer.Parameters();
+  std::vector<torch::Tensor> buffers = trainer.model().Buffers();
   const int64_t n = NumElements(params);
   // Every member must start from the same θ (the same --seed).
-  std::string init_hash = ModelHash(params);
+  std::string init_hash = ModelHash(params, buffers);
   absl::StatusOr<std::unique_ptr<OuterOptimizer>> outer =
       OuterOptimizer::Create(config.diloco.outer, n);
   if (!outer.ok()) return WithExitCode(outer.status(), 2);
-  absl::StatusOr<NodeCodecs> codecs = MakeCodecs(config, params);
+  absl::StatusOr<NodeCodecs> codecs =
+      MakeCodecs(config, params, NumElements(buffers));
   if (!codecs.ok()) return WithExitCode(codecs.status(), 2);
-  auto run = std::unique_ptr<NodeRun>(
-      new NodeRun{std::move(config), trainer, ops, std::move(params), n,
-                  std::move(init_hash), *std::move(codecs), NodeState()});
+  auto run = std::unique_ptr<NodeRun>(new NodeRun{
+      std::move(config), trainer, ops, std::move(params), std::move(buffers), n,
+      std::move(init_hash), *std::move(codecs), NodeState()});
   run->state.outer = *std::move(outer);
   if (run->codecs.error_feedback) {
     run->state.feedback = std::make_unique<ErrorFeedback>(n);

@@ -148,8 +148,12 @@ struct NodeRun {
   Trainer& trainer;
   NodeOps& ops;
   std::vector<torch::Tensor> params;  // the trainer's, in flat order
+  // The model's buffers (BatchNorm's running statistics...), in flat
+  // order: DiLoCo averages them in each round, ddp at each step
+  // (docs/design.md); gossip leaves each node its own.
+  std::vector<torch::Tensor> buffers;
   int64_t n_params = 0;
-  std::string init_hash;  // every member starts from the same θ
+  std::string init_hash;  // every member starts from the same θ and buffers
   NodeCodecs codecs;
   NodeState state;
 

@@ -92,7 +92,8 @@ absl::Status RoundExchange::GatherAndCombine(
   members_ = members;
   absl::StatusOr<AggregateStats> st = AggregatePacks(
       settings_.aggregate, settings_.norm_bound, settings_.n_params,
-      /*extras=*/1, spans, &verdicts_, absl::MakeSpan(*work_));
+      /*extras=*/1 + static_cast<int>(settings_.n_buffers), spans, &verdicts_,
+      absl::MakeSpan(*work_));
   for (size_t i = 0; i < verdicts_.size(); ++i) {
     if (verdicts_[i].accepted) continue;
     const std::string who =

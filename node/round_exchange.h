@@ -50,6 +50,7 @@ struct ExchangeSettings {
   AggregateSpec aggregate;
   double norm_bound = 0;
   int64_t n_params = 0;
+  int64_t n_buffers = 0;         // the buffers' δb, after the stop vote
   Watchdog* watchdog = nullptr;  // fed while the training thread waits
 };
 

@@ -174,7 +174,9 @@ absl::Status WriteNodeSummary(const std::string& out_dir,
                               bool interrupted, const JsonObject& extra) {
   const TrainerState& st = trainer.state();
   std::vector<torch::Tensor> params = trainer.Parameters();
-  const std::string hash = ModelHash(params);
+  // Buffers too: members that agree on the weights but not on BatchNorm's
+  // statistics hold different models.
+  const std::string hash = ModelHash(params, trainer.model().Buffers());
   const double compute = st.compute_seconds();
   const double wall = totals.wall_seconds;
   JsonObject node;

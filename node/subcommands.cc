@@ -1,6 +1,7 @@
 #include "node/subcommands.h"
 
 #include "node/bench_command.h"
+#include "node/export_command.h"
 #include "node/node_command.h"
 #include "node/sim_command.h"
 #include "node/train_command.h"
@@ -12,6 +13,7 @@ const std::vector<SubcommandEntry>& Subcommands() {
       {SimSubcommand(), &RunSimCommand},
       {NodeSubcommand(), &RunNodeCommand},
       {TrainSubcommand(), &RunTrainCommand},
+      {ExportSubcommand(), &RunExportCommand},
       {BenchSubcommand(), &RunBenchCommand},
   };
   return *entries;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/flat_params.h"
 
 namespace starling {
 
@@ -35,14 +36,15 @@ bool FlushDue(const ErrorFeedback* feedback, bool ef_in_model) {
 
 absl::StatusOr<DilocoRound> DilocoRound::Begin(
     const DilocoRoundOptions& options, const RoundWork& work,
-    std::vector<float> delta, const Codec* codec, ErrorFeedback* feedback) {
+    std::vector<float> delta, const Codec* codec, ErrorFeedback* feedback,
+    absl::Span<const float> buffer_delta) {
   DilocoRound round(options, work);
   if (feedback != nullptr) {
     round.residual_before_ = feedback->SaveState();
     absl::Status s = round.ApplyErrorFeedback(codec, *feedback, delta);
     if (!s.ok()) return s;
   }
-  absl::Status s = round.Pack(delta);
+  absl::Status s = round.Pack(delta, buffer_delta);
   if (!s.ok()) return s;
   return round;
 }
@@ -78,8 +80,11 @@ absl::Status DilocoRound::ApplyErrorFeedback(const Codec* codec,
   return absl::OkStatus();
 }
 
-absl::Status DilocoRound::Pack(absl::Span<const float> delta) {
-  contribution_.resize(delta.size() + kWeightingSlots + 1);
+absl::Status DilocoRound::Pack(absl::Span<const float> delta,
+                               absl::Span<const float> buffer_delta) {
+  const size_t vote = delta.size() + kWeightingSlots;
+  buffers_ = buffer_delta.size();
+  contribution_.resize(vote + 1 + buffers_);
   Contribution c;
   c.delta = delta;
   c.steps = std::max(1, work_.steps);
@@ -88,29 +93,36 @@ absl::Status DilocoRound::Pack(absl::Span<const float> delta) {
   c.weight = options_.weighting == Weighting::kFedNova ? work_.data_share
              : work_.flush                             ? 1.0
                            : static_cast<double>(work_.samples);
-  absl::Status s = PackContribution(
-      options_.weighting, c,
-      absl::MakeSpan(contribution_).subspan(0, contribution_.size() - 1));
+  absl::Status s = PackContribution(options_.weighting, c,
+                                    absl::MakeSpan(contribution_.data(), vote));
   if (!s.ok()) return s;
-  contribution_.back() = work_.stop_vote ? 1.0f : 0.0f;
+  contribution_[vote] = work_.stop_vote ? 1.0f : 0.0f;
+  // δb carries the weight that slot 0 holds for Δ, whatever the weighting.
+  const float w = contribution_[delta.size()];
+  for (size_t i = 0; i < buffers_; ++i) {
+    contribution_[vote + 1 + i] = buffer_delta[i] * w;
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<RoundUpdate> DilocoRound::Commit(
     absl::Span<const float> sum, std::vector<float>* theta_global,
-    OuterOptimizer& outer) const {
-  const size_t n = contribution_.size() - kWeightingSlots - 1;
-  if (sum.size() != contribution_.size() || theta_global->size() != n) {
+    OuterOptimizer& outer, std::vector<float>* buffers) const {
+  const size_t n = contribution_.size() - kWeightingSlots - 1 - buffers_;
+  const size_t vote = n + kWeightingSlots;
+  const size_t n_buffers = buffers != nullptr ? buffers->size() : 0;
+  if (sum.size() != contribution_.size() || theta_global->size() != n ||
+      n_buffers != buffers_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "round commit: the sum has ", sum.size(), " values and θ_global ",
-        theta_global->size(), "; expected ", contribution_.size(), " and ", n));
+        "round commit: the sum has ", sum.size(), " values, θ_global ",
+        theta_global->size(), " and the buffers ", n_buffers, "; expected ",
+        contribution_.size(), ", ", n, " and ", buffers_));
   }
   RoundUpdate update;
-  update.stop_voted = sum.back() > 0;
+  update.stop_voted = sum[vote] > 0;
   std::vector<float> delta(n);
-  absl::StatusOr<Averaged> avg =
-      UnpackAverage(options_.weighting, sum.subspan(0, sum.size() - 1),
-                    absl::MakeSpan(delta));
+  absl::StatusOr<Averaged> avg = UnpackAverage(
+      options_.weighting, sum.subspan(0, vote), absl::MakeSpan(delta));
   if (!avg.ok()) return avg.status();
   update.effective_steps = avg->effective_steps;
   double norm2 = 0;
@@ -120,14 +132,18 @@ absl::StatusOr<RoundUpdate> DilocoRound::Commit(
     // θ_global − mean(e): the average of the members' models.
     std::vector<float>& theta = *theta_global;
     for (size_t i = 0; i < n; ++i) theta[i] -= delta[i];
-    return update;
+  } else {
+    // A round shorter or longer than H moves the outer momentum in
+    // proportion (OuterOptimizer::Step's span).
+    absl::Status s = outer.Step(
+        absl::MakeSpan(*theta_global), delta,
+        avg->effective_steps / static_cast<double>(options_.inner_steps));
+    if (!s.ok()) return s;
   }
-  // A round shorter or longer than H moves the outer momentum in
-  // proportion (OuterOptimizer::Step's span).
-  absl::Status s = outer.Step(
-      absl::MakeSpan(*theta_global), delta,
-      avg->effective_steps / static_cast<double>(options_.inner_steps));
-  if (!s.ok()) return s;
+  if (buffers_ > 0) {
+    ApplyBufferMean(sum.subspan(vote + 1), avg->total_weight,
+                    absl::MakeSpan(*buffers));
+  }
   return update;
 }
 

@@ -9,6 +9,15 @@
 //
 // or, when the round does not commit, round.Restore(feedback).
 //
+// A model's buffers (BatchNorm's running statistics and the like) are not
+// trained by gradients, so they take no outer step: each member sends
+// δb = BufferDelta(b_shared, b_own) (core/flat_params.h) weighted like its Δ,
+// and Commit sets the shared buffers to b_shared − Σ w δb / Σ w, the members'
+// weighted mean (integer buffers, such as BatchNorm's num_batches_tracked, then
+// round to the nearest integer as they are written back: core/flat_params.h).
+// All members commit the same sum, so their buffers stay identical; a buffer
+// that no member changed (a fixed mask, infinities included) stays exact.
+//
 // Error feedback keeps what the codec dropped (the residual e) and sends it
 // in a later round. With `ef_in_model` the residual also stays in the
 // node's own model, which trains from θ_global − e: its inner steps do not
@@ -93,16 +102,18 @@ class DilocoRound {
   // work.lr_end / work.lr_start when the learning rate fell. The
   // contribution is PackContribution's layout for the weighting (weight:
   // FedNova's data share, else the samples, 1 for the flush; steps at least
-  // 1) followed by the stop vote (1 or 0). InvalidArgument from the codec or
-  // the packing (the residual is then as Begin found it, save for a
-  // failed pack after compression: Restore puts it back).
-  static absl::StatusOr<DilocoRound> Begin(const DilocoRoundOptions& options,
-                                           const RoundWork& work,
-                                           std::vector<float> delta,
-                                           const Codec* codec,
-                                           ErrorFeedback* feedback);
+  // 1) followed by the stop vote (1 or 0), then `buffer_delta` (δb, from
+  // BufferDelta; empty for a model without buffers) times the weight.
+  // InvalidArgument from the codec or the packing (the residual is then as
+  // Begin found it, save for a failed pack after compression: Restore puts
+  // it back).
+  static absl::StatusOr<DilocoRound> Begin(
+      const DilocoRoundOptions& options, const RoundWork& work,
+      std::vector<float> delta, const Codec* codec, ErrorFeedback* feedback,
+      absl::Span<const float> buffer_delta = {});
 
-  // What the exchange sums: Δ.size() + kWeightingSlots + 1 values.
+  // What the exchange sums: Δ.size() + kWeightingSlots + 1 + δb.size()
+  // values.
   const std::vector<float>& contribution() const { return contribution_; }
   // The same, for a test that sends a hostile contribution (--test_poison).
   std::vector<float>& mutable_contribution() { return contribution_; }
@@ -111,11 +122,13 @@ class DilocoRound {
   // Applies `sum`, the members' contributions summed (or robustly combined
   // in that layout), to θ_global: θ_global − mean(e) for the flush (the
   // outer momentum is left as it was), else the outer step with span
-  // τ_eff / H. InvalidArgument when sizes differ, FailedPrecondition when
-  // the weights sum to zero; θ_global is then unchanged.
-  absl::StatusOr<RoundUpdate> Commit(absl::Span<const float> sum,
-                                     std::vector<float>* theta_global,
-                                     OuterOptimizer& outer) const;
+  // τ_eff / H; and to the shared `buffers` (ApplyBufferMean; may be null
+  // when the model has none). InvalidArgument when sizes differ,
+  // FailedPrecondition when the weights sum to zero; θ_global and the
+  // buffers are then unchanged.
+  absl::StatusOr<RoundUpdate> Commit(
+      absl::Span<const float> sum, std::vector<float>* theta_global,
+      OuterOptimizer& outer, std::vector<float>* buffers = nullptr) const;
 
   // The round did not commit: the residual goes back to what Begin found.
   absl::Status Restore(ErrorFeedback* feedback) const;
@@ -127,13 +140,16 @@ class DilocoRound {
   // Error feedback on Δ, in place: what is sent instead of Δ.
   absl::Status ApplyErrorFeedback(const Codec* codec, ErrorFeedback& feedback,
                                   std::vector<float>& delta);
-  // Δ weighted, the weights and the stop vote, into contribution_.
-  absl::Status Pack(absl::Span<const float> delta);
+  // Δ weighted, the weights, the stop vote and δb weighted, into
+  // contribution_.
+  absl::Status Pack(absl::Span<const float> delta,
+                    absl::Span<const float> buffer_delta);
 
   DilocoRoundOptions options_;
   RoundWork work_;
   std::string residual_before_;  // empty without error feedback
   std::vector<float> contribution_;
+  size_t buffers_ = 0;  // δb's size, at the contribution's end
 };
 
 }  // namespace starling

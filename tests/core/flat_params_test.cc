@@ -3,9 +3,11 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <string>
 
+#include "absl/strings/str_format.h"
 #include "core/model.h"
 #include "gtest/gtest.h"
 
@@ -113,6 +115,52 @@ TEST(FlatParamsTest, BytesHasherMatchesHashBytesForAnySplit) {
       EXPECT_EQ(hasher.Finish(), whole) << n << " bytes, trial " << trial;
     }
   }
+}
+
+// The model hash covers buffers: it is the hash of the parameters' and the
+// buffers' bytes together, and a model without buffers hashes as before.
+TEST(FlatParamsTest, HashCoversBuffersAndIsUnchangedWithout) {
+  const std::vector<float> params = {1.0f, -2.5f, 3.25f};
+  std::vector<float> buffers = {0.5f, 1.0f};
+  EXPECT_EQ(FlatHash(params, {}), FlatHash(params));
+  EXPECT_EQ(FlatHash(params, {}),
+            absl::StrFormat("%016x", HashBytes(params.data(), 12)));
+  std::vector<float> both = params;
+  both.insert(both.end(), buffers.begin(), buffers.end());
+  EXPECT_EQ(FlatHash(params, buffers), FlatHash(both));
+  const std::string before = FlatHash(params, buffers);
+  buffers[1] = 1.0625f;
+  EXPECT_NE(FlatHash(params, buffers), before);
+  auto t = torch::zeros({2});
+  EXPECT_NE(ModelHash({torch::ones({3})}, {t}), ModelHash({torch::ones({3})}));
+}
+
+// δb is exactly 0 where the shared and own values agree, infinities
+// included, and a zero sum leaves the shared value exact.
+TEST(FlatParamsTest, BufferMeanKeepsWhatNobodyMoved) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> shared = {-inf, 0.1f, 1.0f, 3.0f};
+  const std::vector<float> own = {-inf, 0.1f, 0.5f, 4.0f};
+  const std::vector<float> d = BufferDelta(shared, own);
+  EXPECT_EQ(d, (std::vector<float>{0.0f, 0.0f, 0.5f, -1.0f}));
+  // Two members, weights 1 and 3: the other moved nothing.
+  std::vector<float> sum = {0.0f, 0.0f, 0.5f * 1, -1.0f * 1};
+  std::vector<float> out = shared;
+  ApplyBufferMean(sum, 4.0, absl::MakeSpan(out));
+  EXPECT_EQ(out[0], -inf);
+  EXPECT_EQ(out[1], 0.1f);
+  EXPECT_FLOAT_EQ(out[2], 1.0f - 0.125f);
+  EXPECT_FLOAT_EQ(out[3], 3.25f);
+}
+
+// An integer buffer (BatchNorm's num_batches_tracked) takes the nearest
+// integer of an average, not its truncation.
+TEST(FlatParamsTest, UnflattenRoundsIntegerTensors) {
+  auto count = torch::zeros({2}, torch::kLong);
+  ASSERT_TRUE(Unflatten(std::vector<float>{6.5001f, 6.4999f}, {count}).ok());
+  EXPECT_EQ(count[0].item<int64_t>(), 7);
+  EXPECT_EQ(count[1].item<int64_t>(), 6);
+  EXPECT_EQ(Flatten({count}), (std::vector<float>{7.0f, 6.0f}));
 }
 
 }  // namespace

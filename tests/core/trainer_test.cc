@@ -366,6 +366,42 @@ TEST(TorchScriptTest, ByteLmTrainsOnText) {
   ExpectExactResume(c, 10, 4);
 }
 
+// A TorchScript model is identified by its content: the same file under
+// another path resumes (a run directory moved to another machine, say);
+// another model is refused, naming the first tensor that differs.
+TEST(TorchScriptTest, ResumeFollowsTheFileNotItsPath) {
+  const std::string dir = TempDir() + "/moved";
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  const std::string moved = dir + "/renamed.pt";
+  ASSERT_TRUE(
+      WriteFileAtomic(moved, ReadFile(Fixture("byte_bn.pt")).value()).ok());
+  const std::string path = TempDir() + "/bn.ckpt";
+  TrainConfig c = TinyText();
+  c.set_model("torchscript:" + Fixture("byte_bn.pt"));
+  auto t = MustCreate(c);
+  ASSERT_NE(t, nullptr);
+  RunSteps(*t, 3);
+  ASSERT_TRUE(t->SaveCheckpoint(path).ok());
+
+  c.set_model("torchscript:" + moved);
+  auto resumed = MustCreate(c);
+  ASSERT_NE(resumed, nullptr);
+  absl::Status s = resumed->RestoreCheckpoint(path);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(ModelHash(resumed->Parameters(), resumed->model().Buffers()),
+            ModelHash(t->Parameters(), t->model().Buffers()));
+
+  c.set_model("torchscript:" + Fixture("byte_bn_wide.pt"));
+  s = MustCreate(c)->RestoreCheckpoint(path);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find("--model"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("parameter conv.weight is float32[32,16,3] at "
+                             "the checkpoint, float32[48,16,3] at this run's "
+                             "model"),
+            std::string::npos)
+      << s;
+}
+
 TEST(TorchScriptTest, ImageMlpTrains) {
   TrainConfig c = TinyImages("torchscript:" + Fixture("fmnist_mlp.pt"));
   auto t = MustCreate(c);

@@ -6,7 +6,8 @@
 // Input: u8 mode (even: HandshakeRequest, odd: JoinRequest), then the
 // serialized request.
 // Invariants: the answer is empty exactly when every compared field equals
-// this node's, and otherwise names each field that differs.
+// this node's, and otherwise names each field that differs (the model's
+// tensor lists, whatever they hold, only add to the architecture's line).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -29,12 +30,16 @@ PeerIdentity Mine() {
   id.world = 3;
   id.compression = "int8";
   id.aggregate = "mean";
-  id.model = MakeFingerprint("mlp(784,128,10)", 101770, "0123456789abcdef");
+  id.model = MakeFingerprint("mlp(784,128,10)", 101770, "0123456789abcdef",
+                             {"parameter fc1.weight float32[128,784]",
+                              "parameter fc1.bias float32[128]",
+                              "parameter fc2.weight float32[10,128]",
+                              "parameter fc2.bias float32[10]"});
   return id;
 }
 
 void Check(const peer::v1::HandshakeRequest& r, const PeerIdentity& mine) {
-  const std::string why = HandshakeMismatch(r, mine);
+  const std::string why = HandshakeMismatch(r, mine, "10.0.0.1:7000");
   struct Field {
     const char* name;
     bool same;

@@ -220,12 +220,14 @@ std::vector<peer::v1::StateChunk> StateChunks(const SwarmState& s, int parts) {
   return chunks;
 }
 
-SwarmState State(int64_t round, std::vector<float> theta, std::string outer) {
+SwarmState State(int64_t round, std::vector<float> theta, std::string outer,
+                 std::vector<float> buffers = {}) {
   SwarmState s;
   s.round = round;
   s.step = 40 * round;
   s.theta = std::move(theta);
-  s.lineage = FlatHash(s.theta);
+  s.buffers = std::move(buffers);
+  s.lineage = FlatHash(s.theta, s.buffers);
   s.outer_state = std::move(outer);
   return s;
 }
@@ -255,6 +257,10 @@ void StateSeeds() {
   }
   Save("swarm_state", "empty", EncodeSwarmState(State(0, {}, "")));
   Save("swarm_state", "small", EncodeSwarmState(State(2, Values(10), "xyz")));
+  // BatchNorm's statistics: running means, variances and a step count.
+  Save("swarm_state", "buffers",
+       EncodeSwarmState(
+           State(4, Values(10), "xyz", {0.1f, -0.2f, 1.5f, 0.9f, 12.0f})));
   auto outer = Must(OuterOptimizer::Create({}, 12));
   std::vector<float> theta = Values(12), delta = Values(12, 0.01f);
   FUZZ_CHECK(outer->Step(absl::MakeSpan(theta), delta).ok(), "outer step");
@@ -334,7 +340,11 @@ peer::v1::HandshakeRequest Hello(int world) {
   r.set_protocol_version(kProtocolVersion);
   r.set_run_id(fuzz::kRunId);
   *r.mutable_model() =
-      MakeFingerprint("mlp(784,128,10)", 101770, "0123456789abcdef");
+      MakeFingerprint("mlp(784,128,10)", 101770, "0123456789abcdef",
+                      {"parameter fc1.weight float32[128,784]",
+                       "parameter fc1.bias float32[128]",
+                       "parameter fc2.weight float32[10,128]",
+                       "parameter fc2.bias float32[10]"});
   r.set_address("10.0.0.9:7000");
   r.set_algo("diloco");
   r.set_world(world);
@@ -351,6 +361,8 @@ void HandshakeSeeds() {
   bad.set_run_id("other-run");
   bad.set_compression("fp32");
   bad.mutable_model()->set_init_hash("fedcba9876543210");
+  bad.mutable_model()->set_architecture("mlp(784,64,10)");
+  bad.mutable_model()->set_tensors(0, "parameter fc1.weight float32[64,784]");
   Writer mismatch;
   mismatch.Put<uint8_t>(0).Bytes(Serialized(bad));
   Save("handshake", "mismatch", mismatch.str());

@@ -594,6 +594,41 @@ TEST(GrpcTransportTest, MismatchMessageNamesEveryField) {
   EXPECT_NE(HandshakeMismatch(theirs, mine).find("--seed"), std::string::npos);
 }
 
+// The message is read at both ends (logged here, returned to the peer):
+// with this node's address each value is labelled with the address of the
+// node that holds it. Another model names the first tensor that differs.
+TEST(GrpcTransportTest, MismatchNamesTheNodesAndTheFirstTensor) {
+  PeerIdentity mine = Identity(4);
+  mine.model = MakeFingerprint("torchscript(aaaa)", 10, "abc",
+                               {"parameter conv.weight float32[32,16,3]",
+                                "buffer bn.running_var float32[32]"});
+  PeerIdentity other = mine;
+  other.model = MakeFingerprint("torchscript(bbbb)", 10, "abc",
+                                {"parameter conv.weight float32[48,16,3]",
+                                 "buffer bn.running_var float32[48]"});
+  peer::v1::HandshakeRequest theirs =
+      MakeHandshakeRequest(other, "127.0.0.1:7002");
+  std::string why = HandshakeMismatch(theirs, mine, "127.0.0.1:7001");
+  EXPECT_NE(why.find("model architecture differs (node at \"127.0.0.1:7002\" "
+                     "\"torchscript(bbbb)\", node at 127.0.0.1:7001 "
+                     "\"torchscript(aaaa)\")"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("parameter conv.weight is float32[48,16,3] at node at "
+                     "\"127.0.0.1:7002\", float32[32,16,3] at node at "
+                     "127.0.0.1:7001"),
+            std::string::npos)
+      << why;
+  // Without an address: the labels of old, and a peer without a tensor
+  // list (or with the same tensors, other code) is named by architecture.
+  theirs.mutable_model()->clear_tensors();
+  why = HandshakeMismatch(theirs, mine);
+  EXPECT_NE(why.find("(peer \"torchscript(bbbb)\", this node "),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(why.find("conv.weight"), std::string::npos) << why;
+}
+
 // A second server on a port in use does not start (gRPC's default
 // SO_REUSEPORT would let it share the port and half the connections).
 TEST(GrpcTransportTest, APortInUseIsRefused) {

@@ -42,6 +42,10 @@ void ExpectSameState(const SwarmState& a, const SwarmState& b) {
   ASSERT_EQ(a.theta.size(), b.theta.size());
   EXPECT_TRUE(a.theta.empty() || std::memcmp(a.theta.data(), b.theta.data(),
                                              4 * a.theta.size()) == 0);
+  ASSERT_EQ(a.buffers.size(), b.buffers.size());
+  EXPECT_TRUE(a.buffers.empty() ||
+              std::memcmp(a.buffers.data(), b.buffers.data(),
+                          4 * a.buffers.size()) == 0);
   EXPECT_EQ(a.outer_state, b.outer_state);
 }
 
@@ -305,7 +309,7 @@ TEST(StateTransferTest, DecodeRejectsTruncatedAndGarbageInput) {
     std::string garbage(rng() % 200, '\0');
     for (char& c : garbage) c = static_cast<char>(rng());
     if (i % 2 == 0 && garbage.size() >= 8)
-      std::memcpy(&garbage[0], "SWST\2\0\0\0", 8);
+      std::memcpy(&garbage[0], "SWST\3\0\0\0", 8);
     EXPECT_FALSE(DecodeSwarmState(garbage).ok());
   }
 }
@@ -360,6 +364,38 @@ TEST(StateTransferTest, FuzzedStatesAndBlobsNeverCrash) {
           << got.status();
     }
   }
+}
+
+// A joiner receives the model's buffers (BatchNorm's statistics) with θ,
+// and the lineage covers them: a state whose buffers were changed on the
+// way is refused. An infinity is a buffer's right (a mask), a NaN is not.
+TEST(StateTransferTest, BuffersTravelAndTheLineageCoversThem) {
+  std::mt19937_64 rng(13);
+  SwarmState s = RandomState(20, rng);
+  s.buffers = {0.5f, 1.25f, -std::numeric_limits<float>::infinity(), 42.0f};
+  s.lineage = FlatHash(s.theta, s.buffers);
+  auto got = DecodeSwarmState(EncodeSwarmState(s));
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectSameState(*got, s);
+  auto blob = StateBlob::Make(s);
+  StateAssembler as;
+  Feed(*blob, as, 0, blob->bytes().size(), rng);
+  got = as.Finish();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectSameState(*got, s);
+
+  SwarmState changed = s;
+  changed.buffers[1] = 1.5f;
+  got = DecodeSwarmState(EncodeSwarmState(changed));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(got.status().message().find("lineage"), std::string::npos);
+  SwarmState nan = s;
+  nan.buffers[0] = std::numeric_limits<float>::quiet_NaN();
+  nan.lineage = FlatHash(nan.theta, nan.buffers);
+  got = DecodeSwarmState(EncodeSwarmState(nan));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(got.status().message().find("buffers[0]"), std::string::npos)
+      << got.status();
 }
 
 TEST(StateTransferTest, RejectsLineageMismatchAndNonFiniteTheta) {

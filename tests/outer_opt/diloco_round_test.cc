@@ -1,11 +1,13 @@
 #include "outer_opt/diloco_round.h"
 
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/flat_params.h"
 #include "gtest/gtest.h"
 
 namespace starling {
@@ -219,6 +221,61 @@ TEST(DilocoRoundTest, CommitSpansTheOuterStepByTheRoundsLength) {
     ASSERT_TRUE(reference->Step(absl::MakeSpan(want), avg, steps / 10.0).ok());
     EXPECT_EQ(theta, want) << steps << " steps";
   }
+}
+
+// Buffers ride after the stop vote, weighted like Δ: the commit sets the
+// shared buffers to the members' weighted mean, the same bytes on every
+// member, while θ_global's outer step is what it would be without them. A
+// buffer nobody moved (here an infinity, a mask's) stays exact.
+TEST(DilocoRoundTest, CommitAveragesTheBuffersWithTheMembersWeights) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> shared = {1.0f, 0.0f, -inf};
+  const std::vector<float> own_a = {0.5f, 0.2f, -inf},
+                           own_b = {1.5f, 0.6f, -inf};
+  const std::vector<float> a = Random(kN, 21), b = Random(kN, 22);
+  DilocoRoundOptions o;
+  o.inner_steps = 10;
+  RoundWork wa = Work(10, 300), wb = Work(10, 100);
+  wb.stop_vote = true;
+  const std::vector<float> da = BufferDelta(shared, own_a),
+                           db = BufferDelta(shared, own_b);
+  absl::StatusOr<DilocoRound> ra =
+      DilocoRound::Begin(o, wa, a, nullptr, nullptr, da);
+  absl::StatusOr<DilocoRound> rb =
+      DilocoRound::Begin(o, wb, b, nullptr, nullptr, db);
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  ASSERT_EQ(ra->contribution().size(), kN + kWeightingSlots + 1 + 3);
+  EXPECT_EQ(ra->contribution()[kN + kWeightingSlots], 0.0f);  // the vote
+  EXPECT_EQ(ra->contribution()[kN + kWeightingSlots + 1], 0.5f * 300);
+  std::vector<float> sum(ra->contribution());
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] += rb->contribution()[i];
+
+  std::vector<float> theta = Random(kN, 23), plain = theta;
+  std::vector<float> buffers = shared;
+  std::unique_ptr<OuterOptimizer> outer = Outer("nesterov");
+  std::unique_ptr<OuterOptimizer> reference = Outer("nesterov");
+  absl::StatusOr<RoundUpdate> u = ra->Commit(sum, &theta, *outer, &buffers);
+  ASSERT_TRUE(u.ok()) << u.status();
+  EXPECT_TRUE(u->stop_voted);
+  EXPECT_FLOAT_EQ(buffers[0], (0.5f * 300 + 1.5f * 100) / 400);
+  EXPECT_FLOAT_EQ(buffers[1], (0.2f * 300 + 0.6f * 100) / 400);
+  EXPECT_EQ(buffers[2], -inf);
+  // The same round without buffers moves θ_global the same way.
+  absl::StatusOr<DilocoRound> pa =
+      DilocoRound::Begin(o, wa, a, nullptr, nullptr);
+  absl::StatusOr<DilocoRound> pb =
+      DilocoRound::Begin(o, wb, b, nullptr, nullptr);
+  ASSERT_TRUE(pa.ok() && pb.ok());
+  std::vector<float> psum(pa->contribution());
+  for (size_t i = 0; i < psum.size(); ++i) psum[i] += pb->contribution()[i];
+  ASSERT_TRUE(pa->Commit(psum, &plain, *reference).ok());
+  EXPECT_EQ(theta, plain);
+  // Buffers of the wrong size (or none) for this round are refused.
+  std::vector<float> two = {1, 2};
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(ra->Commit(sum, &theta, *outer, &two).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(ra->Commit(sum, &theta, *outer).status()));
 }
 
 TEST(DilocoRoundTest, CommitRefusesASumOfTheWrongSize) {
