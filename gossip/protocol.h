@@ -15,7 +15,9 @@ namespace starling {
 
 // 2: lineages carry a weight (member_rounds) that orders them at one round,
 // and the swarm state holds it; a node of version 1 would order them apart.
-inline constexpr uint32_t kProtocolVersion = 2;
+// 3: round messages carry round tokens and plans a secret (round_protocol.h);
+// a node of version 2 sends neither, and its READYs would be refused.
+inline constexpr uint32_t kProtocolVersion = 3;
 
 // Elastic rounds (gossip/swarm.h) number the mailbox sequence of a round's
 // attempt as round * kAttemptsPerRound + attempt. A receiver holds a
