@@ -181,9 +181,10 @@ def write_corpus(path):
   words = ["the", "swarm", "trains", "a", "model", "of", "words", "and",
            "every", "node", "sends", "its", "round", "to", "peers", "while",
            "gossip", "carries", "news", "slowly", "over", "links"]
-  text = []
-  while sum(len(w) + 1 for w in text) < 300000:
+  text, size = [], 0
+  while size < 300000:
     text.append(rnd.choice(words))
+    size += len(text[-1]) + 1
   with open(path, "w") as f:
     f.write(" ".join(text))
 
