@@ -114,25 +114,28 @@ absl::Status CheckFirstChunk(
         absl::StrCat("attempt ", m.round, " is too far ahead"));
   }
   // A sender a little ahead (this node has not installed that attempt
-  // yet): its message is held until it does (AttemptRouter::Place).
+  // yet): its message is held until it does (AttemptRouter::Place), if
+  // this node was sent the attempt's plan. Without it nothing can be
+  // checked: the sender retries, as when it is too far ahead.
   head->early = fit == AttemptFit::kEarly;
-  m.plan = chunk.plan();
-  // A sender of the installed attempt is checked before its first byte is
-  // taken; an early one when its attempt is installed.
-  if (!head->early) {
-    STARLING_RETURN_IF_ERROR(CheckPlan(m, o));
-    STARLING_RETURN_IF_ERROR(check_sender(m));
+  if (head->early && attempt.planned == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("attempt ", m.round, " is not planned here yet"));
   }
+  const MailboxOptions& checked = head->early ? attempt.planned->options : o;
+  m.plan = chunk.plan();
+  // The sender is checked before its first byte is taken.
+  STARLING_RETURN_IF_ERROR(CheckPlan(m, checked));
+  STARLING_RETURN_IF_ERROR(check_sender(m));
   m.tensor = chunk.tensor();
   m.phase = static_cast<RingPhase>(chunk.phase());
   m.step = chunk.step();
   m.segment = chunk.segment();
   m.total_elements = chunk.total_elements();
   head->segment_bytes = chunk.segment_bytes();
-  // Refuse impossible sizes before buffering anything. An early message's
-  // member count is not known yet: bound it by the whole tensor; Deliver
-  // checks the exact size later.
-  const int64_t max_bytes = MaxMessageBytes(o, m.tensor, head->early);
+  // Refuse impossible sizes before buffering anything; Deliver checks the
+  // exact size.
+  const int64_t max_bytes = MaxMessageBytes(checked, m.tensor, false);
   if (max_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "message from rank ", m.from, ": unknown tensor '", m.tensor, "'"));
@@ -180,13 +183,21 @@ absl::Status CheckChunkBounds(const TensorChunk& chunk, uint32_t data_len,
 }
 
 std::optional<absl::Status> RejectionToRecord(const absl::Status& why,
-                                              bool header_seen,
+                                              bool header_seen, bool early,
                                               bool blame_sender) {
-  if (!header_seen || absl::IsUnavailable(why) ||
+  if (!header_seen || early || absl::IsUnavailable(why) ||
       absl::IsFailedPrecondition(why) || absl::IsPermissionDenied(why)) {
     return std::nullopt;
   }
   return blame_sender ? why : absl::AbortedError(why.message());
+}
+
+int64_t EarlyBytesPerSender(const MailboxOptions& o) {
+  int64_t largest = 0;
+  for (const auto& [tensor, elements] : o.tensors) {
+    largest = std::max(largest, MaxMessageBytes(o, tensor, /*any_world=*/true));
+  }
+  return 2 * largest;
 }
 
 bool ParseChunk(grpc::ByteBuffer* buffer, TensorChunk* header,
@@ -250,20 +261,74 @@ void AttemptRouter::Install(std::shared_ptr<Mailbox> mailbox, bool exact_round,
   mailbox_ = std::move(mailbox);
   exact_round_ = exact_round;
   ids_ = std::make_shared<const std::vector<std::string>>(std::move(ids));
-  // Early messages of this attempt go in now; older ones are moot.
+  // Early messages of this attempt go in now (Deliver records a refusal
+  // against its sender: the attempt is the installed one now, and the
+  // sender passed its plan's checks); older ones are moot.
   const int64_t current = mailbox_->round();
   std::vector<Early> keep;
   early_bytes_ = 0;
+  early_by_sender_.clear();
   for (Early& e : early_) {
     if (e.m.round == current) {
       absl::Status s = DeliverNow(std::move(e.m), e.names);
-      if (!s.ok()) STARLING_LOG(WARNING) << "rejected: " << s.message();
+      if (!s.ok()) {
+        LogRefusal("chunk_refused", "",
+                   absl::StrCat("rejected: ", s.message()));
+      }
     } else if (e.m.round > current) {
-      early_bytes_ += static_cast<int64_t>(e.m.payload.size());
+      const int64_t size = static_cast<int64_t>(e.m.payload.size());
+      early_bytes_ += size;
+      early_by_sender_[{e.m.round, e.m.from}] += size;
       keep.push_back(std::move(e));
     }
   }
   early_.swap(keep);
+  planned_.erase(planned_.begin(), planned_.upper_bound(current));
+}
+
+void AttemptRouter::Expect(PlannedAttempt planned) {
+  const int64_t round = planned.options.first_round;
+  absl::MutexLock lock(&mu_);
+  if (mailbox_ != nullptr && round <= mailbox_->round()) return;
+  planned_[round] = std::make_shared<const PlannedAttempt>(std::move(planned));
+  while (planned_.size() > kPlannedAttempts) planned_.erase(planned_.begin());
+}
+
+std::shared_ptr<const PlannedAttempt> AttemptRouter::Planned(
+    int64_t round) const {
+  absl::MutexLock lock(&mu_);
+  auto it = planned_.find(round);
+  return it == planned_.end() ? nullptr : it->second;
+}
+
+absl::Status AttemptRouter::EarlyRoom(int64_t round, int from, int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  return EarlyRoomLocked(round, from, bytes);
+}
+
+absl::Status AttemptRouter::EarlyRoomLocked(int64_t round, int from,
+                                            int64_t bytes) {
+  auto planned = planned_.find(round);
+  if (planned == planned_.end()) {
+    return absl::UnavailableError(
+        absl::StrCat("attempt ", round, " is not planned here (any more)"));
+  }
+  const int64_t per_sender = EarlyBytesPerSender(planned->second->options);
+  auto sender = early_by_sender_.find({round, from});
+  const int64_t held = sender == early_by_sender_.end() ? 0 : sender->second;
+  if (held + bytes <= per_sender && early_bytes_ + bytes <= kEarlyBytes) {
+    return absl::OkStatus();
+  }
+  ++early_refused_;
+  return absl::UnavailableError(
+      absl::StrCat("early messages from rank ", from, " of attempt ", round,
+                   ": ", held + bytes, " bytes would exceed the ", per_sender,
+                   " held per sender (or ", kEarlyBytes, " in all); retry"));
+}
+
+int64_t AttemptRouter::early_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return early_bytes_;
 }
 
 absl::Status AttemptRouter::Place(Message m, std::vector<std::string> names) {
@@ -279,10 +344,9 @@ absl::Status AttemptRouter::Place(Message m, std::vector<std::string> names) {
       break;
   }
   const int64_t size = static_cast<int64_t>(m.payload.size());
-  if (early_bytes_ + size > kEarlyBytes) {
-    return absl::UnavailableError("too many early messages; retry");
-  }
+  STARLING_RETURN_IF_ERROR(EarlyRoomLocked(m.round, m.from, size));
   early_bytes_ += size;
+  early_by_sender_[{m.round, m.from}] += size;
   early_.push_back(Early{std::move(m), std::move(names)});
   return absl::OkStatus();
 }
@@ -311,6 +375,7 @@ class ChunkReader : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         exact_round_(stream.attempt.exact_round),
         ids_(std::move(stream.attempt.ids)),
         names_(std::move(stream.names)),
+        peer_host_(std::move(stream.peer_host)),
         ack_(ack),
         watch_(std::move(stream.watch)) {
     if (!stream.admitted.ok()) {
@@ -386,14 +451,20 @@ class ChunkReader : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   absl::Status CheckChunk(uint32_t data_len) {
     if (!header_seen_) {
       header_seen_ = true;
+      if (exact_round_) planned_ = router_->Planned(chunk_.round());
       const AttemptView attempt{&mailbox_->options(), mailbox_->round(),
-                                exact_round_};
+                                exact_round_, planned_.get()};
       STARLING_RETURN_IF_ERROR(CheckFirstChunk(
           chunk_, attempt,
           [this](const Message& m) {
-            return router_->CheckSender(*ids_, names_, m);
+            return router_->CheckSender(head_.early ? planned_->ids : *ids_,
+                                        names_, m);
           },
           &head_));
+      if (head_.early) {
+        STARLING_RETURN_IF_ERROR(router_->EarlyRoom(
+            head_.message.round, head_.message.from, head_.segment_bytes));
+      }
     } else {
       STARLING_RETURN_IF_ERROR(CheckSameMessage(chunk_, head_.message));
     }
@@ -461,7 +532,10 @@ class ChunkReader : public grpc::ServerReadReactor<grpc::ByteBuffer> {
                      : exact_round_    ? router_->Place(std::move(m), names_)
                                        : mailbox_->Deliver(std::move(m));
     if (!s.ok()) {
-      STARLING_LOG(WARNING) << "rejected: " << s.message();
+      if (!absl::IsUnavailable(s)) {
+        LogRefusal("chunk_refused", peer_host_,
+                   absl::StrCat("rejected: ", s.message()));
+      }
       Finish(ToGrpc(s));
       return;
     }
@@ -476,10 +550,12 @@ class ChunkReader : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void Reject(const absl::Status& s, bool blame = true) {
     // Unavailable: an elastic peer ahead of this node retries; not news.
     if (!absl::IsUnavailable(s)) {
-      STARLING_LOG(WARNING) << "rejected: " << s.message();
+      LogRefusal("chunk_refused", peer_host_,
+                 absl::StrCat("rejected: ", s.message()));
+      if (head_.early) router_->CountEarlyRefused();
     }
     if (std::optional<absl::Status> record =
-            RejectionToRecord(s, header_seen_, blame)) {
+            RejectionToRecord(s, header_seen_, head_.early, blame)) {
       mailbox_->RecordRejection(head_.message.from, *record);
     }
     Finish(ToGrpc(s));
@@ -492,6 +568,9 @@ class ChunkReader : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   // caller's certificate (empty unless ids are bound).
   const std::shared_ptr<const std::vector<std::string>> ids_;
   const std::vector<std::string> names_;
+  const std::string peer_host_;
+  // The planned attempt the first chunk names, if any (see AttemptView).
+  std::shared_ptr<const PlannedAttempt> planned_;
   grpc::ByteBuffer* const ack_;
   std::unique_ptr<StreamDeadlines::Watched> watch_;
   grpc::ByteBuffer buffer_;

@@ -6,9 +6,14 @@
 // collective already waits for them, else into a buffer) and hands the
 // message on: to the mailbox, or in elastic rounds to the AttemptRouter,
 // which delivers it to the installed attempt, holds it when its attempt is
-// a little ahead, or refuses it as stale. A refused stream records the
-// refusal against its sender when RejectionToRecord says the sender is to
-// blame, so that the collective waiting for it fails at once.
+// a little ahead, or refuses it as stale. A message of an attempt not
+// installed yet is held only when this node was sent that attempt's PLAN
+// (AttemptRouter::Expect), after the same checks of plan, sender and size
+// as the installed attempt's, and within a bound per sender. A refused
+// stream of the installed attempt records the refusal against its sender
+// when RejectionToRecord says the sender is to blame, so that the
+// collective waiting for it fails at once; one of another attempt never
+// does (the rank it claims is a rank of another plan).
 // The checks are pure functions, testable without sockets.
 // Ownership: AttemptRouter owns the held early messages and shares each
 // installed Mailbox with the streams that began under it; a reactor deletes
@@ -28,9 +33,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -66,6 +73,14 @@ absl::Status CheckSender(const PeerCredentials& credentials,
                          const std::vector<std::string>& names,
                          const Message& m);
 
+// An attempt this node was sent a PLAN for and has not installed yet: its
+// mailbox options (rank, world, first_round and plan set) and its members'
+// ids by rank.
+struct PlannedAttempt {
+  MailboxOptions options;
+  std::vector<std::string> ids;
+};
+
 // The attempt a stream's chunks are checked against.
 struct AttemptView {
   const MailboxOptions* options = nullptr;  // its mailbox's
@@ -73,6 +88,9 @@ struct AttemptView {
   // Elastic rounds: one mailbox per attempt; a message of a later attempt
   // (up to kEarlyWindow ahead) is held for it, an older one refused.
   bool exact_round = false;
+  // The planned attempt of the round the first chunk names, if this node
+  // was sent its PLAN (null otherwise).
+  const PlannedAttempt* planned = nullptr;
 };
 
 // The message a stream carries, as its first chunk announces it.
@@ -86,12 +104,14 @@ struct StreamHead {
 };
 
 // The checks of a stream's first chunk `chunk` against `attempt`, in order:
-// the run (FailedPrecondition), a stale attempt (FailedPrecondition) or one
-// too far ahead (Unavailable: its sender retries), and for the installed
-// attempt its plan (CheckPlan) and `check_sender` (PermissionDenied); then
-// the tensor and its size (InvalidArgument). Fills *head; head->message.from
-// is set as soon as the run matches, so that a refusal names the sender.
-// An early message's checks of plan and sender wait for its attempt.
+// the run (FailedPrecondition), a stale attempt (FailedPrecondition), one
+// too far ahead or, in elastic rounds, one of a later attempt that is not
+// attempt.planned (Unavailable: its sender retries); the plan (CheckPlan)
+// and `check_sender` (PermissionDenied), against the installed attempt or
+// the planned one; then the tensor and its size (InvalidArgument), a
+// segment of the attempt's member count. Fills *head; head->message.from
+// is set as soon as the run matches, so that a refusal names the sender,
+// and head->early as soon as the attempt is known.
 absl::Status CheckFirstChunk(
     const peer::v1::TensorChunk& chunk, const AttemptView& attempt,
     const std::function<absl::Status(const Message&)>& check_sender,
@@ -111,16 +131,25 @@ absl::Status CheckChunkBounds(const peer::v1::TensorChunk& chunk,
                               int64_t received, const StreamHead& head);
 
 // What a stream refused with `why` records against its sender in the
-// mailbox (Mailbox::RecordRejection): nothing before a header was read
-// (`header_seen`), nor for a refusal that does not speak for the member at
-// that rank (Unavailable: the sender retries; FailedPrecondition: another
-// attempt's or plan's; PermissionDenied: an impostor). Otherwise `why` when
+// installed attempt's mailbox (Mailbox::RecordRejection): nothing before a
+// header was read (`header_seen`), nor for a message of another attempt
+// (`early`: the rank it claims is a rank of that attempt's plan, and a
+// message of an attempt this node has not installed speaks for nobody
+// here), nor for a refusal that does not speak for the member at that rank
+// (Unavailable: the sender retries; FailedPrecondition: another attempt's
+// or plan's; PermissionDenied: an impostor). Otherwise `why` when
 // `blame_sender` (invalid data: the collective blames the sender), or an
 // Aborted with its message (a stream that ended early, as a sender's
 // cancelled call looks).
 std::optional<absl::Status> RejectionToRecord(const absl::Status& why,
-                                              bool header_seen,
+                                              bool header_seen, bool early,
                                               bool blame_sender);
+
+// How many payload bytes of early messages one sender (one rank of one
+// planned attempt) may have held at a receiver whose attempt is `o`: twice
+// the largest whole tensor of `o`, more than the sender sends the receiver
+// in one attempt (the ring: 2 (N - 1) / N of it; the all-gather: one).
+int64_t EarlyBytesPerSender(const MailboxOptions& o);
 
 // Where a serialized chunk's `data` lies.
 struct ChunkFrame {
@@ -153,13 +182,17 @@ class SinkFeeder {
   std::string carry_;    // the bytes of a value split between pieces
 };
 
-// Which attempt's mailbox incoming messages go to, and the messages of
-// attempts a little ahead, held until theirs is installed (at most
-// kEarlyBytes in all). Also counts the bytes streams take off the wire.
+// Which attempt's mailbox incoming messages go to, the attempts this node
+// was sent a PLAN for but has not installed yet, and their messages that
+// come early, held until their attempt is installed (at most
+// EarlyBytesPerSender per sender, kEarlyBytes in all). Also counts the
+// bytes streams take off the wire, and the early messages refused.
 class AttemptRouter {
  public:
   // Held early messages, in payload bytes: beyond this, Unavailable.
   static constexpr int64_t kEarlyBytes = int64_t{1} << 30;
+  // Planned attempts remembered (the latest by sequence).
+  static constexpr int kPlannedAttempts = 4;
 
   explicit AttemptRouter(const PeerCredentials& credentials)
       : credentials_(credentials) {}
@@ -175,15 +208,30 @@ class AttemptRouter {
 
   // Installs `mailbox` for the streams that begin from now on; with
   // `exact_round`, delivers the held messages of its attempt (each checked
-  // as Place does, a refusal logged) and drops those of older attempts.
+  // as Place does; a refusal is logged and, being the installed attempt's
+  // now, recorded against its sender) and drops those of older attempts,
+  // and the planned attempts up to it.
   void Install(std::shared_ptr<Mailbox> mailbox, bool exact_round,
                std::vector<std::string> ids) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // This node was sent the PLAN of the attempt `planned` (ahead of the
+  // installed one): messages of that attempt are checked against it and
+  // held until it is installed. Keeps the kPlannedAttempts latest.
+  void Expect(PlannedAttempt planned) ABSL_LOCKS_EXCLUDED(mu_);
+  // The planned attempt of sequence `round`, or null.
+  std::shared_ptr<const PlannedAttempt> Planned(int64_t round) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Unavailable (counted as refused) when rank `from` of planned attempt
+  // `round` may not have `bytes` more held: EarlyBytesPerSender, or
+  // kEarlyBytes in all.
+  absl::Status EarlyRoom(int64_t round, int from, int64_t bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Elastic rounds: delivers the whole message `m` (from a caller whose
   // certificate names `names`) to the installed attempt's mailbox after
-  // CheckPlan and CheckSender, holds it if its attempt is ahead, or refuses
-  // it as stale (FailedPrecondition). Unavailable when the held messages
-  // would exceed kEarlyBytes.
+  // CheckPlan and CheckSender, holds it if it is of a planned attempt
+  // ahead, or refuses it as stale (FailedPrecondition). Unavailable when
+  // its attempt is not planned (any more), or EarlyRoom refuses it.
   absl::Status Place(Message m, std::vector<std::string> names)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -194,6 +242,12 @@ class AttemptRouter {
 
   void AddReceived(int64_t bytes) { received_ += bytes; }
   int64_t received() const { return received_.load(); }
+  // Early messages refused so far for their plan, sender, size or bound
+  // (not those of an attempt not planned yet, which their senders retry).
+  void CountEarlyRefused() { ++early_refused_; }
+  int64_t early_refused() const { return early_refused_.load(); }
+  // Payload bytes of early messages held now.
+  int64_t early_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // A message of an attempt not installed yet, and its sender's names.
@@ -205,8 +259,13 @@ class AttemptRouter {
   absl::Status DeliverNow(Message m, const std::vector<std::string>& names)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // EarlyRoom with mu_ held.
+  absl::Status EarlyRoomLocked(int64_t round, int from, int64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const PeerCredentials credentials_;
   std::atomic<int64_t> received_{0};
+  std::atomic<int64_t> early_refused_{0};
   mutable absl::Mutex mu_;
   std::shared_ptr<Mailbox> mailbox_ ABSL_GUARDED_BY(mu_);
   bool exact_round_ ABSL_GUARDED_BY(mu_) = false;
@@ -214,6 +273,11 @@ class AttemptRouter {
       std::make_shared<const std::vector<std::string>>();
   std::vector<Early> early_ ABSL_GUARDED_BY(mu_);
   int64_t early_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Held early bytes by (attempt, rank).
+  std::map<std::pair<int64_t, int>, int64_t> early_by_sender_
+      ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::shared_ptr<const PlannedAttempt>> planned_
+      ABSL_GUARDED_BY(mu_);
 };
 
 // One incoming SendChunks stream, as the service admitted it.
@@ -222,6 +286,7 @@ struct IncomingStream {
   AttemptRouter::Attempt attempt;   // the router's when the stream began
   // The names in the caller's certificate (empty unless ids are bound).
   std::vector<std::string> names;
+  std::string peer_host;  // the caller's, for the log
   // Not OK: the stream is refused at once with this status.
   grpc::Status admitted;
   std::unique_ptr<StreamDeadlines::Watched> watch;  // may be null

@@ -13,6 +13,7 @@
 #include "gossip/chunk_reader.h"
 #include "gossip/chunk_writer.h"
 #include "gossip/grpc_status.h"
+#include "gossip/join_auth.h"
 #include "starling/peer/v1/peer.grpc.pb.h"
 
 namespace starling {
@@ -70,6 +71,7 @@ class GrpcTransport::Service final
     address_ = std::move(address);
   }
   int64_t received() const { return router_.received(); }
+  AttemptRouter& router() { return router_; }
 
   // Why this node refused the peer that listens on `address`, if it did.
   std::string Refusal(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_) {
@@ -94,7 +96,9 @@ class GrpcTransport::Service final
     }
     std::string why = HandshakeMismatch(*req, identity_, own_address);
     if (!why.empty()) {
-      STARLING_LOG(WARNING) << "refused peer " << req->address() << ": " << why;
+      LogRefusal("peer_refused", PeerHost(ctx->peer()),
+                 absl::StrCat("refused peer ", QuoteForLog(req->address()),
+                              ": ", why));
       {
         absl::MutexLock lock(&mu_);
         refused_[req->address()] = why;
@@ -142,6 +146,7 @@ class GrpcTransport::Service final
     if (credentials_.bind_node_ids) {
       stream.names = PeerCredentials::CallerNames(*ctx);
     }
+    stream.peer_host = PeerHost(ctx->peer());
     return ReadChunks(std::move(stream), ack);
   }
 
@@ -336,6 +341,15 @@ void GrpcTransport::InstallRound(const std::vector<std::string>& members,
   SetPeers(members, rank);
 }
 
+void GrpcTransport::ExpectAttempt(const std::vector<std::string>& members,
+                                  int rank, const MailboxOptions& mailbox,
+                                  std::vector<std::string> ids) {
+  PlannedAttempt planned{mailbox, std::move(ids)};
+  planned.options.rank = rank;
+  planned.options.world = static_cast<int>(members.size());
+  service_->router().Expect(std::move(planned));
+}
+
 absl::Status GrpcTransport::Send(int to, const Message& m,
                                  absl::Time deadline) {
   return SendPayload(to, m, m.payload, nullptr, deadline);
@@ -444,6 +458,14 @@ std::map<std::string, int64_t> RpcErrorCounter::Snapshot() const {
 }
 
 int64_t GrpcTransport::bytes_received() const { return service_->received(); }
+
+int64_t GrpcTransport::early_refused() const {
+  return service_->router().early_refused();
+}
+
+int64_t GrpcTransport::early_bytes() const {
+  return service_->router().early_bytes();
+}
 
 void GrpcTransport::Shutdown() {
   if (server_) {

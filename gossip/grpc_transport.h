@@ -105,18 +105,25 @@ class GrpcTransport : public Transport {
   // Elastic rounds: replaces the members and the mailbox for one attempt of
   // a round (mailbox.first_round is the attempt's sequence number). From
   // then on the server takes chunks of exactly that sequence: older ones are
-  // refused as stale; newer ones up to kEarlyRounds rounds ahead are held
-  // (up to 1 GiB in all) and delivered when their attempt is installed;
-  // those further ahead are refused with Unavailable so that their sender
-  // retries. Send retries Unavailable until its deadline or until this
-  // mailbox is cancelled. `ids`: the members' node ids by rank; with ids
-  // bound (credentials.bind_node_ids) a chunk from rank r is taken only
-  // from a caller whose certificate names ids[r], and every chunk is
-  // refused when `ids` is empty. Called by the one thread that runs
-  // collectives.
+  // refused as stale; newer ones up to kEarlyRounds rounds ahead, of an
+  // attempt announced by ExpectAttempt, are checked as the installed
+  // attempt's are, held (up to EarlyBytesPerSender per sender, 1 GiB in
+  // all) and delivered when their attempt is installed; the others are
+  // refused with Unavailable so that their sender retries. Send retries
+  // Unavailable until its deadline or until this mailbox is cancelled. `ids`:
+  // the members' node ids by rank; with ids bound (credentials.bind_node_ids) a
+  // chunk from rank r is taken only from a caller whose certificate names
+  // ids[r], and every chunk is refused when `ids` is empty. Called by the one
+  // thread that runs collectives.
   void InstallRound(const std::vector<std::string>& members, int rank,
                     const MailboxOptions& mailbox,
                     const std::vector<std::string>& ids);
+  // Elastic rounds: this node was sent the plan of an attempt (arguments as
+  // InstallRound's) that it has not installed yet; its members' chunks that
+  // come before it is are checked against it and held. Thread-safe.
+  void ExpectAttempt(const std::vector<std::string>& members, int rank,
+                     const MailboxOptions& mailbox,
+                     std::vector<std::string> ids);
 
   int rank() const override { return rank_; }
   int world() const override { return static_cast<int>(members_.size()); }
@@ -128,6 +135,10 @@ class GrpcTransport : public Transport {
   Mailbox& mailbox() override { return *mailbox_; }
   int64_t bytes_sent() const override { return sent_.load(); }
   int64_t bytes_received() const override;
+  // Early tensor messages refused so far (AttemptRouter::early_refused),
+  // and the payload bytes of those held now.
+  int64_t early_refused() const;
+  int64_t early_bytes() const;
   // Failed client calls of this transport (and of services that share it).
   RpcErrorCounter& rpc_errors() { return rpc_errors_; }
   // The deadlines of the server's streams.

@@ -11,6 +11,7 @@
 #include "absl/synchronization/blocking_counter.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "gossip/peer_limits.h"
 #include "gossip/round_protocol.h"
 
 namespace starling {
@@ -256,8 +257,11 @@ absl::Status MembershipGossip::OnJoin(const JoinRequest& req,
   mine.world = 0;
   std::string why = HandshakeMismatch(req.hello(), mine, options_.address);
   if (!why.empty()) {
-    STARLING_LOG(WARNING) << "refused joiner " << req.self().id() << " at "
-                          << QuoteForLog(req.hello().address()) << ": " << why;
+    // One line a minute for all of them: the address is the caller's
+    // claim, so it cannot key a per-peer limit.
+    LogRefusal("joiner_refused", "",
+               absl::StrCat("refused joiner ", req.self().id(), " at ",
+                            QuoteForLog(req.hello().address()), ": ", why));
     absl::MutexLock lock(&mu_);
     refused_[req.hello().address()] = why;
     return absl::FailedPreconditionError(why);

@@ -161,9 +161,11 @@ absl::Status CheckPems(const PeerSecurityOptions& o, const std::string& cert,
           "tls_cert", o.tls_cert,
           absl::StrCat("names ", ListNames(names), " but not this node's id ",
                        QuoteForLog(o.node_id),
-                       " (--tls_bind_node_ids: each member's "
-                       "certificate names its --node_id, as CN or as "
-                       "a DNS subjectAltName)"));
+                       " (--tls_bind_node_ids, on by default with mutual "
+                       "TLS: each member's certificate names its "
+                       "--node_id, as CN or as a DNS subjectAltName; "
+                       "--tls_bind_node_ids=false for one certificate for "
+                       "every node)"));
     }
   }
   return absl::OkStatus();

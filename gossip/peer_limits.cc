@@ -17,7 +17,15 @@ namespace starling {
 bool PerHostLogLimiter::ShouldLog(const std::string& host, absl::Time now,
                                   int64_t* unlogged) {
   absl::MutexLock lock(&mu_);
-  State& s = hosts_[host];
+  if (hosts_.size() >= kMaxHosts && !hosts_.contains(host)) {
+    absl::erase_if(hosts_, [&](const auto& entry) {
+      return now - entry.second.last >= period_ && entry.second.unlogged == 0;
+    });
+  }
+  static const std::string* const kOverflow = new std::string("(others)");
+  State& s =
+      hosts_[hosts_.size() >= kMaxHosts && !hosts_.contains(host) ? *kOverflow
+                                                                  : host];
   if (now - s.last < period_) {
     ++s.unlogged;
     return false;
@@ -33,10 +41,27 @@ void PerHostLogLimiter::Warn(const std::string& host, absl::Time now,
   int64_t unlogged = 0;
   if (!ShouldLog(host, now, &unlogged)) return;
   if (unlogged > 0) {
-    absl::StrAppend(&message, " (and ", unlogged,
-                    " more from that host since the last such line)");
+    absl::StrAppend(&message, " (and ", unlogged, " more",
+                    host.empty() ? "" : " from that host",
+                    " since the last such line)");
   }
-  LogEvent(LogLevel::kWarning, event, message, {{"peer", host}});
+  LogEvent(LogLevel::kWarning, event, message,
+           host.empty() ? LogFields{} : LogFields{{"peer", host}});
+}
+
+void LogRefusal(absl::string_view event, const std::string& peer,
+                std::string message) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* limiters =
+      new absl::flat_hash_map<std::string, std::unique_ptr<PerHostLogLimiter>>;
+  PerHostLogLimiter* limiter;
+  {
+    absl::MutexLock lock(&mu);
+    std::unique_ptr<PerHostLogLimiter>& l = (*limiters)[event];
+    if (l == nullptr) l = std::make_unique<PerHostLogLimiter>(absl::Minutes(1));
+    limiter = l.get();  // kept for the process's life
+  }
+  limiter->Warn(peer, absl::Now(), event, std::move(message));
 }
 
 PeerRateLimiter::PeerRateLimiter(double per_second, double burst)

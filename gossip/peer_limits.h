@@ -28,9 +28,12 @@ class CallbackServerContext;
 
 namespace starling {
 
-// One log line per host per `period`, counting the rest.
+// One log line per host per `period`, counting the rest. It remembers at
+// most kMaxHosts hosts (forgetting those whose period is over first); past
+// that, new ones share one line per period.
 class PerHostLogLimiter {
  public:
+  static constexpr size_t kMaxHosts = 4096;
   explicit PerHostLogLimiter(absl::Duration period) : period_(period) {}
   // Whether an event about `host` at `now` is to be logged; when it is,
   // `*unlogged` is how many events of that host since the last logged one
@@ -51,6 +54,14 @@ class PerHostLogLimiter {
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, State> hosts_ ABSL_GUARDED_BY(mu_);
 };
+
+// Logs warning `event` with `message` about `peer` (a peer host; "" for a
+// refusal with no caller, e.g. a held message refused later) at most once a
+// minute per event and peer, adding how many such lines went unlogged:
+// how every refusal of a peer's call or message is logged, so that a flood
+// of bad calls never floods the log. Thread-safe.
+void LogRefusal(absl::string_view event, const std::string& peer,
+                std::string message);
 
 class PeerRateLimiter {
  public:

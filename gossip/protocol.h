@@ -19,7 +19,9 @@ namespace starling {
 // 3: a model's buffers travel in DiLoCo's round contributions, ddp's
 // gradient all-reduce and the swarm state, and TorchScript models are
 // identified by content.
-inline constexpr uint32_t kProtocolVersion = 3;
+// 4: round messages carry round tokens and plans a secret (round_protocol.h);
+// a node of version 3 sends neither, and its READYs would be refused.
+inline constexpr uint32_t kProtocolVersion = 4;
 
 // Elastic rounds (gossip/swarm.h) number the mailbox sequence of a round's
 // attempt as round * kAttemptsPerRound + attempt. A receiver holds a

@@ -29,7 +29,8 @@ RoundMember::RoundMember(Options options, const Membership* membership,
       membership_(membership),
       client_(client),
       transport_(transport),
-      stopping_(stopping) {}
+      stopping_(stopping),
+      token_(NewRoundSecret()) {}
 
 std::string RoundMember::CoordinatorId() const {
   return CoordinatorOf(membership_->Live(), options_.node_id);
@@ -81,7 +82,29 @@ ControlAck RoundMember::OnPlan(const ControlMessage& plan) {
   }
   CallOff(superseded, absl::AbortedError(absl::StrCat(
                           "attempt ", running_attempt, " superseded")));
+  const auto self =
+      std::find(plan.members().begin(), plan.members().end(), options_.node_id);
+  if (self != plan.members().end() &&
+      plan.addresses_size() == plan.members_size()) {
+    transport_->ExpectAttempt(
+        {plan.addresses().begin(), plan.addresses().end()},
+        static_cast<int>(self - plan.members().begin()), AttemptMailbox(plan),
+        {plan.members().begin(), plan.members().end()});
+  }
   return AcceptRound();
+}
+
+MailboxOptions RoundMember::AttemptMailbox(const ControlMessage& plan) const {
+  MailboxOptions mo = options_.mailbox;
+  mo.first_round = plan.round() * kAttemptsPerRound + plan.attempt();
+  mo.plan = PlanDigest(plan);
+  return mo;
+}
+
+ControlAck RoundMember::Prove(const ControlMessage& confirm) const {
+  ControlAck ack = AcceptRound();
+  ack.set_proof(RoundTokenProof(confirm.nonce(), token_));
+  return ack;
 }
 
 ControlAck RoundMember::OnDecision(const ControlMessage& m) {
@@ -89,6 +112,10 @@ ControlAck RoundMember::OnDecision(const ControlMessage& m) {
   {
     absl::MutexLock lock(&mu_);
     if (messages_.size() >= kMaxInboxMessages) return RefuseRound(InboxFull());
+    if (m.round() != round_) {
+      return RefuseRound(absl::StrCat(options_.node_id, " is not in round ",
+                                      m.round(), " (at ", round_, ")"));
+    }
     if (m.kind() == ControlMessage::ABORT && m.round() == round_ &&
         m.attempt() == running_.attempt && m.from() == running_.coordinator) {
       aborted = CallOffLocked();
@@ -185,6 +212,9 @@ RoundMember::Ending RoundMember::LeaveRound(Swarm::Outcome outcome,
   }
   absl::MutexLock lock(&mu_);
   round_ = -1;
+  // What is left of the round's messages is moot: a backlog of them must
+  // not follow the node into its next try of the round.
+  messages_.clear();
   return res;
 }
 
@@ -195,6 +225,7 @@ void RoundMember::SendReady(const Swarm::Lineage& at, RoundMemberState* state) {
   m.set_lineage(at.lineage);
   m.set_member_rounds(at.member_rounds);
   m.set_last_attempt(state->last_attempt());
+  m.set_token(token_);
   m.add_addresses(options_.address);
   absl::StatusOr<ControlAck> ack = client_->SendControl(state->sent_to(), m);
   if (!ack.ok()) {
@@ -257,15 +288,14 @@ RoundMember::Ending RoundMember::RunAttempt(const ControlMessage& plan,
                                          plan.members().end());
   const std::vector<std::string> addresses(plan.addresses().begin(),
                                            plan.addresses().end());
-  MailboxOptions mo = options_.mailbox;
-  mo.first_round = round * kAttemptsPerRound + plan.attempt();
-  mo.plan = PlanDigest(plan);
+  const MailboxOptions mo = AttemptMailbox(plan);
   transport_->InstallRound(addresses, rank, mo, members);
   BeginAttempt(plan);
   const absl::Status s = reduce(*transport_, mo.first_round, members);
   const bool called_off = EndAttempt();
   ControlMessage r = RoundMessage(options_.run_id, options_.node_id,
                                   ControlMessage::DONE, round, plan.attempt());
+  r.set_token(token_);
   if (s.ok()) {
     CrashPoint("done");
     state->Done(plan);

@@ -54,12 +54,25 @@ class RoundMember {
               SwarmClient* client, GrpcTransport* transport,
               const std::atomic<bool>* stopping);
 
+  // This node's round token (ControlMessage.token), drawn at construction:
+  // its READY, DONE and FAILED carry it, and the round messages it heeds
+  // must carry it back.
+  uint64_t token() const { return token_; }
+
   // The Swarm service's handlers: a PLAN, and a COMMIT, ABORT or STALE
-  // from a member (the caller checked numbers and sender).
+  // from a member (the caller checked numbers, sender and token). Only
+  // messages of the round this node is in are held for the training
+  // thread; those left when it leaves the round are dropped. An accepted
+  // PLAN that names this node is announced to the transport
+  // (GrpcTransport::ExpectAttempt), so that its members' chunks that come
+  // before the attempt is installed are checked and held.
   peer::v1::ControlAck OnPlan(const peer::v1::ControlMessage& plan)
       ABSL_LOCKS_EXCLUDED(mu_);
   peer::v1::ControlAck OnDecision(const peer::v1::ControlMessage& m)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // A CONFIRM from a member (a coordinator that got this node's READY):
+  // the proof of this node's token for its nonce (RoundTokenProof).
+  peer::v1::ControlAck Prove(const peer::v1::ControlMessage& confirm) const;
   // The gossip thread, every tick: calls the running attempt off when this
   // node is `interrupted` or a member of it (or its coordinator) is gone.
   void CallOffIfGone(bool interrupted) ABSL_LOCKS_EXCLUDED(mu_);
@@ -111,6 +124,9 @@ class RoundMember {
   Mailbox* CallOffLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CallOff(Mailbox* mailbox, const absl::Status& why)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The mailbox options of `plan`'s attempt (rank and world are set by
+  // the transport).
+  MailboxOptions AttemptMailbox(const peer::v1::ControlMessage& plan) const;
   // The reason a round message is refused when the inbox is full.
   std::string InboxFull() const;
   std::string CoordinatorId() const;
@@ -120,6 +136,7 @@ class RoundMember {
   SwarmClient* const client_;
   GrpcTransport* const transport_;
   const std::atomic<bool>* const stopping_;
+  const uint64_t token_;
 
   absl::Mutex mu_;
   std::deque<peer::v1::ControlMessage> messages_ ABSL_GUARDED_BY(mu_);

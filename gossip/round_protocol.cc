@@ -1,6 +1,11 @@
 #include "gossip/round_protocol.h"
 
+#include <openssl/rand.h>
+#include <openssl/sha.h>
+
+#include <cstring>
 #include <limits>
+#include <random>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -111,7 +116,39 @@ uint64_t PlanDigest(const ControlMessage& plan) {
     absl::StrAppend(&text, "\n", plan.members(i), "@",
                     i < plan.incarnations_size() ? plan.incarnations(i) : -1);
   }
+  absl::StrAppend(&text, "\n", plan.plan_secret());
   return HashBytes(text.data(), text.size());
+}
+
+uint64_t NewRoundSecret() {
+  uint64_t x = 0;
+  while (x == 0) {
+    unsigned char raw[8];
+    // RAND_bytes fails only when OpenSSL cannot seed itself at all; the
+    // fallback is still unpredictable to a peer.
+    if (RAND_bytes(raw, sizeof(raw)) != 1) {
+      std::random_device device;
+      x = (uint64_t{device()} << 32) ^ device();
+      continue;
+    }
+    for (int i = 7; i >= 0; --i) x = (x << 8) | raw[i];
+  }
+  return x;
+}
+
+uint64_t RoundTokenProof(uint64_t nonce, uint64_t token) {
+  constexpr char kLabel[] = "starling round token proof";
+  unsigned char in[sizeof(kLabel) + 16];
+  std::memcpy(in, kLabel, sizeof(kLabel));
+  for (int i = 0; i < 8; ++i) {
+    in[sizeof(kLabel) + i] = static_cast<unsigned char>(nonce >> (8 * i));
+    in[sizeof(kLabel) + 8 + i] = static_cast<unsigned char>(token >> (8 * i));
+  }
+  unsigned char out[SHA256_DIGEST_LENGTH];
+  SHA256(in, sizeof(in), out);
+  uint64_t proof = 0;
+  for (int i = 7; i >= 0; --i) proof = (proof << 8) | out[i];
+  return proof;
 }
 
 std::string GoneSincePlan(const std::string& id, const MemberEntry* now,

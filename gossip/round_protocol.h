@@ -84,9 +84,28 @@ peer::v1::ControlAck RefuseRound(std::string reason);
 // kAttemptsPerRound).
 std::string OutOfRange(const peer::v1::ControlMessage& m);
 
-// The digest of a PLAN: its coordinator, round, attempt, members and their
-// incarnations, as every member of it computes alike (MailboxOptions.plan).
+// The digest of a PLAN: its coordinator, round, attempt, members, their
+// incarnations and its plan_secret, as every member of it computes alike
+// (MailboxOptions.plan). With the secret in it, only the plan's members
+// can send chunks that a member takes for the plan's.
 uint64_t PlanDigest(const peer::v1::ControlMessage& plan);
+
+// Round tokens (ControlMessage.token): a member draws one for its life and
+// puts it only in the READY, DONE and FAILED it sends to coordinators, over
+// calls it makes to their gossiped addresses, so nobody else sees it
+// (without TLS, nobody off the path). The coordinator's PLAN, COMMIT, ABORT
+// and STALE carry it back, which is how the member knows them from forged
+// ones; its DONE and FAILED carry it, which is how the coordinator knows
+// them. A READY's token is taken once the member proved it: the coordinator
+// sends CONFIRM with a fresh nonce to the member's address, and the member
+// answers RoundTokenProof(nonce, token), from which a caller that sent its
+// own CONFIRM learns nothing it could forge with.
+// A random nonzero 64-bit number (from OpenSSL's RAND_bytes): a token, a
+// nonce or a plan secret.
+uint64_t NewRoundSecret();
+// The first 8 bytes, little-endian, of SHA-256 of a fixed label, `nonce`
+// and `token`.
+uint64_t RoundTokenProof(uint64_t nonce, uint64_t token);
 
 // Why member `id` of an attempt can no longer take part in it, as this
 // node's table shows it (`now`: its entry, nullptr when absent; `planned`:

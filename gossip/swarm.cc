@@ -9,6 +9,7 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "gossip/coordinator_thread.h"
+#include "gossip/join_auth.h"
 #include "gossip/membership_gossip.h"
 #include "gossip/push_channel.h"
 #include "gossip/round_member.h"
@@ -92,7 +93,15 @@ class Swarm::Service final : public peer::v1::Swarm::CallbackService {
                                     "'; this node is in run '", run_id, "'")));
       return reactor;
     }
-    *resp = swarm_->OnControl(*req);
+    const std::string host = PeerHost(ctx->peer());
+    // This node hands its own round messages over in-process: one that
+    // comes over the network under its id is someone else's.
+    *resp = req->from() == swarm_->id()
+                ? swarm_->RefuseControl(
+                      host, *req,
+                      absl::StrCat(swarm_->id(), " refused a round message ",
+                                   "under its own id from another caller"))
+                : swarm_->OnControl(*req, host);
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
@@ -190,7 +199,7 @@ void Swarm::MakeParts() {
   client_ = std::make_unique<SwarmClient>(
       o.node_id, o.credentials, o.partition_file, membership_.get(),
       &transport_->rpc_errors(),
-      [this](const ControlMessage& m) { return OnControl(m); });
+      [this](const ControlMessage& m) { return OnControl(m, ""); });
   MembershipGossip::Hooks hooks;
   hooks.report = [this](const std::vector<MembershipChange>& changes) {
     ReportChanges(changes);
@@ -234,19 +243,39 @@ void Swarm::Shutdown() {
   if (transport_) transport_->Shutdown();
 }
 
-ControlAck Swarm::OnControl(const ControlMessage& m) {
+ControlAck Swarm::RefuseControl(const std::string& host,
+                                const ControlMessage& m, std::string why) {
+  control_refused_.fetch_add(1);
+  LogRefusal("control_refused", host,
+             absl::StrCat("refused ", ControlMessage::Kind_Name(m.kind()),
+                          " round ", m.round(), ": ", why));
+  return RefuseRound(std::move(why));
+}
+
+ControlAck Swarm::OnControl(const ControlMessage& m, const std::string& host) {
   if (std::string bad = OutOfRange(m); !bad.empty()) {
-    return RefuseRound(absl::StrCat(options_.node_id,
-                                    " refused a round message from ",
-                                    QuoteForLog(m.from()), ": ", bad));
+    return RefuseControl(
+        host, m,
+        absl::StrCat(options_.node_id, " refused a round message from ",
+                     QuoteForLog(m.from()), ": ", bad));
   }
-  auto stranger = [this](const std::string& id) {
-    return RefuseRound(
+  auto stranger = [&](const std::string& id) {
+    return RefuseControl(
+        host, m,
         absl::StrCat(options_.node_id, " knows no member ", QuoteForLog(id)));
   };
   auto unknown = [this](const std::string& id) {
     return !membership_->Get(id).ok();
   };
+  // The coordinator's messages must carry this node's round token back.
+  auto token = [&] {
+    return m.token() == member_->token()
+               ? std::string()
+               : absl::StrCat("a ", ControlMessage::Kind_Name(m.kind()),
+                              " from ", QuoteForLog(m.from()),
+                              " without this node's round token");
+  };
+  std::string refused;
   switch (m.kind()) {
     case ControlMessage::READY:
     case ControlMessage::DONE:
@@ -261,15 +290,18 @@ ControlAck Swarm::OnControl(const ControlMessage& m) {
         return stranger(m.culprit());
       }
       if (m.kind() == ControlMessage::READY) {
-        std::string refused = coordinator_->OnReady(m);
-        if (!refused.empty()) return RefuseRound(std::move(refused));
+        refused = coordinator_->OnReady(m);
       } else if (m.kind() == ControlMessage::DONE) {
-        coordinator_->OnDone(m);
+        refused = coordinator_->OnDone(m);
       } else {
-        coordinator_->OnFailed(m);
+        refused = coordinator_->OnFailed(m);
       }
-      return AcceptRound();
+      return refused.empty() ? AcceptRound()
+                             : RefuseControl(host, m, std::move(refused));
     case ControlMessage::PLAN:
+      if (refused = token(); !refused.empty()) {
+        return RefuseControl(host, m, std::move(refused));
+      }
       return member_->OnPlan(m);
     case ControlMessage::COMMIT:
     case ControlMessage::ABORT:
@@ -277,11 +309,19 @@ ControlAck Swarm::OnControl(const ControlMessage& m) {
       // Coordinators send these; a member heeds them only from the one it
       // follows (SyncRound), but holds them from any member until then.
       if (unknown(m.from())) return stranger(m.from());
+      if (refused = token(); !refused.empty()) {
+        return RefuseControl(host, m, std::move(refused));
+      }
       return member_->OnDecision(m);
+    case ControlMessage::CONFIRM:
+      if (unknown(m.from())) return stranger(m.from());
+      return member_->Prove(m);
     default:
-      return RefuseRound(absl::StrCat(
-          options_.node_id, " refused a round message of unknown kind ",
-          static_cast<int>(m.kind()), " from ", QuoteForLog(m.from())));
+      return RefuseControl(
+          host, m,
+          absl::StrCat(
+              options_.node_id, " refused a round message of unknown kind ",
+              static_cast<int>(m.kind()), " from ", QuoteForLog(m.from())));
   }
 }
 
@@ -421,7 +461,11 @@ std::map<std::string, int64_t> Swarm::refusals() const {
       options_.credentials.rate_limit;
   return {{"rate_limit", limit != nullptr ? limit->refused() : 0},
           {"stream_limit", deadlines_->refused()},
-          {"stream_cancelled", deadlines_->cancelled()}};
+          {"stream_cancelled", deadlines_->cancelled()},
+          {"early_refused", transport_->early_refused()},
+          {"control_refused", control_refused_.load()}};
 }
+
+int64_t Swarm::early_bytes() const { return transport_->early_bytes(); }
 
 }  // namespace starling

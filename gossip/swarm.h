@@ -95,7 +95,7 @@
 // which the others call their peers through. round_protocol.h holds what
 // coordinator and member share.
 //
-// Threads. Start runs three, and Shutdown joins them:
+// Threads. Start runs four, and Shutdown joins them:
 //  - the gossip thread (MembershipGossip): a tick every gossip_interval;
 //    its calls to peers run at once as asynchronous calls, and it polls
 //    SwarmOptions::interrupted and calls a running attempt off
@@ -105,6 +105,9 @@
 //    what the coordinator decided with SwarmClient::SendControls, which
 //    starts one thread per member but the last for the duration of the
 //    call;
+//  - the confirm thread (CoordinatorThread): sends the CONFIRMs that ask a
+//    member to prove the round token of a READY (round_tokens.h), so that
+//    a member that does not answer delays no tick;
 //  - the state thread (StateServer): encodes what ServeState hands over.
 // gRPC's threads run the Swarm service's handlers (Join, Gossip, Control,
 // FetchState, Push) and the callbacks of asynchronous calls: they only
@@ -120,7 +123,8 @@
 // mutex, and calls nothing (a peer, another part, a callback, the cancel of
 // a mailbox, the log) while it holds it.
 //  - CoordinatorThread::mu_: the round coordinator (round, ready members,
-//    the running attempt and its plan);
+//    the running attempt and its plan), the round tokens and the CONFIRMs
+//    to send;
 //  - RoundMember::mu_: the round messages held for the training thread, the
 //    round it is in and the attempt it runs (with the cancels in flight of
 //    that attempt's mailbox, which must end before the mailbox goes away);
@@ -371,8 +375,14 @@ class Swarm {
   }
   // Incoming calls and streams refused or cut off so far, by reason:
   // "rate_limit" (--peer_rate_limit), "stream_limit" (--peer_max_streams),
-  // "stream_cancelled" (idle or past its deadline).
+  // "stream_cancelled" (idle or past its deadline), "early_refused" (tensor
+  // messages of an attempt not installed yet, refused for their plan,
+  // sender, size or the bound per sender), "control_refused" (round
+  // messages out of range, from a stranger, under this node's own id or
+  // without the round token they must carry).
   std::map<std::string, int64_t> refusals() const;
+  // Payload bytes of early tensor messages held now.
+  int64_t early_bytes() const;
 
   class Service;  // public for the .cc's reactors
 
@@ -381,11 +391,17 @@ class Swarm {
   // Makes the parts once the transport and the table exist.
   void MakeParts();
 
-  // The Control handler (and this node's own round messages): the
-  // coordinator's messages (READY, DONE, FAILED) go to the coordinator
-  // thread, the member's (PLAN, COMMIT, ABORT, STALE) to the round member,
-  // once their numbers and senders are checked.
-  peer::v1::ControlAck OnControl(const peer::v1::ControlMessage& m);
+  // The Control handler (and this node's own round messages, `host` ""):
+  // the coordinator's messages (READY, DONE, FAILED) go to the coordinator
+  // thread, the member's (PLAN, COMMIT, ABORT, STALE, CONFIRM) to the round
+  // member, once their numbers, senders and round tokens are checked.
+  peer::v1::ControlAck OnControl(const peer::v1::ControlMessage& m,
+                                 const std::string& host);
+  // Refuses `m` from `host` saying `why`: counted, and logged at most once
+  // a minute per host (LogRefusal).
+  peer::v1::ControlAck RefuseControl(const std::string& host,
+                                     const peer::v1::ControlMessage& m,
+                                     std::string why);
   // Membership changes: a dead or departed sender's push copy is dropped,
   // and options_.on_member_change hears each.
   void ReportChanges(const std::vector<MembershipChange>& changes);
@@ -393,6 +409,7 @@ class Swarm {
   const SwarmOptions options_;
   std::atomic<bool> ready_{false};     // the parts below exist (Service waits)
   std::atomic<bool> stopping_{false};  // every part's loops end on it
+  std::atomic<int64_t> control_refused_{0};     // see refusals()
   std::shared_ptr<StreamDeadlines> deadlines_;  // outlives the server
   std::unique_ptr<Service> service_;
   std::unique_ptr<GrpcTransport> transport_;

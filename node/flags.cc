@@ -1,6 +1,7 @@
 #include "node/flags.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
@@ -14,6 +15,12 @@
 
 namespace starling {
 namespace {
+
+// The flags the arguments gave (FlagGiven).
+std::set<std::string>& GivenFlags() {
+  static auto* given = new std::set<std::string>;
+  return *given;
+}
 
 bool Accepts(const Subcommand& sub, absl::string_view name) {
   return std::find(sub.flags.begin(), sub.flags.end(), name) != sub.flags.end();
@@ -97,6 +104,7 @@ absl::Status ParseArgs(const Subcommand& sub,
       return absl::InvalidArgumentError(
           absl::StrCat("--", name, "=", value, ": ", error));
     }
+    GivenFlags().insert(std::string(name));
   }
   return absl::OkStatus();
 }
@@ -167,6 +175,10 @@ absl::Status ParseSubcommandFlags(const Subcommand& sub,
     }
   }
   return ParseArgs(sub, rest, help, 0);
+}
+
+bool FlagGiven(absl::string_view name) {
+  return GivenFlags().count(std::string(name)) > 0;
 }
 
 std::string SubcommandUsage(const Subcommand& sub, HelpRequest help) {

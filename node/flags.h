@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace starling {
 
@@ -43,6 +44,12 @@ enum class HelpRequest { kNone, kHelp, kHelpFull };
 absl::Status ParseSubcommandFlags(const Subcommand& sub,
                                   const std::vector<std::string>& args,
                                   HelpRequest* help);
+
+// Whether the arguments ParseSubcommandFlags parsed (a --flagfile's
+// included) set flag `name`, as opposed to its default or the
+// subcommand's: for a default that a flag's other settings may turn off
+// but an explicit value may not (--tls_bind_node_ids).
+bool FlagGiven(absl::string_view name);
 
 // Usage text for one subcommand: its description (which ends with an
 // example), then its flags with their help texts and defaults, grouped in

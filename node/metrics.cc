@@ -312,6 +312,7 @@ struct NodeMetrics::Metrics {
   Gauge* peers_connected;
   Family<Counter>* rpc_errors;
   Family<Counter>* refusals;
+  Gauge* early_bytes;
   Histogram* checkpoint_duration;
   Gauge* last_checkpoint;
 };
@@ -427,6 +428,12 @@ void NodeMetrics::RegisterNetwork(prometheus::Registry& r, Metrics& metrics) {
                 "Incoming calls and streams refused or cut off to protect "
                 "this node, by reason.",
                 r);
+  m->early_bytes =
+      &Register(BuildGauge(), "starling_early_message_bytes",
+                "Payload bytes of tensor messages held for an attempt this "
+                "node has not started yet.",
+                r)
+           .Add({});
 
   m->checkpoint_duration =
       &Register(BuildHistogram(), "starling_checkpoint_duration_seconds",
@@ -539,6 +546,10 @@ void NodeMetrics::SetTraffic(int64_t sent, int64_t received,
 void NodeMetrics::SetPeers(int known, int connected) {
   metrics_->peers_known->Set(known);
   metrics_->peers_connected->Set(connected);
+}
+
+void NodeMetrics::SetEarlyBytes(int64_t bytes) {
+  metrics_->early_bytes->Set(static_cast<double>(bytes));
 }
 
 void NodeMetrics::AdvanceEach(Family<Counter>& family, const std::string& label,

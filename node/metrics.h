@@ -110,6 +110,9 @@ class NodeMetrics {
   // the same rule as SetRpcErrors().
   void SetRefusals(const std::map<std::string, int64_t>& totals_by_reason)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Payload bytes of early tensor messages held now (Swarm::early_bytes):
+  // starling_early_message_bytes.
+  void SetEarlyBytes(int64_t bytes);
 
   // A checkpoint written at `when` that took `seconds`:
   // starling_checkpoint_duration_seconds observes it and

@@ -12,6 +12,7 @@
 #include "gossip/link_shaper.h"
 #include "gossip/peer_credentials.h"
 #include "node/faults.h"
+#include "node/flags.h"
 #include "node/node_command.h"
 #include "node/train_command.h"
 #include "outer_opt/outer_optimizer.h"
@@ -40,11 +41,14 @@ ABSL_FLAG(bool, tls_require_client_cert, false,
 ABSL_FLAG(std::string, tls_server_name, "",
           "the name every peer's certificate must carry, instead of the host "
           "of its address (one certificate for the whole swarm)");
-ABSL_FLAG(bool, tls_bind_node_ids, false,
-          "diloco and gossip, with --tls_require_client_cert: each member's "
-          "certificate names its --node_id (as CN or a DNS subjectAltName), "
-          "and a join, gossip, round message or push sent under a member's "
-          "id is refused unless the caller's certificate names that id");
+ABSL_FLAG(bool, tls_bind_node_ids, true,
+          "diloco and gossip, with --tls_require_client_cert (on by default "
+          "there; off without mutual TLS, with --algo=ddp and in starling "
+          "sim unless given): each member's certificate names its --node_id "
+          "(as CN or a DNS subjectAltName), and a join, gossip, round "
+          "message, push or tensor chunk sent under a member's id is "
+          "refused unless the caller's certificate names that id; "
+          "--tls_bind_node_ids=false for one certificate for every node");
 ABSL_FLAG(bool, insecure, false,
           "plaintext peer traffic, without TLS: only on a network you trust "
           "(the node logs a warning); one of --insecure or --tls_cert/"
@@ -570,7 +574,12 @@ PeerSecurityOptions PeerSecurityFromFlags() {
   security.tls_require_client_cert =
       absl::GetFlag(FLAGS_tls_require_client_cert);
   security.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
-  security.tls_bind_node_ids = absl::GetFlag(FLAGS_tls_bind_node_ids);
+  // On by default wherever it can hold (mutual TLS, members with ids);
+  // given explicitly, it must hold (ParsePeerFlags, CheckPeerSecurity).
+  security.tls_bind_node_ids =
+      absl::GetFlag(FLAGS_tls_bind_node_ids) &&
+      (FlagGiven("tls_bind_node_ids") || (security.tls_require_client_cert &&
+                                          absl::GetFlag(FLAGS_algo) != "ddp"));
   security.node_id = NodeIdFromFlags();
   security.insecure = absl::GetFlag(FLAGS_insecure);
   security.join_token_file = absl::GetFlag(FLAGS_join_token_file);

@@ -147,6 +147,7 @@ void NodeSession::RefreshMetrics() const {
   metrics.SetPeers(known, connected);
   metrics.SetRpcErrors(swarm_->rpc_errors());
   metrics.SetRefusals(swarm_->refusals());
+  metrics.SetEarlyBytes(swarm_->early_bytes());
 }
 
 void NodeSession::LogModel(const std::string& who) const {

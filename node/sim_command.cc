@@ -20,6 +20,7 @@
 #include "core/trainer.h"
 #include "gossip/peer_credentials.h"
 #include "node/faults.h"
+#include "node/flags.h"
 #include "node/node_command.h"
 #include "node/node_flags.h"
 #include "node/node_run.h"
@@ -244,7 +245,9 @@ absl::Status CheckNodesCanStart(SimSetup* s) {
   if (s->plaintext) security.insecure = true;
   security.node_id.clear();  // each node's is its own
   STARLING_RETURN_IF_ERROR(CheckPeerSecurity(security));
-  if (security.tls_bind_node_ids) {
+  // Off by default here (every node gets the same certificate): only an
+  // explicit --tls_bind_node_ids asks for it.
+  if (FlagGiven("tls_bind_node_ids") && security.tls_bind_node_ids) {
     return absl::InvalidArgumentError(
         "--tls_bind_node_ids: starling sim gives every node the same "
         "--tls_cert, which cannot name each node's id; use it with "
@@ -327,7 +330,7 @@ std::vector<std::string> CommonNodeFlags(const SimSetup& s,
   for (const std::string& name : SimSubcommand().flags) {
     if (std::find(sim_only.begin(), sim_only.end(), name) != sim_only.end() ||
         name == "out" || name == "run_id" || name == "threads" ||
-        name == "gpu_memory_fraction") {
+        name == "gpu_memory_fraction" || name == "tls_bind_node_ids") {
       continue;
     }
     absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
@@ -335,6 +338,7 @@ std::vector<std::string> CommonNodeFlags(const SimSetup& s,
       common.push_back(absl::StrCat("--", name, "=", f->CurrentValue()));
     }
   }
+  common.push_back("--tls_bind_node_ids=false");  // see CheckNodesCanStart
   common.push_back(absl::StrCat("--run_id=", run_id));
   common.push_back(absl::StrCat("--threads=", std::max(1, s.config.threads())));
   common.push_back(

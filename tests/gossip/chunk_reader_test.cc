@@ -93,24 +93,60 @@ TEST(CheckFirstChunkTest, ElasticAttemptsAreStaleHeldOrTooFarAhead) {
   EXPECT_FALSE(head.early);
 }
 
-TEST(CheckFirstChunkTest,
-     AnEarlyMessageIsBoundedByTheWholeTensorAndChecksWait) {
+// Attempt 5 as planned here: 3 members, this node rank 1, plan 9, ids.
+PlannedAttempt Planned5() {
+  return PlannedAttempt{Options(/*plan=*/9, /*first_round=*/5),
+                        {"n0", "n1", "n2"}};
+}
+
+TEST(CheckFirstChunkTest, AnEarlyMessageIsCheckedAgainstItsPlannedAttempt) {
   const MailboxOptions o = Options(/*plan=*/7);
-  TensorChunk c = First(5, kElems * 4);  // more than one segment
-  c.set_plan(8);                         // another plan: judged later
-  bool asked = false;
-  auto sender = [&](const Message&) {
-    asked = true;
-    return absl::PermissionDeniedError("no");
+  // The attempt after the installed one (4), its PLAN not here: nothing to
+  // check it against, so nothing is held; the sender retries. Whatever it
+  // claims (an unknown tensor, say) is not looked at.
+  TensorChunk c = First(5);
+  c.set_tensor("bogus");
+  int asked = 0;
+  auto sender = [&](const Message& m) {
+    ++asked;
+    EXPECT_EQ(m.from, 0);
+    return absl::OkStatus();
   };
   StreamHead head;
   absl::Status s = CheckFirstChunk(c, {&o, 4, true}, sender, &head);
-  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_NE(s.message().find("attempt 5 is not planned here yet"),
+            std::string::npos)
+      << s;
+  EXPECT_TRUE(head.early);
+  EXPECT_EQ(asked, 0);
+
+  // Planned: its plan, its sender and its size, as for the installed one.
+  const PlannedAttempt planned = Planned5();
+  c.set_plan(7);  // the installed attempt's plan, not attempt 5's
+  head = StreamHead();
+  s = CheckFirstChunk(c, {&o, 4, true, &planned}, sender, &head);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find("belongs to another plan"), std::string::npos);
+  c.set_plan(9);
+  s = CheckFirstChunk(c, {&o, 4, true, &planned}, sender, &head);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("unknown tensor 'bogus'"), std::string::npos);
+  EXPECT_EQ(asked, 1);
+  // More than one segment of 3 members (a whole tensor fits the 4 KiB of
+  // slack a segment has here).
+  c = First(5, (kElems / 3 + 1) * 4 + 4096 + 1);
+  c.set_plan(9);
+  s = CheckFirstChunk(c, {&o, 4, true, &planned}, sender, &head);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  c = First(5);
+  c.set_plan(9);
+  head = StreamHead();
+  ASSERT_TRUE(CheckFirstChunk(c, {&o, 4, true, &planned}, sender, &head).ok());
   EXPECT_TRUE(head.early);
   EXPECT_FALSE(head.may_claim);
-  EXPECT_FALSE(asked);
-  EXPECT_EQ(head.message.plan, 8u);
-  EXPECT_EQ(head.segment_bytes, kElems * 4);
+  EXPECT_EQ(head.message.plan, 9u);
+  EXPECT_EQ(head.segment_bytes, 334 * 4);
 }
 
 TEST(CheckFirstChunkTest, TheInstalledAttemptChecksPlanThenSender) {
@@ -197,18 +233,34 @@ TEST(CheckLaterChunksTest, TheHeaderStaysAndTheBytesContinue) {
 
 TEST(RejectionToRecordTest, OnlyTheSendersOwnFaultsBlameIt) {
   const absl::Status bad = absl::InvalidArgumentError("non-finite");
-  EXPECT_FALSE(RejectionToRecord(bad, /*header_seen=*/false, true).has_value());
-  ASSERT_TRUE(RejectionToRecord(bad, true, true).has_value());
-  EXPECT_EQ(*RejectionToRecord(bad, true, true), bad);
+  EXPECT_FALSE(
+      RejectionToRecord(bad, /*header_seen=*/false, false, true).has_value());
+  ASSERT_TRUE(RejectionToRecord(bad, true, false, true).has_value());
+  EXPECT_EQ(*RejectionToRecord(bad, true, false, true), bad);
   // A stream cut short: aborted, not blamed.
-  std::optional<absl::Status> cut = RejectionToRecord(bad, true, false);
+  std::optional<absl::Status> cut = RejectionToRecord(bad, true, false, false);
   ASSERT_TRUE(cut.has_value());
   EXPECT_TRUE(absl::IsAborted(*cut)) << *cut;
   EXPECT_EQ(cut->message(), "non-finite");
   for (const absl::Status& s : {absl::UnavailableError("ahead"),
                                 absl::FailedPreconditionError("other plan"),
                                 absl::PermissionDeniedError("impostor")}) {
-    EXPECT_FALSE(RejectionToRecord(s, true, true).has_value()) << s;
+    EXPECT_FALSE(RejectionToRecord(s, true, false, true).has_value()) << s;
+  }
+}
+
+// A message of an attempt not installed claims a rank of that attempt's
+// plan: whatever is wrong with it, the member at that rank of the
+// installed attempt is not blamed (the attack that made honest members sit
+// rounds out: bogus chunks for an attempt 3 rounds ahead).
+TEST(RejectionToRecordTest, AMessageOfAnotherAttemptBlamesNobody) {
+  for (const absl::Status& s : {absl::InvalidArgumentError("unknown tensor"),
+                                absl::InvalidArgumentError("non-finite"),
+                                absl::AbortedError("cut short")}) {
+    EXPECT_FALSE(RejectionToRecord(s, true, /*early=*/true, true).has_value())
+        << s;
+    EXPECT_FALSE(RejectionToRecord(s, true, /*early=*/true, false).has_value())
+        << s;
   }
 }
 
@@ -263,7 +315,7 @@ Message Whole(int64_t round, uint64_t plan) {
   return m;
 }
 
-TEST(AttemptRouterTest, HoldsEarlyMessagesForTheirAttemptAndRefusesStale) {
+TEST(AttemptRouterTest, HoldsEarlyMessagesOfPlannedAttemptsAndRefusesStale) {
   AttemptRouter router(InsecurePeerCredentials());
   EXPECT_EQ(router.Current().mailbox, nullptr);
   router.Install(std::make_shared<Mailbox>(Options(7, 10)), true, {});
@@ -274,12 +326,25 @@ TEST(AttemptRouterTest, HoldsEarlyMessagesForTheirAttemptAndRefusesStale) {
   absl::Status s = router.Place(Whole(9, 7), {});
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_NE(s.message().find("attempt 9 is over"), std::string::npos);
+  // Not planned here: not held.
+  s = router.Place(Whole(11, 7), {});
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_EQ(router.early_bytes(), 0);
+  for (int64_t seq : {11, 12}) {
+    router.Expect(PlannedAttempt{Options(7, seq), {"n0", "n1", "n2"}});
+  }
+  router.Expect(PlannedAttempt{Options(7, 10), {}});  // installed: ignored
+  EXPECT_EQ(router.Planned(10), nullptr);
+  ASSERT_NE(router.Planned(11), nullptr);
   ASSERT_TRUE(router.Place(Whole(11, 7), {}).ok());  // held
   ASSERT_TRUE(router.Place(Whole(12, 9), {}).ok());  // held; another plan
+  EXPECT_EQ(router.early_bytes(), 2 * 334 * 4);
 
-  // Attempt 11 installed: its message is delivered.
+  // Attempt 11 installed: its message is delivered, its plan forgotten.
   auto next = std::make_shared<Mailbox>(Options(7, 11));
   router.Install(next, true, {});
+  EXPECT_EQ(router.Planned(11), nullptr);
+  EXPECT_EQ(router.early_bytes(), 334 * 4);
   auto got = next->Take(0, 11, "pseudo_grad", RingPhase::kReduceScatter, 0,
                         absl::Now() + absl::Seconds(5));
   ASSERT_TRUE(got.ok()) << got.status();
@@ -288,6 +353,7 @@ TEST(AttemptRouterTest, HoldsEarlyMessagesForTheirAttemptAndRefusesStale) {
   // Attempt 12's message was of another plan: refused when it is installed.
   auto last = std::make_shared<Mailbox>(Options(7, 12));
   router.Install(last, true, {});
+  EXPECT_EQ(router.early_bytes(), 0);
   got = last->Take(0, 12, "pseudo_grad", RingPhase::kReduceScatter, 0,
                    absl::Now() + absl::Milliseconds(50));
   EXPECT_TRUE(absl::IsDeadlineExceeded(got.status())) << got.status();
@@ -296,6 +362,35 @@ TEST(AttemptRouterTest, HoldsEarlyMessagesForTheirAttemptAndRefusesStale) {
   got = last->Take(0, 12, "pseudo_grad", RingPhase::kReduceScatter, 0,
                    absl::Now() + absl::Seconds(5));
   EXPECT_TRUE(got.ok()) << got.status();
+}
+
+// Held early messages are bounded per sender (one rank of one planned
+// attempt) by twice the whole tensor, before anything is buffered
+// (EarlyRoom, at the first chunk) and when the message is complete (Place);
+// the others' room is their own. Only the attempts planned last are kept.
+TEST(AttemptRouterTest, EarlyMessagesAreBoundedPerSender) {
+  AttemptRouter router(InsecurePeerCredentials());
+  router.Install(std::make_shared<Mailbox>(Options(7, 10)), true, {});
+  router.Expect(PlannedAttempt{Options(7, 11), {"n0", "n1", "n2"}});
+  const int64_t bound = EarlyBytesPerSender(Options());
+  EXPECT_EQ(bound, 2 * ((kElems + 1) * 4 + 4096));
+  EXPECT_TRUE(router.EarlyRoom(11, 0, bound).ok());
+  absl::Status s = router.EarlyRoom(11, 0, bound + 1);
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_NE(s.message().find("held per sender"), std::string::npos) << s;
+  EXPECT_EQ(router.early_refused(), 1);
+  int held = 0;
+  while (router.Place(Whole(11, 7), {}).ok()) ++held;
+  EXPECT_EQ(held, bound / (334 * 4));
+  EXPECT_EQ(router.early_refused(), 2);
+  EXPECT_TRUE(router.EarlyRoom(11, 2, 334 * 4).ok());            // another rank
+  EXPECT_TRUE(absl::IsUnavailable(router.EarlyRoom(12, 0, 1)));  // unplanned
+
+  for (int64_t seq = 12; seq < 12 + AttemptRouter::kPlannedAttempts; ++seq) {
+    router.Expect(PlannedAttempt{Options(7, seq), {"n0", "n1", "n2"}});
+  }
+  EXPECT_EQ(router.Planned(11), nullptr);
+  EXPECT_NE(router.Planned(12), nullptr);
 }
 
 }  // namespace

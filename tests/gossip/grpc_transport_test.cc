@@ -364,9 +364,11 @@ TEST(GrpcTransportTest, JoinTokenAdmitsOnlyPeersThatProveIt) {
 // With ids bound (--tls_bind_node_ids) a ring chunk is taken only from a
 // caller whose certificate names the member at the rank it claims. n2
 // holds a valid certificate of the swarm's CA: its chunks as rank 0 (n0)
-// are refused in the installed attempt without blaming n0, and dropped
-// when they arrive ahead of their attempt. The members' own rings over
-// mutual TLS give the right averages in both attempts.
+// are refused in the installed attempt without blaming n0, and so are
+// those ahead of their attempt: refused (for the sender to retry) while
+// its plan is not here, and for the impostor they are once it is, before
+// any byte is held. The members' own rings over mutual TLS give the right
+// averages in both attempts.
 TEST(GrpcTransportTest, BoundIdsTakeRingChunksOnlyFromTheMemberAtTheirRank) {
   const std::string dir = testing::TempDir();
   ASSERT_TRUE(testing::MakeCa(dir, "swarm"));
@@ -453,28 +455,40 @@ TEST(GrpcTransportTest, BoundIdsTakeRingChunksOnlyFromTheMemberAtTheirRank) {
   EXPECT_TRUE(absl::IsDeadlineExceeded(blamed.status())) << blamed.status();
   ring(7);
 
-  // Ahead of its attempt the sender is not checked yet: kept, then dropped
-  // when attempt 8 is installed. Delivered, its 1000s would be in the
-  // average, or the real rank 0's segment refused as a duplicate.
+  // Ahead of its attempt. Held, its 1000s would be in the average, or the
+  // real rank 0's segment refused as a duplicate.
   grpc::Status early = send(0, 8);
-  EXPECT_TRUE(early.ok()) << early.error_message();
+  EXPECT_EQ(early.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << early.error_message();
+  MailboxOptions next = Mailboxes();
+  next.first_round = 8;
+  t[1]->ExpectAttempt(members, 1, next, ids);
+  early = send(0, 8);
+  EXPECT_EQ(early.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << early.error_message();
   install(8);
   ring(8);
 }
 
 // Elastic rounds: a chunk for an attempt that this node has not installed
-// yet is held when it is at most kEarlyRounds rounds ahead, and delivered
-// once that attempt is installed; one further ahead is refused for its
-// sender to retry. (With the window counted in attempts rather than rounds,
-// a sender one round ahead was refused and resent its segment: 4% more
-// ring bytes in the default sim.)
-TEST(GrpcTransportTest, AChunkUpToFourRoundsAheadIsHeldForItsAttempt) {
+// yet is held when this node was sent that attempt's plan (ExpectAttempt)
+// and it is at most kEarlyRounds rounds ahead, and delivered once that
+// attempt is installed; one not planned here, or further ahead, is refused
+// for its sender to retry. (With the window counted in attempts rather than
+// rounds, a sender one round ahead was refused and resent its segment: 4%
+// more ring bytes in the default sim.)
+TEST(GrpcTransportTest, AChunkOfAPlannedAttemptAheadIsHeldForIt) {
   Swarm s = Start(2);
   const std::vector<std::string> ids = {"n0", "n1"};
-  auto install = [&](int64_t seq) {
+  auto options = [](int64_t seq) {
     MailboxOptions mo = Mailboxes();
     mo.first_round = seq;
-    for (int r = 0; r < 2; ++r) s.nodes[r]->InstallRound(s.members, r, mo, ids);
+    return mo;
+  };
+  auto install = [&](int64_t seq) {
+    for (int r = 0; r < 2; ++r) {
+      s.nodes[r]->InstallRound(s.members, r, options(seq), ids);
+    }
   };
   auto stub = peer::v1::Peer::NewStub(
       grpc::CreateChannel(s.members[1], grpc::InsecureChannelCredentials()));
@@ -484,11 +498,21 @@ TEST(GrpcTransportTest, AChunkUpToFourRoundsAheadIsHeldForItsAttempt) {
   const int64_t now = 3 * kRound + 2;  // round 3, attempt 2
   install(now);
   const int64_t next_round = 4 * kRound + 1;
+  grpc::Status unplanned = send(next_round);
+  EXPECT_EQ(unplanned.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << unplanned.error_message();
+  EXPECT_NE(unplanned.error_message().find("is not planned here yet"),
+            std::string::npos)
+      << unplanned.error_message();
+  const int64_t last = now + kEarlyRounds * kRound;
+  for (int64_t seq : {next_round, last, last + 1}) {
+    s.nodes[1]->ExpectAttempt(s.members, 1, options(seq), ids);
+  }
   grpc::Status held = send(next_round);
   EXPECT_TRUE(held.ok()) << held.error_message();
-  const int64_t last = now + kEarlyRounds * kRound;
   grpc::Status edge = send(last);
   EXPECT_TRUE(edge.ok()) << edge.error_message();
+  EXPECT_EQ(s.nodes[1]->early_bytes(), static_cast<int64_t>(2 * seg * 4));
   grpc::Status far = send(last + 1);
   EXPECT_EQ(far.error_code(), grpc::StatusCode::UNAVAILABLE)
       << far.error_message();
@@ -504,15 +528,76 @@ TEST(GrpcTransportTest, AChunkUpToFourRoundsAheadIsHeldForItsAttempt) {
   float first = 0;
   std::memcpy(&first, got->payload.data(), sizeof(first));
   EXPECT_EQ(first, 1000.0f);
+  EXPECT_EQ(s.nodes[1]->early_bytes(), static_cast<int64_t>(seg * 4));
+}
+
+// Bogus chunks for an attempt a few rounds ahead, whatever rank they claim,
+// neither blame that rank in the attempt running now (the attack that made
+// honest members sit rounds out) nor take memory: refused before any byte
+// is held, for an attempt not planned here and for one that is.
+TEST(GrpcTransportTest, BogusChunksOfALaterAttemptBlameNobodyAndHoldNothing) {
+  Swarm s = Start(2);
+  const std::vector<std::string> ids = {"n0", "n1"};
+  MailboxOptions mo = Mailboxes();
+  const int64_t now = 4 * int64_t{kAttemptsPerRound} + 1;
+  mo.first_round = now;
+  for (int r = 0; r < 2; ++r) s.nodes[r]->InstallRound(s.members, r, mo, ids);
+  auto stub = peer::v1::Peer::NewStub(
+      grpc::CreateChannel(s.members[1], grpc::InsecureChannelCredentials()));
+  auto bogus = [&](int64_t seq) {
+    peer::v1::TensorChunk c;
+    c.set_run_id("test-run");
+    c.set_from_rank(0);
+    c.set_round(seq);
+    c.set_tensor("bogus");
+    c.set_segment_bytes(64);
+    c.set_data(std::string(64, 'x'));
+    grpc::ClientContext ctx;
+    peer::v1::SendAck ack;
+    auto w = stub->SendChunks(&ctx, &ack);
+    (void)w->Write(c);
+    (void)w->WritesDone();
+    return w->Finish();
+  };
+  const int64_t ahead = now + 3 * int64_t{kAttemptsPerRound};
+  for (int i = 0; i < 20; ++i) {
+    grpc::Status st = bogus(ahead);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE)
+        << st.error_message();
+  }
+  MailboxOptions later = Mailboxes();
+  later.first_round = ahead;
+  s.nodes[1]->ExpectAttempt(s.members, 1, later, ids);
+  grpc::Status st = bogus(ahead);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << st.error_message();
+  EXPECT_EQ(s.nodes[1]->early_bytes(), 0);
+  EXPECT_EQ(s.nodes[1]->early_refused(), 1);
+  // Rank 0 is not blamed in the attempt running now: the wait for its
+  // message times out rather than failing at once, and its real message
+  // is taken.
+  absl::StatusOr<Message> none = s.nodes[1]->mailbox().Take(
+      0, now, "pseudo_grad", RingPhase::kReduceScatter, 0,
+      absl::Now() + absl::Milliseconds(200));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(none.status())) << none.status();
+  Message m = SegmentZeroFromRankZero(
+      std::vector<float>(SegmentLength(kElems, 2, 0), 2.0f));
+  m.round = now;
+  ASSERT_TRUE(s.nodes[0]->Send(1, m, absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_TRUE(s.nodes[1]
+                  ->mailbox()
+                  .Take(0, now, "pseudo_grad", RingPhase::kReduceScatter, 0,
+                        absl::Now() + absl::Seconds(10))
+                  .ok());
 }
 
 // Two coordinators can number an attempt of a round alike (seen in a sim
 // partition: the new side's coordinator planned attempt 1 of round 50 with
 // two members while a chunk of the old coordinator's attempt 1, with four,
 // was still on its way). Chunks carry their plan's digest: one of another
-// plan is refused without blaming the member at its rank here, held early
-// ones of another plan are dropped at install, and the plan's own chunks
-// are taken.
+// plan is refused without blaming the member at its rank here, early ones
+// too (checked against the plan this node was sent), and the plan's own
+// chunks are taken.
 TEST(GrpcTransportTest, AChunkOfAnotherPlanOfTheSameAttemptIsNotTaken) {
   Swarm s = Start(2);
   const std::vector<std::string> ids = {"n0", "n1"};
@@ -555,11 +640,16 @@ TEST(GrpcTransportTest, AChunkOfAnotherPlanOfTheSameAttemptIsNotTaken) {
   std::memcpy(&first, got->payload.data(), sizeof(first));
   EXPECT_EQ(first, 2.0f);
 
-  // Held early (the receiver is still at `attempt`) under another plan,
-  // then dropped when the receiver installs its own plan of that attempt.
+  // Early (the receiver is still at `attempt`, planned for its own plan of
+  // attempt + 1) under another plan: refused, not held.
   install(0, attempt + 1, other);
+  MailboxOptions planned = Mailboxes();
+  planned.first_round = attempt + 1;
+  planned.plan = mine;
+  s.nodes[1]->ExpectAttempt(s.members, 1, planned, ids);
   absl::Status early = send(attempt + 1, 1000.0f);
-  ASSERT_TRUE(early.ok()) << early;
+  EXPECT_TRUE(absl::IsFailedPrecondition(early)) << early;
+  EXPECT_EQ(s.nodes[1]->early_bytes(), 0);
   install(1, attempt + 1, mine);
   none = take(attempt + 1, absl::Milliseconds(300));
   EXPECT_TRUE(absl::IsDeadlineExceeded(none.status())) << none.status();

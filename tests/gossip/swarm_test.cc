@@ -632,59 +632,63 @@ TEST(SwarmTest, RoundMessagesWithNumbersOutOfRangeAreRefused) {
   EXPECT_FALSE(ghost.accepted());
   EXPECT_EQ(ghost.reason(), "n1 knows no member \"ghost\"");
 
-  // A member holds a bounded number of round messages between rounds.
-  int held = 0;
-  peer::v1::ControlAck full;
-  for (int i = 0; i < 5000; ++i) {
-    full = send(b->address(), "n0", K::STALE, 7, 1, 0);
-    if (!full.accepted()) break;
-    ++held;
+  // A burst of forged round messages under the coordinator's id is held
+  // nowhere (each would have cost a round): none carries n1's round token.
+  for (int i = 0; i < 100; ++i) {
+    peer::v1::ControlAck stale = send(b->address(), "n0", K::STALE, 0, 1, 0);
+    ASSERT_FALSE(stale.accepted());
+    EXPECT_EQ(stale.reason(),
+              "a STALE from \"n0\" without this node's round token");
   }
-  EXPECT_EQ(held, 4096);
-  EXPECT_EQ(full.reason(),
-            "n1 holds 4096 round messages its training thread has not taken "
-            "yet");
 
-  // The highest claim allowed is taken: the round runs at an attempt
-  // after it, and both members commit it (round 0: the held messages of
-  // round 7 are dropped when it starts). Not necessarily the first one
-  // after it: the claim made n1 ready, so the coordinator may plan as soon
-  // as n0 is, before n1 waits for round 0 and can take the plan.
+  // The highest claim allowed, from n1 itself, is taken: the round runs at
+  // an attempt after it, and both members commit it.
   peer::v1::ControlAck claim =
       send(a->address(), "n1", K::READY, 0, 0, kMaxClaimedAttempt);
-  EXPECT_TRUE(claim.accepted()) << claim.reason();
+  EXPECT_FALSE(claim.accepted()) << "a forged claim";
   BothRounds r = RoundOnBoth(*a, NoOp, *b, NoOp, Never);
   ASSERT_TRUE(r.a.ok()) << r.a.status();
   ASSERT_TRUE(r.b.ok()) << r.b.status();
   for (const Swarm::RoundResult* res : {&*r.a, &*r.b}) {
     EXPECT_EQ(res->outcome, Swarm::Outcome::kCommitted);
-    EXPECT_GT(res->attempt, kMaxClaimedAttempt);
-    EXPECT_LT(res->attempt, kMaxClaimedAttempt + 10);
+    EXPECT_EQ(res->attempt, 1);
     EXPECT_EQ(res->members, (std::vector<std::string>{"n0", "n1"}));
   }
-  EXPECT_EQ(r.a->attempt, r.b->attempt);
 }
 
 TEST(SwarmTest, AReadyFarAheadOfEveryOtherMemberDoesNotMoveTheCoordinator) {
-  // n1 says it is ready for round 1000 while n0 and n1 are at round 0.
-  // Taken on its word, the coordinator moved to round 1000: the members'
-  // READY for round 0 then heard STALE, again and again, with nobody ahead
-  // to catch up from. Now the READY is refused until another member is
-  // there, and round 0 commits.
+  // Someone says n1 is ready for round 1000 while n0 and n1 are at round
+  // 0. Taken on its word, the coordinator moved to round 1000: the
+  // members' READY for round 0 then heard STALE, again and again, with
+  // nobody ahead to catch up from. Now a READY under n1's id counts only
+  // with n1's round token, which n1 proves when asked (and a READY that n1
+  // itself sent that far ahead would be refused until another member is
+  // there: RoundCoordinatorTest.RefusesAReadyAloneFarAhead); round 0
+  // commits.
   std::unique_ptr<Swarm> a, b;
   ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b));
   peer::v1::ControlAck ack = SendControlTo(a->address(), Ready("n1", 1000));
   EXPECT_FALSE(ack.accepted());
+  EXPECT_EQ(ack.reason(), "a READY from \"n1\" carries no round token");
+  peer::v1::ControlMessage guessed = Ready("n1", 1000);
+  guessed.set_token(12345);
+  ack = SendControlTo(a->address(), guessed);
+  EXPECT_TRUE(ack.accepted()) << "held while n1 is asked";
+  // Not even under the coordinator's own id.
+  ack = SendControlTo(a->address(), Ready("n0", 1000));
+  EXPECT_FALSE(ack.accepted());
   EXPECT_EQ(ack.reason(),
-            "n0 is at round 0 and no member but \"n1\" is at round 1000 yet");
+            "n0 refused a round message under its own id from another caller");
 
   BothRounds r = RoundOnBoth(*a, NoOp, *b, NoOp, Never);
   ASSERT_TRUE(r.a.ok()) << r.a.status();
   ASSERT_TRUE(r.b.ok()) << r.b.status();
   for (const Swarm::RoundResult* res : {&*r.a, &*r.b}) {
     EXPECT_EQ(res->outcome, Swarm::Outcome::kCommitted);
+    EXPECT_EQ(res->attempt, 1);
     EXPECT_EQ(res->members, (std::vector<std::string>{"n0", "n1"}));
   }
+  EXPECT_GE(a->refusals().at("control_refused"), 2);
 
   // A node alone, resumed at round 5, vouches for itself.
   std::unique_ptr<Swarm> alone = StartReady("solo", {}, 5);
@@ -697,47 +701,68 @@ TEST(SwarmTest, AReadyFarAheadOfEveryOtherMemberDoesNotMoveTheCoordinator) {
   EXPECT_EQ(solo->members, (std::vector<std::string>{"solo"}));
 }
 
-TEST(SwarmTest, ACoordinatorMovedByAFalseEntryComesBack) {
-  // n1 gossips a made-up member "ghost" at round 1000, which vouches for
-  // n1's READY for round 1000: the coordinator moves there. Once the
-  // entry is gone (here: ghost is declared dead), no member but n1 is at
-  // round 1000, and the coordinator goes back to round 0 within 5 s.
-  // Before, it stayed at round 1000 for good: the members' round 0 ended
-  // stale.
+// Round messages under members' ids from another caller change nothing:
+// the coordinator's to a member must carry the member's round token, the
+// member's to the coordinator too. Before, 20 forged STALEs from the
+// coordinator's id cost a member 20 rounds, a forged PLAN with a high
+// attempt number put it in an attempt nobody ran, a forged FAILED barred
+// two members from the round, and a forged DONE counted towards a commit.
+TEST(SwarmTest, ControlMessagesUnderMembersIdsChangeNothing) {
   std::unique_ptr<Swarm> a, b;
   ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b));
-  auto stub = peer::v1::Swarm::NewStub(
-      grpc::CreateChannel(a->address(), grpc::InsecureChannelCredentials()));
-  const int64_t incarnation = absl::ToUnixMillis(absl::Now());
-  auto gossip_ghost = [&](peer::v1::MemberState state) {
-    peer::v1::GossipRequest req;
-    req.set_run_id("barrier");
-    req.set_from("n1");
-    peer::v1::MemberEntry* e = req.add_members();
-    e->set_id("ghost");
-    e->set_address("127.0.0.1:1");
-    e->set_incarnation(incarnation);
-    e->set_state(state);
-    e->set_round(1000);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    peer::v1::GossipResponse resp;
-    grpc::Status s = stub->Gossip(&ctx, req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
+  using K = peer::v1::ControlMessage;
+  auto message = [](K::Kind kind, const std::string& from, int attempt) {
+    K m = Ready(from, 0);
+    m.set_kind(kind);
+    m.set_attempt(attempt);
+    m.set_token(0x1234);  // a guess
+    return m;
   };
-  gossip_ghost(peer::v1::MEMBER_ALIVE);
-  peer::v1::ControlAck ack = SendControlTo(a->address(), Ready("n1", 1000));
-  EXPECT_TRUE(ack.accepted()) << ack.reason();
-  gossip_ghost(peer::v1::MEMBER_DEAD);
-  absl::SleepFor(absl::Seconds(8));
-
-  BothRounds r = RoundOnBoth(*a, NoOp, *b, NoOp, Never);
+  // Before the round: a backlog of forged STALEs for it.
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_FALSE(
+        SendControlTo(b->address(), message(K::STALE, "n0", 0)).accepted());
+  }
+  absl::Time b_reduced = absl::InfiniteFuture();
+  std::atomic<bool> b_cancelled{false};
+  std::vector<peer::v1::ControlAck> acks;
+  // While n1's part of attempt 1 runs, someone forges under n0's and n1's
+  // ids; then n1 takes its time.
+  const auto b_reduce = [&](Transport& t, int64_t,
+                            const std::vector<std::string>&) {
+    acks.push_back(SendControlTo(a->address(), message(K::DONE, "n1", 1)));
+    K failed = message(K::FAILED, "n1", 1);
+    failed.set_culprit("n0");
+    acks.push_back(SendControlTo(a->address(), failed));
+    for (K::Kind kind : {K::ABORT, K::STALE, K::COMMIT}) {
+      acks.push_back(SendControlTo(b->address(), message(kind, "n0", 1)));
+    }
+    K plan = message(K::PLAN, "n0", 500000);
+    plan.add_members("n1");
+    plan.add_addresses(b->address());
+    acks.push_back(SendControlTo(b->address(), plan));
+    absl::SleepFor(absl::Milliseconds(500));
+    b_cancelled = t.mailbox().cancelled();
+    b_reduced = absl::Now();
+    return absl::OkStatus();
+  };
+  BothRounds r = RoundOnBoth(*a, NoOp, *b, b_reduce, Never);
   ASSERT_TRUE(r.a.ok()) << r.a.status();
   ASSERT_TRUE(r.b.ok()) << r.b.status();
+  EXPECT_LE(b_reduced, r.a_returned) << "n0 committed before n1 was done";
+  EXPECT_FALSE(b_cancelled.load()) << "a forged message called n1 off";
   for (const Swarm::RoundResult* res : {&*r.a, &*r.b}) {
     EXPECT_EQ(res->outcome, Swarm::Outcome::kCommitted);
+    EXPECT_EQ(res->attempt, 1);
     EXPECT_EQ(res->members, (std::vector<std::string>{"n0", "n1"}));
   }
+  ASSERT_EQ(acks.size(), 6u);
+  for (const peer::v1::ControlAck& ack : acks) {
+    EXPECT_FALSE(ack.accepted());
+    EXPECT_NE(ack.reason().find("round token"), std::string::npos)
+        << ack.reason();
+  }
+  EXPECT_EQ(b->refusals().at("control_refused"), 24);
 }
 
 TEST(SwarmTest, AFullMemberTableRefusesJoinersButStillAnswersGossip) {

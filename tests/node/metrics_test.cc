@@ -232,6 +232,14 @@ TEST(NodeMetricsTest, RefusalsByReason) {
   EXPECT_EQ(s["starling_peer_refusals_total{reason=\"stream_limit\"}"], 2);
 }
 
+TEST(NodeMetricsTest, EarlyMessageBytesIsAGauge) {
+  std::unique_ptr<NodeMetrics> m = StartOrDie();
+  ASSERT_NE(m, nullptr);
+  m->SetEarlyBytes(5000);
+  m->SetEarlyBytes(1200);  // a gauge: it goes down as messages are taken
+  EXPECT_EQ(ScrapeSamples(*m)["starling_early_message_bytes"], 1200);
+}
+
 TEST(NodeMetricsTest, RpcErrorsByCode) {
   std::unique_ptr<NodeMetrics> m = StartOrDie();
   ASSERT_NE(m, nullptr);

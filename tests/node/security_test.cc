@@ -132,8 +132,10 @@ TEST_F(TlsTest, OneSwarmCertificateWithServerName) {
                  "openssl x509 -req -days 2 -in shared.csr -CA swarm-ca.pem "
                  "-CAkey swarm-ca.key -CAcreateserial -extfile shared.ext "
                  "-out shared.pem"));
-  const std::string tls = absl::StrCat(TlsFlags(dir_, "shared", "swarm-ca.pem"),
-                                       " --tls_require_client_cert");
+  // The certificate names no node: ids are not bound to it.
+  const std::string tls =
+      absl::StrCat(TlsFlags(dir_, "shared", "swarm-ca.pem"),
+                   " --tls_require_client_cert", " --tls_bind_node_ids=false");
   nodes_.Start("n0", absl::StrCat("--steps=60 --min_members=2 --shard=0/2", tls,
                                   " --tls_server_name=starling-peers"));
   ASSERT_FALSE(nodes_.Address("n0").empty());
@@ -180,7 +182,8 @@ class BoundIdsTest : public TlsTest {
         "n1",
         absl::StrCat(
             "--steps=300 --algo=", algo, " --shard=1/2 --connect_timeout=20",
-            TlsFlags(dir_, "n2", "swarm-ca.pem"), " --tls_require_client_cert"),
+            TlsFlags(dir_, "n2", "swarm-ca.pem"), " --tls_require_client_cert",
+            " --tls_bind_node_ids=false"),
         "n0");
     EXPECT_NE(impostor.exit_code, 0) << impostor.err;
     EXPECT_NE(impostor.err.find("refused this node: a join as member \"n1\" "
@@ -283,6 +286,27 @@ TEST_F(BoundIdsTest, DilocoRefusesCallsUnderAnotherMembersId) {
 
 TEST_F(BoundIdsTest, GossipRefusesCallsUnderAnotherMembersId) {
   ImpostorsAreRefused("gossip");
+}
+
+// Mutual TLS binds ids without being asked: a node whose certificate names
+// another id stops at start-up, unless binding is turned off explicitly.
+TEST_F(BoundIdsTest, IdsAreBoundByDefaultWithMutualTls) {
+  ASSERT_TRUE(MakeCert(dir_, "n2", "swarm"));
+  const std::string as_n2 =
+      absl::StrCat("--steps=20", TlsFlags(dir_, "n2", "swarm-ca.pem"),
+                   " --tls_require_client_cert");
+  auto bound = nodes_.Run("n1", as_n2);
+  EXPECT_EQ(bound.exit_code, 2) << bound.err;
+  EXPECT_NE(bound.err.find("but not this node's id \"n1\""), std::string::npos)
+      << bound.err;
+  EXPECT_NE(bound.err.find("--tls_bind_node_ids=false"), std::string::npos)
+      << bound.err;
+  auto unbound = nodes_.Run("n3", as_n2 + " --tls_bind_node_ids=false");
+  EXPECT_EQ(unbound.exit_code, 0) << unbound.err;
+  // Without mutual TLS the default asks for nothing.
+  auto one_way = nodes_.Run(
+      "n4", absl::StrCat("--steps=20", TlsFlags(dir_, "n2", "swarm-ca.pem")));
+  EXPECT_EQ(one_way.exit_code, 0) << one_way.err;
 }
 
 // Ways to get the TLS flags wrong, made from the certificates in `d`, each
