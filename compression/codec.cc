@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "compression/kernels.h"
+#include "compression/sparse_codec.h"
 #include "compression/topk.h"
 #include "compression/zstd_stage.h"
 #include "core/status.h"
@@ -38,8 +39,9 @@ constexpr uint32_t kMaxBlock = 1u << 20;
 constexpr char kValidSpecs[] =
     "Valid: fp32, fp16, bf16, int8, int8:BLOCK, int4, int4:BLOCK, "
     "topk:FRACTION, topk:FRACTION+int8, topk:FRACTION+fp16, each optionally "
-    "followed by +zstd (BLOCK in [1, 1048576], FRACTION in (0, 1]; e.g. "
-    "int8+zstd, topk:0.01+int8)";
+    "followed by +zstd, and sparse:FRACTION[:CHUNK][+int2|+int3|+int4] "
+    "(BLOCK in [1, 1048576], CHUNK in [1, 65536], FRACTION in (0, 1]; e.g. "
+    "int8+zstd, topk:0.01+int8, sparse:0.01)";
 
 struct Header {
   CodecId codec = CodecId::kFp32;
@@ -53,8 +55,9 @@ struct Header {
 struct Config {
   CodecId id = CodecId::kFp32;
   uint32_t block = 0;   // int8/int4 block.
-  double fraction = 0;  // top-k.
+  double fraction = 0;  // top-k, sparse.
   bool topk_int8 = false;
+  compression_internal::SparseShape sparse;  // chunk and bits (k: fraction)
   bool zstd = false;
 };
 
@@ -94,6 +97,8 @@ const char* CodecIdName(uint8_t id) {
       return "int4";
     case 6:
       return "topk";
+    case 7:
+      return "sparse";
   }
   return "unknown";
 }
@@ -144,6 +149,15 @@ class CodecImpl : public Codec {
       case CodecId::kTopK:
         name = absl::StrCat("topk:", ShortestDouble(config_.fraction),
                             config_.topk_int8 ? "+int8" : "");
+        break;
+      case CodecId::kSparse:
+        name = absl::StrCat("sparse:", ShortestDouble(config_.fraction));
+        if (config_.sparse.chunk != ci::kSparseDefaultChunk) {
+          absl::StrAppend(&name, ":", config_.sparse.chunk);
+        }
+        if (config_.sparse.bits != ci::kSparseDefaultBits) {
+          absl::StrAppend(&name, "+int", config_.sparse.bits);
+        }
         break;
     }
     if (config_.zstd) absl::StrAppend(&name, "+zstd");
@@ -280,6 +294,17 @@ absl::StatusOr<int> CodecImpl::EncodeRaw(absl::Span<const float> values,
       }
       return 0;
     }
+    case CodecId::kSparse: {
+      const int64_t bad = ci::FirstNonFinite(x, n);
+      if (bad >= 0) return NonFiniteError(values, bad);
+      ci::SparseShape shape = config_.sparse;
+      shape.k = TopKCount(config_.fraction, shape.chunk);
+      h->block = shape.chunk;
+      h->param = ci::SparseParam(shape);
+      buf->resize(offset);
+      ci::SparseEncode(x, n, shape, buf);
+      return 0;
+    }
   }
   return absl::InternalError("unknown codec");
 }
@@ -377,7 +402,7 @@ absl::StatusOr<size_t> CodecImpl::RawSize(const Header& h,
   auto bad = [](absl::string_view what) {
     return absl::DataLossError(absl::StrCat("codec payload: bad ", what));
   };
-  if (config_.id != CodecId::kTopK) {
+  if (config_.id != CodecId::kTopK && config_.id != CodecId::kSparse) {
     if (h.param != 0) return bad("param");
     if (topk_int8) return bad("flags");
   }
@@ -405,6 +430,15 @@ absl::StatusOr<size_t> CodecImpl::RawSize(const Header& h,
       }
       if (h.block != 0) return bad("block size");
       return static_cast<size_t>(6 * k);
+    }
+    case CodecId::kSparse: {
+      // Variable: the index gaps are Rice-coded. No zstd stage.
+      ci::SparseShape shape;
+      if (!ci::ParseSparseParam(h.param, h.block, &shape)) {
+        return bad("sparse chunk, count or bits");
+      }
+      if (h.flags != 0) return bad("flags");
+      return static_cast<size_t>(h.payload_bytes);
     }
   }
   return absl::InternalError("unknown codec");
@@ -534,8 +568,66 @@ absl::Status CodecImpl::DecodeImpl(absl::string_view bytes,
       }
       return absl::OkStatus();
     }
+    case CodecId::kSparse: {
+      ci::SparseShape shape;
+      ci::ParseSparseParam(h.param, h.block, &shape);  // checked by RawSize
+      bool overflow = false;
+      STARLING_RETURN_IF_ERROR(
+          ci::SparseDecode(raw, n, shape, dst, accumulate, &overflow));
+      if (overflow) return AccumulateOverflowError();
+      return absl::OkStatus();
+    }
   }
   return absl::InternalError("unknown codec");
+}
+
+// sparse:FRACTION[:CHUNK][+int2|+int3|+int4]; `arg` is what follows
+// "sparse:", `parts` the spec split at '+' (a "+zstd" already taken off).
+template <typename Invalid>
+absl::StatusOr<Config> ParseSparseSpec(
+    Config c, absl::string_view arg,
+    const std::vector<absl::string_view>& parts, const Invalid& invalid) {
+  if (c.zstd) {
+    return invalid("sparse takes no +zstd: its indices are Rice-coded");
+  }
+  c.id = CodecId::kSparse;
+  const size_t colon = arg.find(':');
+  const absl::string_view fraction_text = arg.substr(0, colon);
+  double fraction = 0;
+  if (fraction_text.empty() ||
+      fraction_text.find_first_not_of("0123456789.eE-") !=
+          absl::string_view::npos ||
+      !absl::SimpleAtod(fraction_text, &fraction) || !std::isfinite(fraction) ||
+      fraction <= 0 || fraction > 1) {
+    return invalid(absl::StrCat("sparse fraction '", fraction_text,
+                                "' must be a number in (0, 1]"));
+  }
+  c.fraction = fraction;
+  if (colon != absl::string_view::npos) {
+    const absl::string_view chunk_text = arg.substr(colon + 1);
+    uint32_t chunk = 0;
+    if (chunk_text.empty() ||
+        chunk_text.find_first_not_of("0123456789") != absl::string_view::npos ||
+        !absl::SimpleAtoi(chunk_text, &chunk) || chunk == 0 ||
+        chunk > ci::kSparseMaxChunk) {
+      return invalid(absl::StrCat("sparse chunk '", chunk_text,
+                                  "' must be an integer in [1, ",
+                                  ci::kSparseMaxChunk, "]"));
+    }
+    c.sparse.chunk = chunk;
+  }
+  if (parts.size() > 2) {
+    return invalid(absl::StrCat("unexpected '+", parts[2], "'"));
+  }
+  if (parts.size() == 2) {
+    if (parts[1] == "int2" || parts[1] == "int3" || parts[1] == "int4") {
+      c.sparse.bits = parts[1][3] - '0';
+    } else {
+      return invalid(absl::StrCat("sparse values are int2, int3 or int4, not '",
+                                  parts[1], "'"));
+    }
+  }
+  return c;
 }
 
 absl::StatusOr<Config> ParseSpec(absl::string_view spec) {
@@ -597,6 +689,8 @@ absl::StatusOr<Config> ParseSpec(absl::string_view spec) {
       }
     }
     return c;
+  } else if (name == "sparse") {
+    return ParseSparseSpec(c, arg, parts, invalid);
   } else {
     return invalid(absl::StrCat("unknown codec '", name, "'"));
   }
@@ -637,16 +731,27 @@ std::string CompressionSpecHelp() {
          "int8[:BLOCK] (blockwise absmax, 8 bits, block 256 by default), "
          "int4[:BLOCK] (blockwise absmax, 4 bits, block 64 by default), "
          "topk:FRACTION[+int8|+fp16] (the largest FRACTION of values by "
-         "magnitude with their indices; values in fp16 unless +int8). Append "
-         "+zstd to any of them for a lossless zstd stage (skipped when it "
-         "gains under 3%). Error feedback is on by default for int4 and topk. "
-         "Examples: int8, int8+zstd, topk:0.01+int8, int4, fp16+zstd, fp32.";
+         "magnitude with their indices; values in fp16 unless +int8), "
+         "sparse:FRACTION[:CHUNK][+int2|+int3|+int4] (the largest FRACTION "
+         "of each CHUNK of values, 4096 by default, as a sign and a 1-, 2- "
+         "or 3-bit level, int2 by default, with Rice-coded indices; DiLoCo "
+         "gathers every member's contribution instead of a ring). Append "
+         "+zstd to any but sparse for a lossless zstd stage (skipped when it "
+         "gains under 3%). Error feedback is on by default for int4, topk and "
+         "sparse. Examples: int8, int8+zstd, topk:0.01+int8, int4, fp16+zstd, "
+         "fp32, sparse:0.01.";
 }
 
 bool ErrorFeedbackByDefault(absl::string_view spec) {
   const absl::StatusOr<Config> config = ParseSpec(spec);
   return config.ok() &&
-         (config->id == CodecId::kInt4 || config->id == CodecId::kTopK);
+         (config->id == CodecId::kInt4 || config->id == CodecId::kTopK ||
+          config->id == CodecId::kSparse);
+}
+
+bool IsSparseSpec(absl::string_view spec) {
+  const absl::StatusOr<Config> config = ParseSpec(spec);
+  return config.ok() && config->id == CodecId::kSparse;
 }
 
 }  // namespace starling

@@ -1,7 +1,8 @@
 // Codecs for pseudo-gradients: fp32, fp16, bf16, blockwise int8/int4, top-k,
-// each with an optional lossless zstd stage, plus error feedback for lossy
-// codecs. Pure CPU code. Codec objects are immutable after MakeCodec and safe
-// to use from many threads at once; ErrorFeedback is not thread-safe.
+// each with an optional lossless zstd stage, the chunk-wise sparse codec
+// (compression/sparse_codec.h), plus error feedback for lossy codecs. Pure CPU
+// code. Codec objects are immutable after MakeCodec and safe to use from many
+// threads at once; ErrorFeedback is not thread-safe.
 #ifndef STARLING_COMPRESSION_CODEC_H_
 #define STARLING_COMPRESSION_CODEC_H_
 
@@ -23,14 +24,17 @@ namespace starling {
 //   n/a), u64 element count, u64 param (top-k: k; else 0), u32 payload bytes
 //   that follow.
 // Flags: bit0 = zstd stage applied, bit1 = byte-shuffled before zstd,
-// bit2 = top-k values are blockwise int8 (else fp16).
+// bit2 = top-k values are blockwise int8 (else fp16). The sparse codec's
+// block size is its chunk and its param K | bits << 32
+// (compression/sparse_codec.h).
 enum class CodecId : uint8_t {
   kFp32 = 1,
   kFp16 = 2,
   kBf16 = 3,
   kInt8 = 4,
   kInt4 = 5,
-  kTopK = 6
+  kTopK = 6,
+  kSparse = 7
 };
 
 class Codec {
@@ -70,8 +74,10 @@ struct CodecOptions {
 
 // Spec grammar: CODEC[+zstd], where CODEC is fp32 | fp16 | bf16 | int8 |
 // int8:BLOCK | int4 | int4:BLOCK | topk:FRACTION | topk:FRACTION+int8 |
-// topk:FRACTION+fp16 (top-k values are fp16 by default). Examples: "int8",
-// "int8+zstd", "topk:0.01+int8", "int4", "fp16+zstd", "fp32".
+// topk:FRACTION+fp16 (top-k values are fp16 by default), or
+// sparse:FRACTION[:CHUNK][+int2|+int3|+int4] (no +zstd: its indices are
+// entropy-coded already). Examples: "int8", "int8+zstd", "topk:0.01+int8",
+// "int4", "fp16+zstd", "fp32", "sparse:0.01", "sparse:0.02:4096+int3".
 // InvalidArgument whose message quotes the spec ("invalid codec '<spec>'")
 // and says what is valid; callers name their flag.
 absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(
@@ -101,9 +107,13 @@ bool ApplyFp32(absl::string_view fp32, absl::Span<float> out, bool accumulate);
 // One paragraph for `starling --help` listing the specs.
 std::string CompressionSpecHelp();
 
-// Whether error feedback is on by default for this spec: true for int4 and
-// topk, false otherwise (and for invalid specs).
+// Whether error feedback is on by default for this spec: true for int4,
+// topk and sparse, false otherwise (and for invalid specs).
 bool ErrorFeedbackByDefault(absl::string_view spec);
+
+// Whether the spec is the sparse codec (whose DiLoCo rounds gather every
+// member's contribution instead of re-encoding partial sums in a ring).
+bool IsSparseSpec(absl::string_view spec);
 
 // Error feedback around any lossy codec: keeps the residual e in fp32.
 // Compress: x = delta + e; bytes = codec.Encode(x); sent = Decode(bytes);

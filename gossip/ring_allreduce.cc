@@ -244,6 +244,47 @@ class RingRun {
   std::vector<std::shared_ptr<Sink>> sinks_;  // by step; raw fp32 only
 };
 
+// Sends one whole-tensor message to every other rank at once, a thread
+// each, from the caller's memory (or `owner`'s); Join waits for them all
+// and returns their outcomes by rank (OK for this rank).
+class SendToEveryRank {
+ public:
+  SendToEveryRank(Transport& t, const Message& m, absl::string_view payload,
+                  std::shared_ptr<const void> owner, absl::Time deadline)
+      : sent_(t.world()) {
+    for (int to = 0; to < t.world(); ++to) {
+      if (to == t.rank()) continue;
+      senders_.emplace_back([&t, m, payload, owner, deadline, to, this] {
+        sent_[to] = t.SendPayload(to, m, payload, owner, deadline);
+      });
+    }
+  }
+  ~SendToEveryRank() { Join(); }
+  const std::vector<absl::Status>& Join() {
+    for (std::thread& s : senders_) s.join();
+    senders_.clear();
+    return sent_;
+  }
+
+ private:
+  std::vector<absl::Status> sent_;
+  std::vector<std::thread> senders_;
+};
+
+// The whole-tensor message this rank sends in round o.round.
+Message WholeMessage(const Transport& t, const RingOptions& o,
+                     int64_t elements) {
+  Message m;
+  m.from = t.rank();
+  m.round = o.round;
+  m.tensor = o.tensor;
+  m.phase = RingPhase::kAllGather;
+  m.step = 0;
+  m.segment = 0;
+  m.total_elements = elements;
+  return m;
+}
+
 }  // namespace
 
 absl::Status RingAllReduceSum(Transport& t, absl::Span<float> data,
@@ -264,24 +305,11 @@ absl::Status AllGatherWhole(Transport& t, absl::Span<const float> mine,
     return absl::InvalidArgumentError("AllGatherWhole sends raw fp32 only");
   }
   if (n == 1) return absl::OkStatus();
-  Message m;
-  m.from = r;
-  m.round = o.round;
-  m.tensor = o.tensor;
-  m.phase = RingPhase::kAllGather;
-  m.step = 0;
-  m.segment = 0;
-  m.total_elements = static_cast<int64_t>(mine.size());
   const absl::Time deadline = absl::Now() + o.step_timeout;
   const absl::string_view payload = Bytes(mine);
-  std::vector<absl::Status> sent(n);
-  std::vector<std::thread> senders;
-  for (int to = 0; to < n; ++to) {
-    if (to == r) continue;
-    senders.emplace_back([&, to] {
-      sent[to] = t.SendPayload(to, m, payload, nullptr, deadline);
-    });
-  }
+  SendToEveryRank senders(t,
+                          WholeMessage(t, o, static_cast<int64_t>(mine.size())),
+                          payload, nullptr, deadline);
   absl::Status first_error;
   for (int from = 0; from < n; ++from) {
     if (from == r) continue;
@@ -300,7 +328,7 @@ absl::Status AllGatherWhole(Transport& t, absl::Span<const float> mine,
     const float* src = reinterpret_cast<const float*>(in->payload.data());
     (*packs)[from].assign(src, src + mine.size());
   }
-  for (std::thread& s : senders) s.join();
+  const std::vector<absl::Status>& sent = senders.Join();
   if (!first_error.ok()) return first_error;
   for (int to = 0; to < n; ++to) {
     if (to == r || sent[to].ok()) continue;
@@ -347,6 +375,65 @@ absl::Status RingWeightedAverage(Transport& t, std::vector<float>& values,
   }
   for (size_t i = 0; i < n; ++i) values[i] = buf[i] / total;
   for (size_t i = 0; i < extras; ++i) (*o.extra_sums)[i] = buf[n + 1 + i];
+  return absl::OkStatus();
+}
+
+absl::Status AllGatherSum(Transport& t, absl::Span<float> data,
+                          const RingOptions& o) {
+  if (o.codec == nullptr) {
+    return absl::InvalidArgumentError("AllGatherSum needs a codec");
+  }
+  const int n = t.world(), r = t.rank();
+  absl::StatusOr<std::string> enc = o.codec->EncodeSlice(0, data);
+  if (!enc.ok()) {
+    return absl::Status(enc.status().code(),
+                        absl::StrCat("round ", o.round,
+                                     ": encoding: ", enc.status().message()));
+  }
+  auto mine = std::make_shared<const std::string>(std::move(enc).value());
+  std::vector<std::string> theirs(n);
+  if (n > 1) {
+    const absl::Time deadline = absl::Now() + o.step_timeout;
+    SendToEveryRank senders(
+        t, WholeMessage(t, o, static_cast<int64_t>(data.size())), *mine, mine,
+        deadline);
+    for (int from = 0; from < n; ++from) {
+      if (from == r) continue;
+      absl::StatusOr<Message> in = t.mailbox().Take(
+          from, o.round, o.tensor, RingPhase::kAllGather, 0, deadline);
+      if (!in.ok()) {
+        const absl::Status why(
+            in.status().code(),
+            absl::StrCat("round ", o.round, ": ", in.status().message()));
+        return absl::IsInvalidArgument(in.status()) ? BlameRank(why, from)
+                                                    : why;
+      }
+      theirs[from] = std::move(in->payload);
+    }
+    const std::vector<absl::Status>& sent = senders.Join();
+    for (int to = 0; to < n; ++to) {
+      if (to == r || sent[to].ok()) continue;
+      return absl::Status(sent[to].code(),
+                          absl::StrCat("round ", o.round, ": sending to rank ",
+                                       to, " failed: ", sent[to].message()));
+    }
+  }
+  // Every member adds the same bytes in the same order.
+  std::fill(data.begin(), data.end(), 0.0f);
+  for (int from = 0; from < n; ++from) {
+    const absl::Status d = o.codec->DecodeSliceAccumulate(
+        0, from == r ? *mine : theirs[from], data);
+    if (d.ok()) continue;
+    const absl::Status why(d.code(), absl::StrCat("round ", o.round,
+                                                  ": bad contribution from "
+                                                  "rank ",
+                                                  from, ": ", d.message()));
+    return from == r ? why : BlameRank(why, from);
+  }
+  if (o.stats != nullptr) {
+    o.stats->raw_bytes += static_cast<int64_t>(data.size()) * 4 * (n - 1);
+    o.stats->wire_bytes += static_cast<int64_t>(mine->size()) * (n - 1);
+  }
   return absl::OkStatus();
 }
 

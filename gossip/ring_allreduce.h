@@ -4,7 +4,8 @@
 // unchanged). Each member sends 2·(N−1)/N of the payload.
 // Stateless functions over an injected Transport; call from one thread per
 // rank. Every wait has a deadline. Also the whole-vector all-gather that
-// robust aggregation (--aggregate) runs instead.
+// robust aggregation (--aggregate) runs instead, and the all-gather of
+// encoded vectors that sums sparse contributions (AllGatherSum).
 #ifndef STARLING_GOSSIP_RING_ALLREDUCE_H_
 #define STARLING_GOSSIP_RING_ALLREDUCE_H_
 
@@ -84,6 +85,23 @@ absl::Status AllGatherWhole(Transport& transport, absl::Span<const float> mine,
                             const RingOptions& options,
                             std::vector<std::vector<float>>* packs,
                             std::vector<std::string>* refused);
+
+// In place: data ← Σ over ranks, in rank order, of D(E(data_i)), E and D
+// being o.codec's EncodeSlice and DecodeSlice over the whole vector. Every
+// rank encodes its own vector once, sends those bytes to every other rank at
+// once, and adds every rank's decoded bytes (its own too) into a zeroed sum
+// in rank order, so every member ends with the same bits. For a sparse codec
+// (compression/sparse_codec.h), whose sum of N contributions is not sparse:
+// the ring would re-select at every hop and drop, from nobody's error
+// feedback, what a hop does not keep. Each rank sends (N−1)·S bytes for an
+// encoded vector of S bytes, against the ring's 2·(N−1)/N·S per hop-encoded
+// segment (docs/compression.md has the crossover in N). o.tensor must travel
+// whole and compressed in the mailboxes; o.codec must not be null. A
+// payload that the mailbox refused or that does not decode blames its rank
+// (BlameRank); other errors as RingAllReduceSum's. On error `data` must be
+// discarded.
+absl::Status AllGatherSum(Transport& transport, absl::Span<float> data,
+                          const RingOptions& options);
 
 }  // namespace starling
 

@@ -35,6 +35,7 @@ ExchangeSettings ExchangeSettingsOf(const NodeRun& run) {
   s.ring_codec = run.codecs.ring_codec;
   s.flush_codec = run.codecs.flush.get();
   s.robust = run.config.diloco.robust;
+  s.sparse_gather = run.codecs.sparse_gather;
   s.aggregate = run.config.diloco.aggregate;
   s.norm_bound = run.config.diloco.norm_bound;
   s.n_params = run.n_params;
@@ -48,6 +49,7 @@ DilocoRoundOptions RoundOptionsOf(const NodeRun& run) {
   o.weighting = run.config.diloco.sync.weighting;
   o.inner_steps = run.config.inner_steps;
   o.ef_in_model = run.codecs.ef_in_model;
+  o.ef_decay = run.config.diloco.ef_decay;
   return o;
 }
 
@@ -99,6 +101,11 @@ SwarmOptions DilocoLoop::DilocoSwarmOptions(SwarmOptions so) {
   so.mailbox.whole_tensors = {kPseudoGradWhole};
   if (codecs.ring_codec != nullptr) {
     so.mailbox.compressed_bytes_per_element = {{kPseudoGrad, 8}};
+  }
+  if (codecs.sparse_gather) {
+    so.mailbox.tensors[kPseudoGradSparse] = pack;
+    so.mailbox.whole_tensors.insert(kPseudoGradSparse);
+    so.mailbox.compressed_bytes_per_element[kPseudoGradSparse] = 8;
   }
   if (codecs.ef_in_model) {
     so.mailbox.tensors[kResidualFlush] = pack;
@@ -230,6 +237,9 @@ absl::StatusOr<bool> DilocoLoop::RunRound() {
                   .Add("step", static_cast<int64_t>(trainer_.state().step()))
                   .Add("overlapped", overlap_now));
   round->exchange->Launch(*swarm_, Here(), overlap_now, abandon_);
+  if (overlap_now && config_.diloco.overlap_steps > 0) {
+    return SettleBehindHead(std::move(round));
+  }
   if (overlap_now) {
     STARLING_RETURN_IF_ERROR(StartEagerly(std::move(eager_start), own_buffers));
     pending_ = std::move(round);
@@ -264,6 +274,7 @@ absl::Status DilocoLoop::CatchUp(const Swarm::Lineage& best) {
   lineage_ = st.lineage;
   state.member_rounds = st.member_rounds;
   trainer_.set_step(static_cast<int>(st.step));
+  head_.reset();  // steps on the abandoned lineage
   // The residual belongs to the abandoned lineage.
   if (state.feedback) *state.feedback = ErrorFeedback(run_.n_params);
   session_.events().Write(
@@ -305,12 +316,29 @@ bool DilocoLoop::CatchUpOrPause(const Swarm::Lineage& best) {
 // ---------------------------------------------------------------------------
 // Inner steps
 
-absl::StatusOr<DilocoLoop::InnerSteps> DilocoLoop::RunInnerSteps() {
+DilocoLoop::InnerSteps DilocoLoop::NewInnerSteps() const {
   InnerSteps in;
   in.round_start = absl::Now();
   in.sent_before = session_.BytesSent();
   in.prev_step = trainer_.state().step();
   in.flush = in.prev_step >= total_;
+  return in;
+}
+
+absl::StatusOr<StepResult> DilocoLoop::InnerStep(InnerSteps& in,
+                                                 int64_t round) {
+  STARLING_ASSIGN_OR_RETURN(const StepResult r,
+                            session_.Step(round, /*log_data_drift=*/true));
+  ++in.steps;
+  in.loss_sum += r.loss;
+  in.samples += r.samples;
+  return r;
+}
+
+absl::StatusOr<DilocoLoop::InnerSteps> DilocoLoop::RunInnerSteps() {
+  // --overlap_steps: the round's first steps ran behind the last exchange.
+  InnerSteps in = head_.has_value() ? *std::move(head_) : NewInnerSteps();
+  head_.reset();
   // How many inner steps this round: H (adaptive between --min_inner_steps
   // and --max_inner_steps), or as many as fit in --round_seconds. Either
   // way a drift alarm or divergence here, or an early-sync request from any
@@ -349,12 +377,8 @@ absl::StatusOr<DilocoLoop::InnerSteps> DilocoLoop::RunInnerSteps() {
         break;
       }
     }
-    STARLING_ASSIGN_OR_RETURN(
-        const StepResult r,
-        session_.Step(run_.state.round, /*log_data_drift=*/true));
-    ++in.steps;
-    in.loss_sum += r.loss;
-    in.samples += r.samples;
+    STARLING_ASSIGN_OR_RETURN(const StepResult r,
+                              InnerStep(in, run_.state.round));
     if (trainer_.state().step() == config_.train.warmup() && sync_.detector) {
       sync_.detector->Suppress();  // the LR schedule turns
     }
@@ -458,10 +482,41 @@ bool DilocoLoop::OverlapNow(int prev_step) const {
   // members (a joiner, a departure, a stale lineage) take the synchronous
   // path, which the elastic protocol already handles.
   const int end_step = trainer_.state().step();
-  return config_.diloco.overlap && end_step < total_ && StopSignal() == 0 &&
+  return (config_.diloco.overlap || config_.diloco.overlap_steps > 0) &&
+         end_step < total_ && StopSignal() == 0 &&
          !session_.CheckpointDue(prev_step, end_step) &&
          SteadyMembers(*swarm_, last_members_, config_.net.node_id) &&
          !Swarm::Ahead(swarm_->Best(), Here());
+}
+
+absl::StatusOr<bool> DilocoLoop::SettleBehindHead(
+    std::unique_ptr<RoundInFlight> round) {
+  // The next round's first --overlap_steps steps run while the exchange
+  // does; what they learn is kept through the round's outer step.
+  const std::vector<float> launched = Flatten(run_.params);
+  InnerSteps head = NewInnerSteps();
+  const int n = std::min(config_.diloco.overlap_steps, total_ - head.prev_step);
+  while (head.steps < n && !head.abandoned) {
+    head.abandoned = StopSignalCount() >= 2;
+    if (!head.abandoned) {
+      STARLING_RETURN_IF_ERROR(InnerStep(head, run_.state.round + 1).status());
+    }
+  }
+  if (head.abandoned) {
+    // Leaving at once: the loop settles the round, without these steps.
+    trainer_.set_step(head.prev_step);
+    pending_ = std::move(round);
+    return false;
+  }
+  const std::vector<float> trained = Flatten(run_.params);
+  STARLING_ASSIGN_OR_RETURN(const RoundAction a,
+                            FinishRound(*round, /*overlapped=*/true));
+  // Not committed, or leaving: FinishRound went back without these steps.
+  if (a != RoundAction::kNext) return a != RoundAction::kLeave;
+  STARLING_RETURN_IF_ERROR(Unflatten(
+      MergeDelayedUpdate(OwnModel(), launched, trained), run_.params));
+  head_ = head;
+  return true;
 }
 
 absl::Status DilocoLoop::StartEagerly(std::vector<float> eager_start,

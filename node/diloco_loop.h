@@ -9,7 +9,9 @@
 //   4. FinishRound: on commit the outer step (DilocoRound::Commit), the
 //      round's record and checkpoint; otherwise back to the round's start.
 // With --overlap, step 4 of a round runs after step 2 of the next (the
-// delayed outer update) while the membership is steady. After the last
+// delayed outer update) while the membership is steady; with
+// --overlap_steps=N, after the next round's first N inner steps, whose
+// progress the model keeps (MergeDelayedUpdate). After the last
 // round the node stays, serving its state, until stragglers have caught
 // up (StayUntilCaughtUp), then says goodbye, checkpoints and exits (End).
 //
@@ -21,6 +23,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -86,6 +89,11 @@ class DilocoLoop {
   // CatchUp; false, after a warning and a pause, when it failed.
   bool CatchUpOrPause(const Swarm::Lineage& best);
 
+  // A new round's inner steps, none run yet.
+  InnerSteps NewInnerSteps() const;
+  // One inner step of round `round`, counted in `in`.
+  absl::StatusOr<StepResult> InnerStep(InnerSteps& in, int64_t round);
+  // The round's inner steps (after those run behind the last exchange).
   absl::StatusOr<InnerSteps> RunInnerSteps();
   // Drift: the loss shifted up (Page-Hinkley), or θ strayed too far from
   // where the round started (dynamic averaging). Asks every member to sync
@@ -107,6 +115,10 @@ class DilocoLoop {
   // progress (its Δ before compression), and from its own buffers.
   absl::Status StartEagerly(std::vector<float> eager_start,
                             const std::vector<float>& own_buffers);
+  // --overlap_steps: runs the next round's first steps while `round`'s
+  // exchange runs, then settles it and merges its update under them.
+  // False when this node leaves.
+  absl::StatusOr<bool> SettleBehindHead(std::unique_ptr<RoundInFlight> round);
 
   // Waits for the round's outcome and applies it.
   absl::StatusOr<RoundAction> FinishRound(RoundInFlight& c, bool overlapped);
@@ -180,6 +192,8 @@ class DilocoLoop {
   // memory when the model is on a GPU).
   HostStaging staging_;
   double outer_seconds_ = 0;  // of the last ApplyCommit
+  // --overlap_steps: the next round's steps already run behind an exchange.
+  std::optional<InnerSteps> head_;
   // Set when the loop ends with a round in flight (an error): the round
   // gives up at its next wait instead of holding the exit up.
   std::atomic<bool> abandon_{false};

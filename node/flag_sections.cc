@@ -74,6 +74,7 @@ constexpr PlacedFlag kTable[] = {
     {"outer_lr", S::kTraining},
     {"outer_momentum", S::kTraining},
     {"overlap", S::kTraining},
+    {"overlap_steps", S::kTraining},
     {"round_seconds", S::kTraining},
     {"weighting", S::kTraining},
     {"min_inner_steps", S::kTraining},
@@ -116,6 +117,7 @@ constexpr PlacedFlag kTable[] = {
     // Compression.
     {"compression", S::kCompression},
     {"error_feedback", S::kCompression},
+    {"ef_decay", S::kCompression},
     {"small_tensor_elems", S::kCompression},
     {"small_tensor_codec", S::kCompression},
 

@@ -160,16 +160,19 @@ absl::StatusOr<NodeCodecs> MakeCodecs(const NodeConfig& config,
   STARLING_ASSIGN_OR_RETURN(codecs.ring, PolicyCodec::Create(tensor_sizes, po));
   const std::string& compression = config.compression;
   codecs.ring_codec = compression == "fp32" ? nullptr : codecs.ring.get();
+  codecs.sparse_gather = IsSparseSpec(compression);
   codecs.error_feedback =
       !codecs.params->lossless() && WantsErrorFeedback(config);
   codecs.ef_in_model = codecs.error_feedback && config.algo == "diloco" &&
-                       !config.diloco.overlap;
+                       !config.diloco.overlap && config.diloco.ef_decay == 0;
   if (codecs.ef_in_model) {
     // The flush goes in the run's own codec when it is dense (int4's
     // residual is its rounding, which int4 again keeps well), in int8 after
-    // top-k.
+    // top-k and sparse.
     PolicyOptions fo = po;
-    if (absl::StartsWith(compression, "topk")) fo.main = "int8";
+    if (absl::StartsWith(compression, "topk") || codecs.sparse_gather) {
+      fo.main = "int8";
+    }
     STARLING_ASSIGN_OR_RETURN(codecs.flush,
                               PolicyCodec::Create(tensor_sizes, fo));
   }

@@ -117,8 +117,11 @@ ABSL_FLAG(std::string, compression, "fp32",
           "diloco pseudo-gradient codec, and gossip push codec (lossy: a "
           "push carries the difference to the peer's copy of the last push): "
           "fp32 | fp16 | bf16 | int8[:BLOCK] | int4[:BLOCK] | "
-          "topk:FRACTION[+int8|+fp16], each optionally +zstd, e.g. int8, "
-          "int8+zstd, topk:0.01+int8");
+          "topk:FRACTION[+int8|+fp16], each optionally +zstd, or "
+          "sparse:FRACTION[:CHUNK][+int2|+int3|+int4] (chunk-wise top-k, "
+          "few-bit values, Rice-coded indices; DiLoCo gathers the members' "
+          "contributions instead of a ring), e.g. int8, int8+zstd, "
+          "topk:0.01+int8, sparse:0.01");
 ABSL_FLAG(bool, overlap, false,
           "diloco: delayed outer update (overlap of communication with "
           "compute): after a round's inner steps, start the next round's at "
@@ -127,15 +130,31 @@ ABSL_FLAG(bool, overlap, false,
           "at the cost of one round of staleness. Rounds stay synchronous "
           "while members change, at checkpoints and at the last round. Needs "
           "a fixed H");
+ABSL_FLAG(int, overlap_steps, 0,
+          "diloco: τ-delayed outer update (0: off): a round's exchange runs "
+          "behind the first N inner steps of the next round, then its update "
+          "is merged into the node's model, which keeps what those N steps "
+          "learned (Streaming DiLoCo's delayed merge, with the node's own "
+          "sent progress replaced by the swarm's). Staleness of N steps "
+          "instead of --overlap's whole round; the residual of error feedback "
+          "stays in the model. N < --inner_steps; not with --overlap. Needs a "
+          "fixed H");
 ABSL_FLAG(std::string, error_feedback, "auto",
-          "auto (on for int4 and topk, off otherwise) | on | off: keep what "
-          "the codec dropped and add it to the next round's pseudo-gradient. "
-          "DiLoCo keeps it in the node's own model (which trains from "
-          "θ_global minus it) and, after the last round, averages the "
-          "members' residuals in one more round (the codec's own, int8 after "
-          "topk), so θ_global ends as the average of their models; with "
-          "--overlap it shrinks with the learning rate instead (see "
-          "docs/compression.md)");
+          "auto (on for int4, topk and sparse, off otherwise) | on | off: "
+          "keep what the codec dropped and add it to the next round's "
+          "pseudo-gradient. DiLoCo keeps it in the node's own model (which "
+          "trains from θ_global minus it) and, after the last round, "
+          "averages the members' residuals in one more round (the codec's "
+          "own, int8 after topk and sparse), so θ_global ends as the average "
+          "of their models; with --overlap it shrinks with the learning rate "
+          "instead, with --ef_decay by its factor (docs/compression.md)");
+ABSL_FLAG(double, ef_decay, 0,
+          "diloco: SparseLoCo's error feedback (0: off): each round restarts "
+          "from θ_global and the residual decays by this factor β in (0, 1] "
+          "before the round's Δ is added (e ← β·e + Δ; send C(e); "
+          "e ← e − C(e)), standing in for the outer momentum: pair it with "
+          "--outer_momentum=0 and an --outer_lr of about 1. No residual "
+          "flush; needs error feedback");
 ABSL_FLAG(int, small_tensor_elems, 4096,
           "with a lossy --compression, tensors with fewer elements (norms, "
           "biases) use --small_tensor_codec instead");
@@ -367,20 +386,35 @@ absl::Status ParseAlgorithm(NodeConfig* c) {
   DilocoConfig& d = c->diloco;
   STARLING_ASSIGN_OR_RETURN(d.sync, ParseAdaptiveSync(c->inner_steps));
   d.overlap = absl::GetFlag(FLAGS_overlap);
-  if (d.overlap) {
+  d.overlap_steps = absl::GetFlag(FLAGS_overlap_steps);
+  if (d.overlap_steps < 0 || d.overlap_steps >= c->inner_steps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--overlap_steps=", d.overlap_steps,
+        ": must be in [0, --inner_steps) (0: off; --inner_steps is ",
+        c->inner_steps, ")"));
+  }
+  if (d.overlap && d.overlap_steps > 0) {
+    return absl::InvalidArgumentError(
+        "--overlap and --overlap_steps are two ways to overlap the exchange: "
+        "pick one");
+  }
+  if (d.overlap || d.overlap_steps > 0) {
+    const char* flag = d.overlap ? "--overlap" : "--overlap_steps";
     if (c->algo != "diloco") {
       return absl::InvalidArgumentError(
-          absl::StrCat("--overlap: only --algo=diloco has outer rounds to "
+          absl::StrCat(flag,
+                       ": only --algo=diloco has outer rounds to "
                        "overlap (got --algo=",
                        c->algo, ")"));
     }
     if (d.sync.round_seconds > 0 || d.sync.h->adaptive() || d.sync.detector ||
         d.sync.divergence) {
       return absl::InvalidArgumentError(
-          "--overlap needs a fixed H: drop --round_seconds, "
-          "--min_inner_steps/--max_inner_steps, "
-          "--drift_detector=page_hinkley and "
-          "--divergence_threshold");
+          absl::StrCat(flag,
+                       " needs a fixed H: drop --round_seconds, "
+                       "--min_inner_steps/--max_inner_steps, "
+                       "--drift_detector=page_hinkley and "
+                       "--divergence_threshold"));
     }
   }
   c->compression = absl::GetFlag(FLAGS_compression);
@@ -491,6 +525,21 @@ absl::Status ParseCodecs(NodeConfig* c) {
       c->error_feedback != "off") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--error_feedback=", c->error_feedback, ": expected auto, on or off"));
+  }
+  c->diloco.ef_decay = absl::GetFlag(FLAGS_ef_decay);
+  if (!(c->diloco.ef_decay >= 0 && c->diloco.ef_decay <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ef_decay=", c->diloco.ef_decay, ": must be in (0, 1], or 0 (off)"));
+  }
+  if (c->diloco.ef_decay > 0 &&
+      (c->algo != "diloco" || c->diloco.overlap || c->error_feedback == "off" ||
+       (c->error_feedback == "auto" &&
+        !ErrorFeedbackByDefault(c->policy.main)))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ef_decay=", c->diloco.ef_decay,
+        ": SparseLoCo's error feedback needs --algo=diloco without --overlap "
+        "and error feedback on (a lossy --compression; on by default for "
+        "int4, topk and sparse)"));
   }
   return absl::OkStatus();
 }
@@ -609,6 +658,7 @@ const std::vector<std::string>& NodeFlagNames() {
                                    "outer_lr",
                                    "outer_momentum",
                                    "overlap",
+                                   "overlap_steps",
                                    "connect_timeout",
                                    "round_timeout",
                                    "chunk_bytes",
@@ -616,6 +666,7 @@ const std::vector<std::string>& NodeFlagNames() {
                                    "link_latency_ms",
                                    "compression",
                                    "error_feedback",
+                                   "ef_decay",
                                    "small_tensor_elems",
                                    "small_tensor_codec",
                                    "node_id",

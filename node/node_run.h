@@ -71,7 +71,9 @@ struct NetworkConfig {
 
 // --algo=diloco's own settings.
 struct DilocoConfig {
-  bool overlap = false;  // --overlap: the delayed outer update
+  bool overlap = false;   // --overlap: the delayed outer update
+  int overlap_steps = 0;  // --overlap_steps: the τ-delayed update (0: off)
+  double ef_decay = 0;    // --ef_decay: SparseLoCo's error feedback (0: off)
   OuterOptions outer;
   AdaptiveSync sync;
   // --aggregate and --norm_bound; robust: the all-gather path.
@@ -110,12 +112,15 @@ struct NodeCodecs {
   std::unique_ptr<PolicyCodec> ring;
   // What the ring compresses with: `ring`, or null for fp32.
   const PolicyCodec* ring_codec = nullptr;
+  // The sparse codec: DiLoCo rounds gather every member's encoded pack
+  // (AllGatherSum) instead of running the ring.
+  bool sparse_gather = false;
   // The residual flush's (ef_in_model): the codec itself, or int8 after
-  // top-k. Null without it.
+  // top-k and sparse. Null without it.
   std::unique_ptr<PolicyCodec> flush;
   bool error_feedback = false;  // --error_feedback, resolved
-  // DiLoCo with error feedback, not --overlap: the residual stays in the
-  // node's model (outer_opt/diloco_round.h).
+  // DiLoCo with error feedback, not --overlap or --ef_decay: the residual
+  // stays in the node's model (outer_opt/diloco_round.h).
   bool ef_in_model = false;
 };
 

@@ -9,6 +9,20 @@
 #include "node/run_output.h"
 
 namespace starling {
+namespace {
+
+// A failed attempt that blames a rank names that member too, keeping the
+// blame for the round's coordinator.
+absl::Status NameBlamed(const absl::Status& s,
+                        const std::vector<std::string>& members) {
+  const int bad = BlamedRank(s);
+  if (bad < 0 || bad >= static_cast<int>(members.size())) return s;
+  return BlameRank(absl::Status(s.code(), absl::StrCat(s.message(), " (member ",
+                                                       members[bad], ")")),
+                   bad);
+}
+
+}  // namespace
 
 void RoundExchange::Launch(Swarm& swarm, const Swarm::Lineage& at, bool async,
                            const std::atomic<bool>& abandon) {
@@ -69,11 +83,13 @@ absl::Status RoundExchange::Reduce(Transport& t, int64_t sequence,
   o.stats = &attempt_stats_;
   rank_ = t.rank();
   world_ = t.world();
-  if (!settings_.robust) {
-    o.data_owner = work_;
-    return RingAllReduceSum(t, absl::MakeSpan(*work_), o);
+  if (settings_.robust) return GatherAndCombine(t, std::move(o), members);
+  o.data_owner = work_;
+  if (settings_.sparse_gather && !flush) {
+    o.tensor = kPseudoGradSparse;
+    return NameBlamed(AllGatherSum(t, absl::MakeSpan(*work_), o), members);
   }
-  return GatherAndCombine(t, std::move(o), members);
+  return NameBlamed(RingAllReduceSum(t, absl::MakeSpan(*work_), o), members);
 }
 
 absl::Status RoundExchange::GatherAndCombine(

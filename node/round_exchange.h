@@ -1,8 +1,10 @@
 // One DiLoCo round's exchange on this node: the contribution that the round
 // unit made (outer_opt/diloco_round.h) goes through the swarm's round
-// protocol (Swarm::SyncRound), summed by a ring all-reduce or, with
-// --aggregate or --norm_bound, gathered whole from every member, checked
-// and combined by the same rule everywhere (outer_opt/robust_aggregate.h).
+// protocol (Swarm::SyncRound), summed by a ring all-reduce, by an
+// all-gather of every member's encoded contribution under the sparse codec
+// (AllGatherSum), or, with --aggregate or --norm_bound, gathered whole from
+// every member, checked and combined by the same rule everywhere
+// (outer_opt/robust_aggregate.h).
 // With --overlap the protocol runs on a thread of its own while the next
 // round's inner steps run; otherwise it runs inside Wait.
 //
@@ -33,10 +35,12 @@
 namespace starling {
 
 // The tensors of a DiLoCo round in the mailbox: the ring's pseudo-gradient,
-// each member's whole pack (--aggregate / --norm_bound) and the members'
-// residuals, averaged once after the last round (the flush).
+// each member's whole pack (--aggregate / --norm_bound), each member's
+// encoded pack under the sparse codec, and the members' residuals, averaged
+// once after the last round (the flush).
 inline constexpr char kPseudoGrad[] = "pseudo_grad";
 inline constexpr char kPseudoGradWhole[] = "pseudo_grad_whole";
+inline constexpr char kPseudoGradSparse[] = "pseudo_grad_sparse";
 inline constexpr char kResidualFlush[] = "residual_flush";
 
 // What an exchange reads; constant for the run, and it must outlive every
@@ -47,6 +51,7 @@ struct ExchangeSettings {
   const PolicyCodec* ring_codec = nullptr;   // null: fp32
   const PolicyCodec* flush_codec = nullptr;  // the residual flush's
   bool robust = false;                       // the all-gather path
+  bool sparse_gather = false;  // the sparse codec's path (AllGatherSum)
   AggregateSpec aggregate;
   double norm_bound = 0;
   int64_t n_params = 0;

@@ -34,6 +34,16 @@ bool FlushDue(const ErrorFeedback* feedback, bool ef_in_model) {
   return false;
 }
 
+std::vector<float> MergeDelayedUpdate(absl::Span<const float> own,
+                                      absl::Span<const float> launched,
+                                      absl::Span<const float> trained) {
+  std::vector<float> merged(own.begin(), own.end());
+  for (size_t i = 0; i < merged.size(); ++i) {
+    merged[i] += trained[i] - launched[i];
+  }
+  return merged;
+}
+
 absl::StatusOr<DilocoRound> DilocoRound::Begin(
     const DilocoRoundOptions& options, const RoundWork& work,
     std::vector<float> delta, const Codec* codec, ErrorFeedback* feedback,
@@ -58,13 +68,19 @@ absl::Status DilocoRound::ApplyErrorFeedback(const Codec* codec,
     delta.assign(feedback.residual().begin(), feedback.residual().end());
     return feedback.ScaleResidual(0.0f);
   }
-  // Without the residual in the model it shrinks with the inner learning
-  // rate's decay over the round's steps, so that what was held back stays
-  // in proportion to the steps now taken: unscaled, late rounds of a
-  // decayed schedule send mostly stale progress from early ones, and the
-  // model gets worse (docs/compression.md).
-  if (!options_.ef_in_model && work_.lr_start > 0 &&
-      work_.lr_end < work_.lr_start) {
+  // Without the residual in the model it shrinks by β (SparseLoCo: the
+  // residual re-sends what a round derives again, decayed like an outer
+  // momentum), or else with the inner learning rate's decay over the
+  // round's steps, so that what was held back stays in proportion to the
+  // steps now taken: unscaled, late rounds of a decayed schedule send
+  // mostly stale progress from early ones, and the model gets worse
+  // (docs/compression.md).
+  if (!options_.ef_in_model && options_.ef_decay > 0) {
+    absl::Status s =
+        feedback.ScaleResidual(static_cast<float>(options_.ef_decay));
+    if (!s.ok()) return s;
+  } else if (!options_.ef_in_model && work_.lr_start > 0 &&
+             work_.lr_end < work_.lr_start) {
     absl::Status s = feedback.ScaleResidual(
         static_cast<float>(work_.lr_end / work_.lr_start));
     if (!s.ok()) return s;

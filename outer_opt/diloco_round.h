@@ -26,7 +26,9 @@
 // the members average their residuals in one more round, the flush (no
 // inner steps, no outer momentum): θ_global becomes the average of their
 // models. Without it (--overlap) the residual instead shrinks with the
-// inner learning rate's decay over each round before it is added.
+// inner learning rate's decay over each round before it is added, or, with
+// an ef_decay β (SparseLoCo), by β: e ← β·e + Δ, the residual standing in
+// for the outer momentum.
 //
 // No I/O, no threads, no logging. Not thread-safe: one node thread owns a
 // round and the state it changes (θ_global, the outer optimizer, the
@@ -55,8 +57,11 @@ struct DilocoRoundOptions {
   // that stands for τ_eff steps moves the momentum by τ_eff / H of one.
   int inner_steps = 50;
   // The residual stays in the node's own model (error feedback without
-  // --overlap).
+  // --overlap or --ef_decay).
   bool ef_in_model = false;
+  // β in (0, 1], or 0: without ef_in_model, the residual shrinks by β each
+  // round (--ef_decay) instead of by the learning rate's decay.
+  double ef_decay = 0;
 };
 
 // What this member did in the round, besides its Δ.
@@ -93,13 +98,25 @@ std::vector<float> OwnModel(absl::Span<const float> theta_global,
 // last round one more, the flush, runs while it does.
 bool FlushDue(const ErrorFeedback* feedback, bool ef_in_model);
 
+// The τ-delayed update (--overlap_steps): a round's exchange ran while the
+// node trained on from `launched` (where the round's inner steps ended) to
+// `trained`; once the round commits, the node continues from its own model
+// at the new θ_global (`own`, from OwnModel) plus what those steps learned:
+// own + (trained − launched). The node's own progress that it sent is thus
+// replaced by the swarm's update, and nothing is learned twice or lost: the
+// next round's Δ, measured from `own`, holds those steps. Same sizes.
+std::vector<float> MergeDelayedUpdate(absl::Span<const float> own,
+                                      absl::Span<const float> launched,
+                                      absl::Span<const float> trained);
+
 class DilocoRound {
  public:
   // Makes this member's contribution from its Δ (`delta`, from
   // PseudoGradient). With error feedback (`feedback` not null) it sends
   // C(Δ + e) in `codec` and keeps the rest; the flush sends the residual
   // whole and empties it; without ef_in_model the residual first shrinks by
-  // work.lr_end / work.lr_start when the learning rate fell. The
+  // options.ef_decay when set, else by work.lr_end / work.lr_start when the
+  // learning rate fell. The
   // contribution is PackContribution's layout for the weighting (weight:
   // FedNova's data share, else the samples, 1 for the flush; steps at least
   // 1) followed by the stop vote (1 or 0), then `buffer_delta` (δb, from

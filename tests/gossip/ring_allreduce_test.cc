@@ -5,6 +5,7 @@
 #include <random>
 #include <thread>
 
+#include "compression/tensor_policy.h"
 #include "gtest/gtest.h"
 
 namespace starling {
@@ -316,6 +317,125 @@ TEST(AllGatherWholeTest, EveryRankGetsEveryVectorAndNaNIsRefusedEverywhere) {
   EXPECT_NE(s.message().find("travels whole"), std::string::npos) << s;
   m.segment = 0;
   EXPECT_TRUE(box.Deliver(m).ok());
+}
+
+// The sparse codec's all-gather: every rank ends with the same bits, the sum
+// in rank order of every rank's decoded payload, and sends its encoded
+// vector once to each other rank.
+TEST(AllGatherSumTest, EveryRankEndsWithTheSumOfTheDecodedPayloads) {
+  constexpr int kWorld = 4;
+  constexpr int64_t kSize = 20001;  // the last element: a weight, in fp32
+  PolicyOptions po;
+  po.main = "sparse:0.01";
+  po.small_elements = 0;
+  po.trailing_fp32 = 1;
+  auto codec = PolicyCodec::Create({kSize - 1}, po);
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  MailboxOptions mo;
+  mo.tensors = {{"sparse", kSize}};
+  mo.whole_tensors = {"sparse"};
+  mo.compressed_bytes_per_element = {{"sparse", 8}};
+  InProcessNetwork net(kWorld, mo);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::vector<float>> v(kWorld, std::vector<float>(kSize));
+  for (int r = 0; r < kWorld; ++r) {
+    for (float& x : v[r]) x = normal(rng);
+    v[r].back() = 16.0f * (r + 1);
+  }
+  // What every rank must end with: Σ_r D(E(v_r)), added in rank order.
+  std::vector<float> want(kSize, 0.0f);
+  std::vector<int64_t> encoded_bytes(kWorld);  // each rank's, variable
+  for (int r = 0; r < kWorld; ++r) {
+    auto e = (*codec)->EncodeSlice(0, v[r]);
+    ASSERT_TRUE(e.ok());
+    encoded_bytes[r] = static_cast<int64_t>(e->size());
+    ASSERT_TRUE(
+        (*codec)->DecodeSliceAccumulate(0, *e, absl::MakeSpan(want)).ok());
+  }
+  std::vector<std::vector<float>> out = v;
+  std::vector<absl::Status> st(kWorld);
+  std::vector<RingStats> stats(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      RingOptions o;
+      o.tensor = "sparse";
+      o.codec = codec->get();
+      o.stats = &stats[r];
+      o.step_timeout = absl::Seconds(20);
+      st[r] = AllGatherSum(net.transport(r), absl::MakeSpan(out[r]), o);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(st[r].ok()) << r << ": " << st[r];
+    EXPECT_EQ(std::memcmp(out[r].data(), want.data(), kSize * 4), 0) << r;
+    EXPECT_EQ(out[r].back(), 160.0f);  // the weights travel exactly
+    EXPECT_EQ(stats[r].wire_bytes, (kWorld - 1) * encoded_bytes[r]);
+    // 1% of the values at 2 bits and a few bits of index each.
+    EXPECT_LT(stats[r].wire_bytes * 100, stats[r].raw_bytes);
+  }
+}
+
+// A payload that does not decode is refused by every receiver, blaming the
+// rank that sent it, and a missing codec is refused before anything is sent.
+TEST(AllGatherSumTest, ACorruptPayloadBlamesItsSender) {
+  constexpr int kWorld = 3;
+  constexpr int64_t kSize = 8192;
+  PolicyOptions po;
+  po.main = "sparse:0.01";
+  po.small_elements = 0;
+  auto codec = PolicyCodec::Create({kSize}, po);
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  MailboxOptions mo;
+  mo.tensors = {{"sparse", kSize}};
+  mo.whole_tensors = {"sparse"};
+  mo.compressed_bytes_per_element = {{"sparse", 8}};
+  InProcessNetwork net(kWorld, mo);
+  std::vector<float> x(kSize, 0.5f);
+  {
+    std::vector<float> y = x;
+    absl::Status s =
+        AllGatherSum(net.transport(0), absl::MakeSpan(y), RingOptions());
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  }
+  // Rank 1's payload cut short by a byte, as rank 1 would send it.
+  auto bad = (*codec)->EncodeSlice(0, x);
+  ASSERT_TRUE(bad.ok());
+  bad->pop_back();
+  Message m;
+  m.from = 1;
+  m.tensor = "sparse";
+  m.phase = RingPhase::kAllGather;
+  m.total_elements = kSize;
+  m.payload = *bad;
+  std::vector<absl::Status> st(kWorld);
+  std::vector<std::thread> threads;
+  for (int r : {0, 2}) {
+    threads.emplace_back([&, r] {
+      RingOptions o;
+      o.tensor = "sparse";
+      o.codec = codec->get();
+      o.step_timeout = absl::Seconds(20);
+      std::vector<float> y = x;
+      st[r] = AllGatherSum(net.transport(r), absl::MakeSpan(y), o);
+    });
+  }
+  for (int to : {0, 2}) {
+    ASSERT_TRUE(net.transport(1)
+                    .SendPayload(to, m, m.payload, nullptr,
+                                 absl::Now() + absl::Seconds(20))
+                    .ok());
+  }
+  for (auto& t : threads) t.join();
+  for (int r : {0, 2}) {
+    EXPECT_FALSE(st[r].ok()) << r;
+    EXPECT_EQ(BlamedRank(st[r]), 1) << r << ": " << st[r];
+    EXPECT_NE(st[r].message().find("bad contribution from rank 1"),
+              std::string::npos)
+        << st[r];
+  }
 }
 
 }  // namespace

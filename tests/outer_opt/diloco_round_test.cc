@@ -367,5 +367,51 @@ TEST(DilocoRoundTest, ResidualInTheModelTelescopes) {
   for (int i = 0; i < kN; ++i) EXPECT_NEAR(theta[i], trained[i], 1e-5f) << i;
 }
 
+// SparseLoCo's error feedback: outside the model the residual shrinks by β
+// before the round's Δ is added, whatever the learning rate did.
+TEST(DilocoRoundTest, EfDecayScalesTheResidualByBetaInsteadOfTheLearningRate) {
+  std::unique_ptr<Codec> codec = Int4();
+  ErrorFeedback feedback(kN);
+  ASSERT_TRUE(
+      DilocoRound::Begin({}, Work(5, 1), Random(kN, 5), codec.get(), &feedback)
+          .ok());
+  ErrorFeedback expected(kN);
+  ASSERT_TRUE(expected.LoadState(feedback.SaveState()).ok());
+  ASSERT_TRUE(expected.ScaleResidual(0.9f).ok());
+  const std::vector<float> delta = Random(kN, 6);
+  std::vector<float> want(kN);
+  ASSERT_TRUE(expected.Compress(*codec, delta, absl::MakeSpan(want)).ok());
+
+  DilocoRoundOptions o;
+  o.ef_decay = 0.9;
+  RoundWork work = Work(5, 1);
+  work.lr_start = 0.2;
+  work.lr_end = 0.1;  // ignored under ef_decay
+  absl::StatusOr<DilocoRound> round =
+      DilocoRound::Begin(o, work, delta, codec.get(), &feedback);
+  ASSERT_TRUE(round.ok()) << round.status();
+  for (int i = 0; i < kN; ++i) {
+    ASSERT_EQ(round->contribution()[i], want[i]) << i;
+    ASSERT_EQ(feedback.residual()[i], expected.residual()[i]) << i;
+  }
+}
+
+// The τ-delayed update keeps what the steps behind the exchange learned on
+// top of the node's model at the new θ_global.
+TEST(DilocoRoundTest, MergeDelayedUpdateAddsTheStepsBehindTheExchange) {
+  const std::vector<float> own = Random(kN, 40);
+  const std::vector<float> launched = Random(kN, 41);
+  std::vector<float> trained = launched;
+  const std::vector<float> step = Random(kN, 42, 0.1f);
+  for (int i = 0; i < kN; ++i) trained[i] -= step[i];
+  const std::vector<float> merged = MergeDelayedUpdate(own, launched, trained);
+  ASSERT_EQ(merged.size(), own.size());
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_NEAR(merged[i], own[i] - step[i], 1e-6f) << i;
+  }
+  // No steps behind the exchange: the node's model as the round left it.
+  EXPECT_EQ(MergeDelayedUpdate(own, launched, launched), own);
+}
+
 }  // namespace
 }  // namespace starling
