@@ -51,6 +51,11 @@ struct ExchangeSettings {
   double norm_bound = 0;
   int64_t n_params = 0;
   Watchdog* watchdog = nullptr;  // fed while the training thread waits
+  // Give the round up once the swarm judges this node cut off from it
+  // (gossip/swarm_end.h): it was paused, and none of the members it was
+  // with answers since; alone, it would commit the round by itself.
+  // False with --train_alone.
+  bool leave_when_cut_off = true;
 };
 
 class RoundExchange {
@@ -65,7 +70,8 @@ class RoundExchange {
   // Starts the protocol for round `at.round` of lineage `at` on `swarm`
   // (which must outlive this exchange): on a thread of its own (`async`), or
   // deferred to Wait. The protocol gives up at its next wait once a second
-  // SIGINT/SIGTERM arrived or `abandon` turns true.
+  // SIGINT/SIGTERM arrived, `abandon` turns true or this node is cut off
+  // from the swarm (ExchangeSettings::leave_when_cut_off).
   void Launch(Swarm& swarm, const Swarm::Lineage& at, bool async,
               const std::atomic<bool>& abandon);
   // The outcome; once only. While an async protocol runs, the watchdog is
