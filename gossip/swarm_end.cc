@@ -53,7 +53,7 @@ SwarmView JudgeSwarm(const std::vector<MemberEntry>& table,
   }
   std::optional<SwarmPosition> live_best = v.here, left_best;
   std::optional<SwarmPosition> furthest = v.here;
-  bool other_live = false, lost = false;
+  bool other_live = false, lost = false, undecided = false;
   for (const MemberEntry& e : table) {
     if (e.id() == self) continue;
     const SwarmPosition p = PositionOf(e);
@@ -68,6 +68,7 @@ SwarmView JudgeSwarm(const std::vector<MemberEntry>& table,
                                     e.id()) != paused_with.end();
     if (was_with) v.unreachable.push_back(e);
     lost = lost || (was_with && e.state() == peer::v1::MEMBER_DEAD);
+    undecided = undecided || (was_with && IsLive(e));
   }
   v.furthest = *furthest;
   for (const MemberEntry& e : table) {
@@ -78,6 +79,7 @@ SwarmView JudgeSwarm(const std::vector<MemberEntry>& table,
   } else if (!other_live && lost) {
     v.standing = SwarmStanding::kCutOff;
   }
+  v.waking = v.standing == SwarmStanding::kInSwarm && undecided;
   if (v.standing != SwarmStanding::kCutOff) v.unreachable.clear();
   return v;
 }

@@ -64,6 +64,12 @@ struct SwarmView {
   std::vector<std::string> holders;
   // kCutOff: the members it was with before its pause, as last seen here.
   std::vector<peer::v1::MemberEntry> unreachable;
+  // kInSwarm, but not known yet: this node noticed a pause of its own,
+  // none of the members it was with has answered since, and some of them
+  // are still live in its table (the failure detector has not decided).
+  // It must not run a round meanwhile: a round planned now would hold this
+  // node alone, and commit a model of its own.
+  bool waking = false;
 
   // Whether this node's own position is `furthest`.
   bool HoldsFurthest() const;
