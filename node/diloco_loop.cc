@@ -11,6 +11,7 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "node/elastic_swarm.h"
+#include "node/swarm_end_report.h"
 
 namespace starling {
 namespace {
@@ -178,8 +179,9 @@ absl::StatusOr<bool> DilocoLoop::RunRounds() {
     // A second SIGINT/SIGTERM leaves at once (the first: see the vote).
     if (StopSignalCount() >= 2) return true;
     STARLING_ASSIGN_OR_RETURN(const bool go_on, RunRound());
-    // Not on a signal, the round was given up because this node was cut
-    // off from the swarm (round_exchange.h); one that is back goes on.
+    // Not on a signal, the round was given up because this node woke from
+    // a pause or was cut off from the swarm (round_exchange.h); one that is
+    // back goes on.
     if (!go_on && (StopSignal() != 0 || ApartFromSwarm())) return true;
   }
   return false;
@@ -195,6 +197,13 @@ absl::StatusOr<bool> DilocoLoop::RunRound() {
   // with an overlapped round in flight: its commit may be on its way while
   // a member that committed it has already left. Checked again below.)
   if (!pending_ && ApartFromSwarm()) return false;
+  // Woken from a pause, and nobody has answered yet: wait for an answer,
+  // or for the failure detector to decide (no round that would hold this
+  // node alone).
+  if (!pending_ && swarm_->Judge().waking) {
+    absl::SleepFor(absl::Milliseconds(100));
+    return true;
+  }
   swarm_->SetProgress(Here(), /*joining=*/false);
   // On the best lineage, with the model: ready (and it stays so).
   run_.ops.SetReady(StopSignal() == 0);
@@ -832,7 +841,7 @@ int DilocoLoop::End(bool left) {
       .Add("aggregate", AggregateName(config_.diloco.aggregate))
       .Add("norm_bound", config_.diloco.norm_bound)
       .Add("contributions_dropped", state.contributions_dropped);
-  end.final_fields = SwarmFinalFields(view, apart);
+  end.final_fields = SwarmFinalFields(view, apart, trained_alone_);
   end.done = absl::StrCat(" in ", state.round, " rounds");
   if (trained_alone_ || apart) {
     absl::StrAppend(&end.done, " (",
@@ -847,7 +856,10 @@ int DilocoLoop::End(bool left) {
                      .Add("round", state.round)
                      .Add("step", static_cast<int64_t>(trainer_.state().step()))
                      .Merge(end.final_fields));
-    end.apart = ApartMessage(view);
+    end.apart = EndedApartMessage(
+        view, ApartAt{config_.net.node_id, state.round,
+                      static_cast<int64_t>(trainer_.state().step()),
+                      swarm_->LastPause()});
   }
   end.stopped_by = absl::StrCat(config_.net.node_id, " left the swarm on");
   end.stopped_at = absl::StrCat(" (round ", state.round, ")");
@@ -884,49 +896,6 @@ bool DilocoLoop::ApartFromSwarm() {
                      run_.state.round, ": its model will not be the swarm's"));
   }
   return false;
-}
-
-std::string DilocoLoop::ApartMessage(const SwarmView& v) const {
-  const std::string at = absl::StrCat("round ", run_.state.round, " (step ",
-                                      trainer_.state().step(), ")");
-  const std::string holders = absl::StrJoin(v.holders, ", ");
-  const std::string model = v.furthest.lineage.substr(0, 8);
-  const std::string tail =
-      "; this node's model is not the swarm's final one (exit 3; "
-      "--train_alone trains on alone instead)";
-  if (v.standing == SwarmStanding::kSwarmFinished) {
-    return absl::StrCat("starling node: ", config_.net.node_id,
-                        " ended apart from the swarm: it reached ", at,
-                        ", but the swarm went on to round ", v.furthest.round,
-                        " without it and has left; ", holders,
-                        v.holders.size() == 1 ? " holds" : " hold",
-                        " the final model (", model, ")", tail);
-  }
-  std::vector<std::string> unreachable;
-  for (const peer::v1::MemberEntry& e : v.unreachable) {
-    unreachable.push_back(e.id());
-  }
-  return absl::StrCat(
-      "starling node: ", config_.net.node_id,
-      " ended apart from the swarm: this process was paused for ",
-      absl::FormatDuration(
-          absl::Trunc(swarm_->LastPause(), absl::Milliseconds(100))),
-      " and none of ", absl::StrJoin(unreachable, ", "),
-      " has answered since; the swarm was last seen at round ",
-      v.furthest.round, " (model ", model, ", on ", holders,
-      ") and may have finished without this node, which stops at ", at, tail);
-}
-
-JsonObject DilocoLoop::SwarmFinalFields(const SwarmView& v, bool apart) const {
-  JsonArray holders;
-  for (const std::string& h : v.holders) holders.Push(h);
-  return JsonObject()
-      .Add("swarm_final_round", v.furthest.round)
-      .Add("swarm_final_hash", v.furthest.lineage)
-      .Add("swarm_final_holders", holders)
-      .Add("swarm_standing", SwarmStandingName(v.standing))
-      .Add("model_is_swarms", !apart && !trained_alone_ && v.HoldsFurthest())
-      .Add("trained_alone", trained_alone_);
 }
 
 // ---------------------------------------------------------------------------

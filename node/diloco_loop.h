@@ -33,7 +33,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "core/json.h"
 #include "gossip/swarm.h"
 #include "node/node_run.h"
 #include "node/node_session.h"
@@ -153,10 +152,6 @@ class DilocoLoop {
   // stop: then it keeps the verdict in apart_. With --train_alone it says
   // so once, and goes on.
   bool ApartFromSwarm();
-  // The last stderr line of a node that ended apart.
-  std::string ApartMessage(const SwarmView& v) const;
-  // summary.json's account of the swarm's final state (its "final").
-  JsonObject SwarmFinalFields(const SwarmView& v, bool apart) const;
 
   // Where this node is: the next round, on θ_global (hash and weight).
   Swarm::Lineage Here() const;
