@@ -356,6 +356,7 @@ void MembershipGossip::GossipTo(const std::vector<std::string>& addresses,
                             });
   }
   pending.Wait();
+  bool answered = false;
   for (const std::unique_ptr<Call>& c : calls) {
     if (c->status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
       absl::MutexLock lock(&mu_);
@@ -364,10 +365,46 @@ void MembershipGossip::GossipTo(const std::vector<std::string>& addresses,
       client_->rpc_errors().Record(c->status.error_code());
     }
     if (c->status.ok()) {
+      answered = true;
       (void)membership_->Merge(ToVector(c->resp.members()), absl::Now(),
                                changes);
     }
   }
+  if (answered) BackInTouch();
+}
+
+void MembershipGossip::NotePause(absl::Duration paused) {
+  std::vector<std::string> with;
+  for (const MemberEntry& e : membership_->Live()) {
+    if (e.id() != options_.node_id) with.push_back(e.id());
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    last_pause_ = paused;
+    // A pause noticed while nobody was live leaves the last one's members:
+    // those are the ones that may have gone on without this node.
+    if (!with.empty()) paused_with_ = with;
+  }
+  STARLING_LOG(WARNING) << options_.node_id << " was paused for "
+                        << absl::FormatDuration(
+                               absl::Trunc(paused, absl::Milliseconds(100)))
+                        << " (stopped or starved): the others may have "
+                           "gone on without it";
+}
+
+void MembershipGossip::BackInTouch() {
+  absl::MutexLock lock(&mu_);
+  paused_with_.clear();
+}
+
+std::vector<std::string> MembershipGossip::PausedWith() const {
+  absl::MutexLock lock(&mu_);
+  return paused_with_;
+}
+
+absl::Duration MembershipGossip::LastPause() const {
+  absl::MutexLock lock(&mu_);
+  return last_pause_;
 }
 
 void MembershipGossip::GossipToEveryone() {
@@ -403,9 +440,12 @@ void MembershipGossip::Loop() {
     // pause of this process: nobody's silence then counts against them.
     const absl::Time now = absl::Now();
     if (last_tick != absl::InfinitePast()) {
-      membership_->ForgivePause(now - last_tick - options_.gossip_interval -
-                                    std::min(last_calls, call_timeout),
-                                now);
+      const absl::Duration paused = now - last_tick - options_.gossip_interval -
+                                    std::min(last_calls, call_timeout);
+      membership_->ForgivePause(paused, now);
+      // Long enough for the others to suspect this node: they may declare
+      // it dead and go on without it (gossip/swarm_end.h).
+      if (paused >= options_.suspect_after) NotePause(paused);
     }
     last_tick = now;
     std::vector<MembershipChange> changes;

@@ -1,11 +1,12 @@
 // Membership by gossip (step 1 in gossip/swarm.h): joining through the
 // seeds, the start barrier (WaitForMembers), the Join and Gossip handlers,
 // the gossip thread's ticks (heartbeat, failure detection, a pause
-// forgiven, two random live members called, now and then a suspected one
-// or a seed), and the goodbye. The table itself is Membership's; this moves
-// it between nodes.
-// Thread-safety: thread-safe. One mutex guards what this node learned about
-// its seeds and its refusals; calls and hooks run with it released.
+// forgiven and remembered until a peer answers, two random live members
+// called, now and then a suspected one or a seed), and the goodbye.
+// The table itself is Membership's; this moves it between nodes.
+// Thread-safety: thread-safe. One mutex guards what this node learned
+// about its seeds, its refusals and its last pause; calls and hooks run
+// with it released.
 #ifndef STARLING_GOSSIP_MEMBERSHIP_GOSSIP_H_
 #define STARLING_GOSSIP_MEMBERSHIP_GOSSIP_H_
 
@@ -77,6 +78,14 @@ class MembershipGossip {
       ABSL_LOCKS_EXCLUDED(mu_);
   void Leave() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The members that were live in this node's table when it last noticed a
+  // pause of its own (the process stopped or starved) at least as long as
+  // suspect_after, after which they may have declared it dead and gone on
+  // without it; empty again once one of its gossip calls succeeds (see
+  // gossip/swarm_end.h). And how long that pause was.
+  std::vector<std::string> PausedWith() const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Duration LastPause() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // The Join and Gossip handlers.
   absl::Status OnJoin(const peer::v1::JoinRequest& req,
                       peer::v1::JoinResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
@@ -107,6 +116,10 @@ class MembershipGossip {
   void GossipTo(const std::vector<std::string>& addresses,
                 absl::Duration timeout, std::vector<MembershipChange>* changes)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // A pause of this process was forgiven (Loop): notes who it was with.
+  void NotePause(absl::Duration paused) ABSL_LOCKS_EXCLUDED(mu_);
+  // A gossip call was answered: the pause, if any, is behind it.
+  void BackInTouch() ABSL_LOCKS_EXCLUDED(mu_);
   bool IsSelfSeed(const std::string& seed) const ABSL_LOCKS_EXCLUDED(mu_);
   bool HasSelfSeed() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -124,6 +137,9 @@ class MembershipGossip {
   std::map<std::string, std::string> refused_ ABSL_GUARDED_BY(mu_);
   // Seeds that turned out to be this node.
   std::set<std::string> self_seeds_ ABSL_GUARDED_BY(mu_);
+  // See PausedWith and LastPause.
+  std::vector<std::string> paused_with_ ABSL_GUARDED_BY(mu_);
+  absl::Duration last_pause_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
 };
 
 }  // namespace starling

@@ -12,6 +12,7 @@
 #include "gossip/join_auth.h"
 #include "gossip/membership_gossip.h"
 #include "gossip/push_channel.h"
+#include "gossip/reachability.h"
 #include "gossip/round_member.h"
 #include "gossip/state_fetch.h"
 #include "gossip/state_server.h"
@@ -417,6 +418,29 @@ std::vector<MemberEntry> Swarm::Behind(const Lineage& self) const {
     }
   }
   return behind;
+}
+
+SwarmView Swarm::Judge() const {
+  return JudgeSwarm(membership_->Snapshot(), options_.node_id,
+                    gossip_->PausedWith());
+}
+
+absl::Duration Swarm::LastPause() const { return gossip_->LastPause(); }
+
+std::vector<MemberEntry> Swarm::MayComeBack(const Lineage& self,
+                                            absl::Duration timeout) const {
+  std::vector<MemberEntry> back;
+  for (MemberEntry& e : membership_->Snapshot()) {
+    if (e.id() == options_.node_id || e.state() != peer::v1::MEMBER_DEAD ||
+        !Ahead(self, Of(e))) {
+      continue;
+    }
+    if (client_->Blocked(e.address()) ||
+        ProbeAddress(e.address(), timeout) != Reachability::kRefused) {
+      back.push_back(std::move(e));
+    }
+  }
+  return back;
 }
 
 std::vector<MemberEntry> Swarm::Members() const {

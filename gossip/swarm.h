@@ -64,7 +64,12 @@
 //     the other side of a partition that healed as both finished): once
 //     all had left, that one could only run the rounds it missed alone, or
 //     end on another model. A member done on a worse lineage fetches the
-//     best one's state before it leaves (the node's part). Lineages order
+//     best one's state before it leaves (the node's part). Then it lingers
+//     while a DEAD member behind it may come back (MayComeBack: a stopped
+//     process, a host asleep), and a member's LEFT entry keeps its final
+//     round and lineage, so that one that wakes too late knows the swarm
+//     finished without it (Judge, gossip/swarm_end.h) instead of running
+//     the rounds alone. Lineages order
 //     by round (more progress wins), then by weight (member_rounds: the
 //     sum of the member counts of the rounds that made θ_global), then by
 //     smallest hash, so after a partition heals every node converges on
@@ -162,6 +167,7 @@
 #include "gossip/push_sum.h"
 #include "gossip/round_protocol.h"
 #include "gossip/state_transfer.h"
+#include "gossip/swarm_end.h"
 
 namespace starling {
 
@@ -361,7 +367,25 @@ class Swarm {
   // has not left.
   std::vector<peer::v1::MemberEntry> Behind(const Lineage& self) const;
 
-  // Says goodbye: marks this node LEFT and tells every live member.
+  // Whether this node is still in the swarm, and the furthest state it
+  // knows the swarm reached (gossip/swarm_end.h), from its table and the
+  // pause it last noticed.
+  SwarmView Judge() const;
+  // How long this process's last noticed pause was (zero: none).
+  absl::Duration LastPause() const;
+  // The other members this node's table shows DEAD (not LEFT) and behind
+  // `self` (see Behind) that may still come back: their address still
+  // listens or does not answer (ProbeAddress: a stopped process, a host
+  // asleep), or an emulated partition cuts them off. A member whose
+  // address refuses connections has exited; a restart would come back as
+  // a new incarnation. Probes each such address, at most `timeout` each,
+  // on the calling thread.
+  std::vector<peer::v1::MemberEntry> MayComeBack(const Lineage& self,
+                                                 absl::Duration timeout) const;
+
+  // Says goodbye: marks this node LEFT and tells every live member. Its
+  // LEFT entry keeps its round, lineage and weight: those of a finished
+  // member are the swarm's final state (gossip/swarm_end.h).
   void Leave();
   // Stops the threads and the server. Idempotent.
   void Shutdown();

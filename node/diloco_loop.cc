@@ -11,6 +11,7 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "node/elastic_swarm.h"
+#include "node/swarm_end_report.h"
 
 namespace starling {
 namespace {
@@ -41,6 +42,7 @@ ExchangeSettings ExchangeSettingsOf(const NodeRun& run) {
   s.n_params = run.n_params;
   s.n_buffers = NumElements(run.buffers);
   s.watchdog = run.ops.watchdog.get();
+  s.leave_when_cut_off = !run.config.diloco.train_alone;
   return s;
 }
 
@@ -187,7 +189,10 @@ absl::StatusOr<bool> DilocoLoop::RunRounds() {
     // A second SIGINT/SIGTERM leaves at once (the first: see the vote).
     if (StopSignalCount() >= 2) return true;
     STARLING_ASSIGN_OR_RETURN(const bool go_on, RunRound());
-    if (!go_on) return true;
+    // Not on a signal, the round was given up because this node woke from
+    // a pause or was cut off from the swarm (round_exchange.h); one that is
+    // back goes on.
+    if (!go_on && (StopSignal() != 0 || ApartFromSwarm())) return true;
   }
   return false;
 }
@@ -196,6 +201,17 @@ absl::StatusOr<bool> DilocoLoop::RunRound() {
   const Swarm::Lineage best = swarm_->Best();
   if (!pending_ && Swarm::Ahead(best, Here()) && !best.donors.empty()) {
     CatchUpOrPause(best);
+    return true;
+  }
+  // Nobody live to catch up from, and the swarm gone: no round alone. (Not
+  // with an overlapped round in flight: its commit may be on its way while
+  // a member that committed it has already left. Checked again below.)
+  if (!pending_ && ApartFromSwarm()) return false;
+  // Woken from a pause, and nobody has answered yet: wait for an answer,
+  // or for the failure detector to decide (no round that would hold this
+  // node alone).
+  if (!pending_ && swarm_->Judge().waking) {
+    absl::SleepFor(absl::Milliseconds(100));
     return true;
   }
   swarm_->SetProgress(Here(), /*joining=*/false);
@@ -219,6 +235,13 @@ absl::StatusOr<bool> DilocoLoop::RunRound() {
                               FinishRound(*prev, /*overlapped=*/true));
     if (a == RoundAction::kLeave) return false;
     if (a == RoundAction::kRetry) return true;
+  }
+  if (ApartFromSwarm()) {
+    // The swarm went on and left while these inner steps ran: they are
+    // dropped, and End checkpoints the last commit.
+    trainer_.set_step(inner.prev_step);
+    STARLING_RETURN_IF_ERROR(LoadNodeModel());
+    return false;
   }
   std::vector<float> eager_start;
   if (config_.diloco.overlap) {
@@ -735,9 +758,17 @@ bool DilocoLoop::StayUntilCaughtUp() {
   // other side of a partition that healed as both sides finished, or the
   // swarm, after this node ran the last round apart) fetches its state
   // first, as it would before a round. A signal ends the wait.
+  // Then linger: a member declared dead may be a process stopped through
+  // the last rounds (a laptop asleep, a paused VM) that will wake to find
+  // nobody. While one behind this node may still come back
+  // (Swarm::MayComeBack), stay up to --linger_seconds; a swarm that
+  // finishes together, or whose dead members have exited, leaves at once.
   const absl::Time start = absl::Now();
+  Linger linger;
+  linger.end = start + config_.net.linger;
   const absl::Time until =
-      start + config_.net.round_deadline + config_.net.round_timeout;
+      std::max(start + config_.net.round_deadline + config_.net.round_timeout,
+               linger.end);
   const std::string& id = config_.net.node_id;
   std::string waited_for;
   while (StopSignal() == 0) {
@@ -765,7 +796,7 @@ bool DilocoLoop::StayUntilCaughtUp() {
     // each way (each up to a second with a hung member).
     const bool settled =
         absl::Now() - session_.changes().LastRefuted() >= absl::Seconds(3);
-    if ((behind.empty() && settled) || absl::Now() >= until) {
+    if (absl::Now() >= until) {
       if (!behind.empty()) {
         LogEvent(
             LogLevel::kWarning, "straggler",
@@ -774,6 +805,7 @@ bool DilocoLoop::StayUntilCaughtUp() {
       }
       return false;
     }
+    if (behind.empty() && settled && !LingerOn(linger)) return false;
     // Gossip of the others' last commit takes an interval or two; said only
     // when the wait is longer than that.
     if (!behind.empty() && names != waited_for &&
@@ -790,6 +822,50 @@ bool DilocoLoop::StayUntilCaughtUp() {
   return false;
 }
 
+bool DilocoLoop::LingerOn(Linger& l) {
+  const absl::Time now = absl::Now();
+  if (now < l.end && now >= l.next_probe) {
+    // At most once a second: each probe opens a connection per member.
+    l.next_probe = now + absl::Seconds(1);
+    l.waiting_for.clear();
+    for (const peer::v1::MemberEntry& e :
+         swarm_->MayComeBack(Here(), absl::Milliseconds(500))) {
+      l.waiting_for.push_back(e.id());
+    }
+  }
+  const std::string names = absl::StrJoin(l.waiting_for, ", ");
+  if (now >= l.end || l.waiting_for.empty()) {
+    if (l.said && !l.waiting_for.empty()) {
+      LogEvent(
+          LogLevel::kWarning, "linger",
+          absl::StrCat(config_.net.node_id, " leaves after lingering ",
+                       absl::FormatDuration(config_.net.linger), "; ", names,
+                       " may still come back and find the swarm "
+                       "gone"));
+    }
+    return false;
+  }
+  if (!l.said) {
+    l.said = true;
+    session_.events().Write(
+        "linger", JsonObject()
+                      .Add("round", run_.state.round)
+                      .Add("waiting_for", names)
+                      .Add("seconds", absl::ToDoubleSeconds(l.end - now)));
+    LogEvent(LogLevel::kInfo, "linger",
+             absl::StrCat(config_.net.node_id,
+                          " is done and lingers, serving "
+                          "round ",
+                          run_.state.round, ", for up to ",
+                          absl::FormatDuration(
+                              absl::Trunc(l.end - now, absl::Seconds(1))),
+                          ": ", names,
+                          " is declared dead but may come back (stopped or "
+                          "asleep) and catch up"));
+  }
+  return true;
+}
+
 std::vector<std::string> DilocoLoop::BehindMembers() const {
   std::vector<std::string> behind;
   for (const peer::v1::MemberEntry& e : swarm_->Behind(Here())) {
@@ -803,10 +879,21 @@ std::vector<std::string> DilocoLoop::BehindMembers() const {
 }
 
 int DilocoLoop::End(bool left) {
+  // Where this node stands, judged before its goodbye: after its last round
+  // it is apart when the swarm went on past it and left, or when it was
+  // cut off and no member it knows holds its model (before its last round
+  // being cut off is enough: ApartFromSwarm).
+  const SwarmView view = apart_ ? *apart_ : swarm_->Judge();
+  const bool apart =
+      apart_.has_value() ||
+      (!left && (view.standing == SwarmStanding::kSwarmFinished ||
+                 (view.standing == SwarmStanding::kCutOff &&
+                  !(view.HoldsFurthest() && view.holders.size() > 1))));
   // Goodbye first, so that nobody waits for this node, then the checkpoint.
   swarm_->Leave();
   const NodeState& state = run_.state;
-  if (left) {
+  const bool stop_apart = apart && !config_.diloco.train_alone;
+  if (left && !stop_apart) {
     session_.events().Write(
         "leave",
         JsonObject()
@@ -814,7 +901,7 @@ int DilocoLoop::End(bool left) {
             .Add("step", static_cast<int64_t>(trainer_.state().step())));
   }
   SessionEnd end;
-  end.stopped = left;
+  end.stopped = left && !stop_apart;
   end.next_round = state.round;
   end.world = last_world_;
   end.totals.compression = run_.codecs.ring->Name();
@@ -831,11 +918,61 @@ int DilocoLoop::End(bool left) {
       .Add("aggregate", AggregateName(config_.diloco.aggregate))
       .Add("norm_bound", config_.diloco.norm_bound)
       .Add("contributions_dropped", state.contributions_dropped);
+  end.final_fields = SwarmFinalFields(view, apart, trained_alone_);
   end.done = absl::StrCat(" in ", state.round, " rounds");
+  if (trained_alone_ || apart) {
+    absl::StrAppend(&end.done, " (",
+                    trained_alone_ ? "trained alone after the swarm was gone"
+                                   : "ended apart from the swarm",
+                    ": not the swarm's model)");
+  }
+  if (stop_apart) {
+    session_.events().Write(
+        "apart", JsonObject()
+                     .Add("standing", SwarmStandingName(view.standing))
+                     .Add("round", state.round)
+                     .Add("step", static_cast<int64_t>(trainer_.state().step()))
+                     .Merge(end.final_fields));
+    end.apart = EndedApartMessage(
+        view, ApartAt{config_.net.node_id, state.round,
+                      static_cast<int64_t>(trainer_.state().step()),
+                      swarm_->LastPause()});
+  }
   end.stopped_by = absl::StrCat(config_.net.node_id, " left the swarm on");
   end.stopped_at = absl::StrCat(" (round ", state.round, ")");
   end.shutdown = [this] { swarm_->Shutdown(); };
   return session_.Finish(std::move(end));
+}
+
+bool DilocoLoop::ApartFromSwarm() {
+  SwarmView v = swarm_->Judge();
+  if (v.standing == SwarmStanding::kInSwarm) {
+    apart_.reset();
+    return false;
+  }
+  if (!config_.diloco.train_alone) {
+    apart_ = std::move(v);
+    return true;
+  }
+  if (!trained_alone_) {
+    trained_alone_ = true;
+    session_.events().Write("train_alone",
+                            JsonObject()
+                                .Add("standing", SwarmStandingName(v.standing))
+                                .Add("round", run_.state.round)
+                                .Add("swarm_final_round", v.furthest.round));
+    LogEvent(
+        LogLevel::kWarning, "train_alone",
+        absl::StrCat(config_.net.node_id, " finds the swarm gone (",
+                     SwarmStandingName(v.standing),
+                     ", the swarm last "
+                     "seen at round ",
+                     v.furthest.round,
+                     ") and, with --train_alone, trains on alone from "
+                     "round ",
+                     run_.state.round, ": its model will not be the swarm's"));
+  }
+  return false;
 }
 
 // ---------------------------------------------------------------------------

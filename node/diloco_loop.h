@@ -13,7 +13,12 @@
 // --overlap_steps=N, after the next round's first N inner steps, whose
 // progress the model keeps (MergeDelayedUpdate). After the last
 // round the node stays, serving its state, until stragglers have caught
-// up (StayUntilCaughtUp), then says goodbye, checkpoints and exits (End).
+// up and, up to --linger_seconds, while a member declared dead may come
+// back (StayUntilCaughtUp), then says goodbye, checkpoints and exits (End).
+// A node that finds the swarm gone before its last round (it went on and
+// left without this node, or this node was paused and nobody answers
+// since: gossip/swarm_end.h) runs no round alone: it stops with exit code
+// 3 (kExitEndedApart), unless --train_alone.
 //
 // Thread-safety: the loop runs on the training thread; only an overlapped
 // RoundExchange runs on a thread of its own (see round_exchange.h).
@@ -142,13 +147,28 @@ class DilocoLoop {
                                            const Swarm::RoundResult& res,
                                            bool overlapped);
 
-  // Done: stays while a live member is behind. True when a fetched state
-  // has steps left to train.
+  // Done: stays while a live member is behind, then lingers for members
+  // that may come back. True when a fetched state has steps left to train.
   bool StayUntilCaughtUp();
   // The live members behind this node, as "id (round R[, model H])".
   std::vector<std::string> BehindMembers() const;
-  // Goodbye, checkpoint, summary: the exit code.
+  // --linger_seconds: how long this node stays, and for whom.
+  struct Linger {
+    absl::Time end;
+    absl::Time next_probe = absl::InfinitePast();
+    std::vector<std::string> waiting_for;  // as last probed
+    bool said = false;                     // the "linger" event written
+  };
+  // Whether to stay on, serving, for a member declared dead that may come
+  // back (Swarm::MayComeBack), until `l.end`.
+  bool LingerOn(Linger& l);
+  // Goodbye, checkpoint, summary: the exit code (kExitEndedApart when this
+  // node ended apart from the swarm).
   int End(bool left);
+  // Whether this node is apart from the swarm (gossip/swarm_end.h) and must
+  // stop: then it keeps the verdict in apart_. With --train_alone it says
+  // so once, and goes on.
+  bool ApartFromSwarm();
 
   // Where this node is: the next round, on θ_global (hash and weight).
   Swarm::Lineage Here() const;
@@ -194,6 +214,11 @@ class DilocoLoop {
   double outer_seconds_ = 0;  // of the last ApplyCommit
   // --overlap_steps: the next round's steps already run behind an exchange.
   std::optional<InnerSteps> head_;
+  // The verdict that stopped this node apart from the swarm (End then exits
+  // with kExitEndedApart).
+  std::optional<SwarmView> apart_;
+  // --train_alone: the swarm was gone and this node trained on by itself.
+  bool trained_alone_ = false;
   // Set when the loop ends with a round in flight (an error): the round
   // gives up at its next wait instead of holding the exit up.
   std::atomic<bool> abandon_{false};

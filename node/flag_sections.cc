@@ -102,6 +102,8 @@ constexpr PlacedFlag kTable[] = {
     {"suspect_timeout", S::kSwarm},
     {"round_deadline", S::kSwarm},
     {"round_timeout", S::kSwarm},
+    {"linger_seconds", S::kSwarm},
+    {"train_alone", S::kSwarm},
     {"gossip_peers", S::kSwarm},
     {"gossip_timeout", S::kSwarm},
     {"chunk_bytes", S::kSwarm},

@@ -28,7 +28,8 @@ std::string TopUsage() {
   absl::StrAppend(&out,
                   "\n`starling SUBCOMMAND --help` lists a subcommand's flags.\n"
                   "Exit codes: 0 ok, 2 bad flags/config/input, 1 runtime "
-                  "failure.\n");
+                  "failure, 3 a node (node, sim) ended apart from its swarm "
+                  "(its model is not the swarm's).\n");
   return out;
 }
 

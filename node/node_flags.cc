@@ -173,6 +173,19 @@ ABSL_FLAG(double, suspect_timeout, 3,
 ABSL_FLAG(double, round_deadline, 60,
           "diloco: seconds the round's coordinator waits, after the first "
           "member is ready, for the others; later ones sit the round out");
+ABSL_FLAG(double, linger_seconds, 30,
+          "diloco: a node done with its run stays up to this many seconds, "
+          "serving its final state, while a member behind it is declared "
+          "dead but may come back (its address still takes connections: "
+          "stopped, asleep or paused), so that it can catch up to the "
+          "swarm's final model; it leaves at once when no such member is "
+          "known, or on SIGINT/SIGTERM. 0 = do not linger");
+ABSL_FLAG(bool, train_alone, false,
+          "diloco: a node that finds the swarm gone before its last round "
+          "(it went on and left without this node, or none of the members "
+          "answers after this process was paused) trains the remaining "
+          "rounds alone instead of stopping with exit code 3; summary.json "
+          "then says final.trained_alone and final.model_is_swarms=false");
 ABSL_FLAG(std::string, partition_file, "",
           "diloco: emulated network partition (used by `starling sim "
           "--partition`): while the file's first line reads e.g. "
@@ -481,6 +494,11 @@ absl::Status ParseLimits(NodeConfig* c) {
       "round_deadline", absl::GetFlag(FLAGS_round_deadline), " seconds"));
   STARLING_RETURN_IF_ERROR(Positive(
       "suspect_timeout", absl::GetFlag(FLAGS_suspect_timeout), " seconds"));
+  if (const double linger = absl::GetFlag(FLAGS_linger_seconds);
+      !(linger >= 0) || !std::isfinite(linger)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--linger_seconds=", linger, ": must be >= 0 seconds (0 = off)"));
+  }
   STARLING_RETURN_IF_ERROR(Positive(
       "gossip_timeout", absl::GetFlag(FLAGS_gossip_timeout), " seconds"));
   STARLING_RETURN_IF_ERROR(
@@ -560,6 +578,8 @@ void ReadUncheckedFlags(NodeConfig* c) {
   net.round_timeout = absl::Seconds(absl::GetFlag(FLAGS_round_timeout));
   net.round_deadline = absl::Seconds(absl::GetFlag(FLAGS_round_deadline));
   net.suspect_timeout = absl::Seconds(absl::GetFlag(FLAGS_suspect_timeout));
+  net.linger = absl::Seconds(absl::GetFlag(FLAGS_linger_seconds));
+  c->diloco.train_alone = absl::GetFlag(FLAGS_train_alone);
   net.found_after = absl::Seconds(absl::GetFlag(FLAGS_found_after));
   GossipConfig& g = c->gossip;
   g.peer_mode = absl::GetFlag(FLAGS_gossip_peers);
@@ -673,6 +693,8 @@ const std::vector<std::string>& NodeFlagNames() {
                                    "min_members",
                                    "suspect_timeout",
                                    "round_deadline",
+                                   "linger_seconds",
+                                   "train_alone",
                                    "round_seconds",
                                    "weighting",
                                    "min_inner_steps",

@@ -63,6 +63,9 @@ struct NetworkConfig {
   absl::Duration round_timeout = absl::Seconds(300);  // also the RPC timeout
   absl::Duration round_deadline = absl::Seconds(60);
   absl::Duration suspect_timeout = absl::Seconds(3);
+  // --linger_seconds: how long a node done with its run stays for members
+  // that may come back (DilocoLoop::StayUntilCaughtUp).
+  absl::Duration linger = absl::Seconds(30);
   absl::Duration found_after = absl::Seconds(10);
   absl::Duration stream_idle_timeout = absl::Seconds(60);
   std::shared_ptr<LinkEmulator> links;  // emulated links (null: none)
@@ -81,6 +84,9 @@ struct DilocoConfig {
   double norm_bound = 0;
   bool robust = false;
   std::vector<PoisonWindow> poison;  // --test_poison
+  // --train_alone: a node that finds the swarm gone trains on alone
+  // instead of stopping (gossip/swarm_end.h).
+  bool train_alone = false;
 };
 
 // --algo=gossip's own settings.

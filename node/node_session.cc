@@ -302,13 +302,17 @@ int NodeSession::Finish(SessionEnd end) {
   // Only a member that evaluated the final step reports a final val_loss.
   EvalResult final_eval = state.eval;
   if (state.evaluated_step != trainer.state().step()) final_eval = EvalResult();
-  if (absl::Status s =
-          WriteNodeSummary(run_.out(), "node", trainer, final_eval, totals,
-                           state.rounds, end.stopped, end.summary);
+  if (absl::Status s = WriteNodeSummary(run_.out(), "node", trainer, final_eval,
+                                        totals, state.rounds, end.stopped,
+                                        end.summary, end.final_fields);
       !s.ok()) {
     return Fail(s);
   }
   if (end.shutdown) end.shutdown();
+  if (!end.apart.empty()) {
+    WriteStderrLine(end.apart);
+    return kExitEndedApart;
+  }
   if (end.stopped) {
     WriteStderrLine(absl::StrCat("starling node: ", end.stopped_by, " signal ",
                                  StopSignal(), " at step ",

@@ -14,7 +14,8 @@
 //    line and the exit code (Finish).
 //
 // Exit codes of `starling node`: 0 ok, 1 a runtime failure, 2 bad flags,
-// config or input, or a refused handshake. The loops' steps return
+// config or input, or a refused handshake, 3 (kExitEndedApart, DiLoCo) a
+// node that ended apart from its swarm. The loops' steps return
 // absl::Status; one that must end the process with 2 carries that code
 // (WithExitCode), any other failure ends it with 1.
 //
@@ -90,6 +91,11 @@ struct SessionEnd {
   std::string stopped_by;
   std::string stopped_at;
   std::function<void()> shutdown;  // after summary.json (may be empty)
+  // summary.json's "final" fields for the algorithm.
+  JsonObject final_fields;
+  // Not empty: the node ended apart from its swarm (gossip/swarm_end.h);
+  // the last stderr line, and the exit code is kExitEndedApart.
+  std::string apart;
 };
 
 class NodeSession {
@@ -167,7 +173,8 @@ class NodeSession {
 
   // Checkpoints, writes the end event and summary.json, calls
   // end.shutdown and the last stderr line: the exit code (1 when stopped
-  // by a signal or when the checkpoint or summary cannot be written).
+  // by a signal or when the checkpoint or summary cannot be written;
+  // kExitEndedApart with end.apart).
   int Finish(SessionEnd end);
 
  private:

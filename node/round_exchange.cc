@@ -40,7 +40,10 @@ void RoundExchange::Launch(Swarm& swarm, const Swarm::Lineage& at, bool async,
     if (!async_) FeedWatchdog(bound);
     absl::StatusOr<Swarm::RoundResult> r = swarm.SyncRound(at, reduce, [&] {
       if (!async_) FeedWatchdog(bound);  // the loop is alive while it waits
-      return StopSignalCount() >= 2 || abandon.load();
+      if (StopSignalCount() >= 2 || abandon.load()) return true;
+      const SwarmView v = swarm.Judge();
+      return v.waking || (settings_.leave_when_cut_off &&
+                          v.standing == SwarmStanding::kCutOff);
     });
     sync_end_ = absl::Now();
     return r;

@@ -57,6 +57,12 @@ struct ExchangeSettings {
   int64_t n_params = 0;
   int64_t n_buffers = 0;         // the buffers' δb, after the stop vote
   Watchdog* watchdog = nullptr;  // fed while the training thread waits
+  // Give the round up once the swarm judges this node cut off from it
+  // (gossip/swarm_end.h): it was paused, and none of the members it was
+  // with answers since; alone, it would commit the round by itself.
+  // False with --train_alone. (While that is undecided, SwarmView::waking,
+  // the round is given up either way, and run again.)
+  bool leave_when_cut_off = true;
 };
 
 class RoundExchange {
@@ -71,7 +77,9 @@ class RoundExchange {
   // Starts the protocol for round `at.round` of lineage `at` on `swarm`
   // (which must outlive this exchange): on a thread of its own (`async`), or
   // deferred to Wait. The protocol gives up at its next wait once a second
-  // SIGINT/SIGTERM arrived or `abandon` turns true.
+  // SIGINT/SIGTERM arrived, `abandon` turns true, this node woke from a
+  // pause and nobody has answered it yet, or it is cut off from the swarm
+  // (ExchangeSettings::leave_when_cut_off).
   void Launch(Swarm& swarm, const Swarm::Lineage& at, bool async,
               const std::atomic<bool>& abandon);
   // The outcome; once only. While an async protocol runs, the watchdog is

@@ -171,7 +171,8 @@ absl::Status WriteNodeSummary(const std::string& out_dir,
                               absl::string_view command, Trainer& trainer,
                               const EvalResult& eval, const NodeTotals& totals,
                               const std::vector<RoundRecord>& rounds,
-                              bool interrupted, const JsonObject& extra) {
+                              bool interrupted, const JsonObject& extra,
+                              const JsonObject& final_extra) {
   const TrainerState& st = trainer.state();
   std::vector<torch::Tensor> params = trainer.Parameters();
   // Buffers too: members that agree on the weights but not on BatchNorm's
@@ -226,7 +227,8 @@ absl::Status WriteNodeSummary(const std::string& out_dir,
   }
   final_obj.Add("utilization", wall > 0 ? compute / wall : 0.0)
       .Add("model_hash", hash)
-      .Add("interrupted", interrupted);
+      .Add("interrupted", interrupted)
+      .Merge(final_extra);
   JsonObject model;
   model.Add("architecture", trainer.model().Architecture())
       .Add("parameters", NumElements(params));

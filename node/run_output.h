@@ -98,12 +98,14 @@ struct NodeTotals {
   int64_t bytes_after_compression = 0;
 };
 
-// summary.json for one node's run directory.
+// summary.json for one node's run directory: `extra` goes at its top
+// level, `final_extra` into its "final" object.
 absl::Status WriteNodeSummary(const std::string& out_dir,
                               absl::string_view command, Trainer& trainer,
                               const EvalResult& eval, const NodeTotals& totals,
                               const std::vector<RoundRecord>& rounds,
-                              bool interrupted, const JsonObject& extra);
+                              bool interrupted, const JsonObject& extra,
+                              const JsonObject& final_extra = JsonObject());
 
 // SIGINT/SIGTERM set a flag that the training loops poll between steps.
 void InstallStopSignals();
@@ -114,6 +116,11 @@ int StopSignalCount();
 
 // 2 for user errors (bad flag, config or input), 1 for runtime failures.
 int ExitCodeFor(const absl::Status& s);
+// The exit code of a DiLoCo node that ended apart from its swarm
+// (gossip/swarm_end.h): the swarm finished without it, or it was cut off,
+// so its model is not the swarm's final one. The others: 0 ok, 1 a runtime
+// failure (or a run left on a signal), 2 bad flags, config or input.
+constexpr int kExitEndedApart = 3;
 
 // Fills an empty --out with runs/COMMAND-TIMESTAMP, checks --resume against
 // the checkpoint there and creates the directory. InvalidArgument naming the

@@ -460,10 +460,13 @@ int MergeAndReport(const SimSetup& s, const std::string& run_id,
   }
   absl::StatusOr<google::protobuf::Struct> summary =
       ReadJsonFile(dir + "/summary.json");
-  if (summary.ok()) {
-    WriteStderrLine(DoneLine(*summary, merge.algo, wall, dir));
-  }
-  return 0;
+  if (!summary.ok()) return 0;
+  WriteStderrLine(DoneLine(*summary, merge.algo, wall, dir));
+  const google::protobuf::Struct& fin =
+      FieldOf(*summary, "final").struct_value();
+  return FieldOf(fin, "nodes_apart").list_value().values_size() > 0
+             ? kExitEndedApart
+             : 0;
 }
 
 }  // namespace

@@ -76,6 +76,16 @@ bool Listed(const std::vector<std::string>& ids, const std::string& id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
 
+// A node that ended apart from its swarm (gossip/swarm_end.h): it ran to its
+// end, not left on a signal, and its summary says its model is not the
+// swarm's final one (it stopped with exit code 3, or trained on alone).
+bool EndedApart(const NodeRecord& n) {
+  const Struct& fin = n.final_figures();
+  const Value& is_swarms = FieldOf(fin, "model_is_swarms");
+  return n.has_summary && !FieldOf(fin, "interrupted").bool_value() &&
+         is_swarms.kind_case() == Value::kBoolValue && !is_swarms.bool_value();
+}
+
 // A node with no summary was killed: only its rounds' bytes count.
 void MergeKilledNode(const NodeRecord& n, MergedNodes* m, ReportData* report) {
   m->json.Push(JsonObject().Add("id", n.id).Add("status", "killed"));
@@ -95,6 +105,7 @@ void MergeNode(const MergeInput& in, const NodeRecord& n, MergedNodes* m,
   // A killed node's summary is from an earlier life.
   (*with_status.mutable_fields())["status"].set_string_value(
       Listed(in.faults.killed, n.id) ? "killed"
+      : EndedApart(n)                ? "apart"
       : !interrupted                 ? "finished"
       : Listed(in.faults.left, n.id) ? "left"
                                      : "interrupted");
@@ -352,6 +363,10 @@ JsonObject FinalJson(const MergeInput& in, const std::vector<NodeRecord>& recs,
   for (int64_t r : rounds.split) split_rounds.Push(r);
   JsonArray members_at_end;
   for (const std::string& m : rounds.last_members) members_at_end.Push(m);
+  JsonArray apart;
+  for (const NodeRecord& n : recs) {
+    if (!Listed(in.faults.killed, n.id) && EndedApart(n)) apart.Push(n.id);
+  }
   fin.Add("utilization",
           nodes.node_wall > 0 ? nodes.compute / nodes.node_wall : 0.0)
       .Add("model_hash", model.hash)
@@ -362,6 +377,7 @@ JsonObject FinalJson(const MergeInput& in, const std::vector<NodeRecord>& recs,
       .Add("split_rounds", split_rounds)
       .Add("rounds", rounds.count)
       .Add("members_at_end", members_at_end)
+      .Add("nodes_apart", apart)
       .Add("wall_seconds", in.wall);
   return fin;
 }
@@ -611,9 +627,13 @@ std::string DoneLine(const Struct& summary, const std::string& algo,
     split.push_back(static_cast<int64_t>(v.number_value()));
   }
   const Value& final_agree = FieldOf(fin, "final_models_agree");
+  std::vector<std::string> apart;
+  for (const Value& v : FieldOf(fin, "nodes_apart").list_value().values()) {
+    apart.push_back(v.string_value());
+  }
   return absl::StrFormat(
       "done: val_loss %s | sent %s (per-step all-reduce: %s, %.1fx less) | "
-      "hashes agree: %s | %s\n  report: %s/report.html",
+      "hashes agree: %s%s | %s\n  report: %s/report.html",
       ToJson(FieldOf(fin, "val_loss")),
       FormatBytes(FieldOf(fin, "total_bytes").number_value()),
       FormatBytes(FieldOf(fin, "allreduce_equivalent_bytes").number_value()),
@@ -624,6 +644,10 @@ std::string DoneLine(const Struct& summary, const std::string& algo,
                           final_agree.kind_case() == Value::kBoolValue
                               ? std::optional<bool>(final_agree.bool_value())
                               : std::nullopt),
+      apart.empty() ? ""
+                    : absl::StrCat(" | ENDED APART from the swarm: ",
+                                   absl::StrJoin(apart, ", "),
+                                   " (not the swarm's model)"),
       FormatDuration(wall), dir);
 }
 

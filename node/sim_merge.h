@@ -116,7 +116,8 @@ std::string AgreementText(const std::vector<int64_t>& split,
                           std::optional<bool> final_agree);
 
 // The sim's last line from the merged summary.json: validation loss, bytes
-// against per-step all-reduce, hash agreement, wall time and the report.
+// against per-step all-reduce, hash agreement, the nodes that ended apart
+// from the swarm (final.nodes_apart), wall time and the report.
 std::string DoneLine(const google::protobuf::Struct& summary,
                      const std::string& algo, double wall,
                      const std::string& dir);

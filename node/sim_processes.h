@@ -27,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "node/faults.h"
+#include "node/run_output.h"
 
 namespace starling {
 
@@ -69,7 +70,9 @@ struct NodeExit {
   int code = 0;    // its exit code, or 128 + the signal that killed it
   // A node the sim told to leave exits 1 (interrupted), or dies of SIGTERM.
   bool left = false;
-  bool ok() const { return code == 0 || left; }
+  // One that ended apart from the swarm (kExitEndedApart) ran to its end
+  // too: the merge flags it, and the others go on.
+  bool ok() const { return code == 0 || code == kExitEndedApart || left; }
 };
 
 class NodeProcessGroup {

@@ -206,6 +206,39 @@ TEST(SimMergeTest, NodesEndAsKilledLeftOrInterrupted) {
   EXPECT_EQ(ToJson(FieldOf(Final(s), "final_models_agree")), "false");
 }
 
+// A node whose summary says its model is not the swarm's (it stopped apart
+// with exit code 3, or trained on alone) is flagged; one that left on a
+// signal is not, whatever its summary says.
+TEST(SimMergeTest, ANodeThatEndedApartIsFlagged) {
+  auto with = [](std::string summary, const std::string& fields) {
+    summary.insert(summary.rfind("}}"), absl::StrCat(",", fields));
+    return summary;
+  };
+  MergeInput in = Input({"n0", "n1", "n2"});
+  in.faults.left = {"n2"};
+  std::vector<NodeRecord> recs = {
+      Record("n0",
+             with(Summary("n0", "f", 2.5, 10), R"("model_is_swarms":true)"),
+             ""),
+      Record("n1",
+             with(Summary("n1", "g", 2.9, 10), R"("model_is_swarms":false)"),
+             ""),
+      Record("n2",
+             with(Summary("n2", "e", 2.9, 10, /*interrupted=*/true),
+                  R"("model_is_swarms":false)"),
+             ""),
+  };
+  const Struct s = Merge(in, recs);
+  EXPECT_EQ(Str(Row(s, "nodes", 0), "status"), "finished");
+  EXPECT_EQ(Str(Row(s, "nodes", 1), "status"), "apart");
+  EXPECT_EQ(Str(Row(s, "nodes", 2), "status"), "left");
+  EXPECT_EQ(ToJson(FieldOf(Final(s), "nodes_apart")), R"(["n1"])");
+  EXPECT_THAT(DoneLine(s, "diloco", 40, "/runs/a"),
+              ::testing::HasSubstr(
+                  " | ENDED APART from the swarm: n1 (not the swarm's model) "
+                  "| 40s"));
+}
+
 TEST(SimMergeTest, TheSummaryFillsRoundsTheEventsLost) {
   const std::string summary =
       absl::StrCat(Summary("n0", "f", 2.5, 10)

@@ -1,0 +1,39 @@
+// What a DiLoCo node says about the swarm's end (gossip/swarm_end.h has the
+// judgement): the last stderr line of a node that ended apart from its
+// swarm, and the fields summary.json's "final" gets, so that an operator
+// (or `starling export`) can tell whether a node's model is the swarm's.
+// Pure functions of their inputs; thread-safe.
+#ifndef STARLING_NODE_SWARM_END_REPORT_H_
+#define STARLING_NODE_SWARM_END_REPORT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/time/time.h"
+#include "core/json.h"
+#include "gossip/swarm_end.h"
+
+namespace starling {
+
+// Where the node stopped.
+struct ApartAt {
+  std::string node_id;
+  int64_t round = 0;  // its next round
+  int64_t step = 0;
+  absl::Duration pause;  // its last noticed pause (for kCutOff)
+};
+
+// "starling node: ID ended apart from the swarm: ...": the round it
+// reached, the swarm's final (or last seen) round and model, who holds it,
+// and, cut off, how long it was paused and who has not answered since.
+std::string EndedApartMessage(const SwarmView& v, const ApartAt& at);
+
+// summary.json's "final" fields: swarm_final_round, swarm_final_hash,
+// swarm_final_holders, swarm_standing, model_is_swarms (this node's
+// θ_global is the furthest the swarm reached, it did not end apart and did
+// not train alone) and trained_alone.
+JsonObject SwarmFinalFields(const SwarmView& v, bool apart, bool trained_alone);
+
+}  // namespace starling
+
+#endif  // STARLING_NODE_SWARM_END_REPORT_H_
