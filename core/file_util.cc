@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 
 namespace starling {
 namespace {
@@ -197,6 +198,14 @@ absl::Status MakeDirs(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return absl::InternalError(absl::StrCat(path, " is not a directory"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDirWritable(const std::string& path) {
+  STARLING_RETURN_IF_ERROR(MakeDirs(path));
+  const std::string probe = absl::StrCat(path, "/.starling-write-probe");
+  STARLING_RETURN_IF_ERROR(WriteFileAtomic(probe, "probe\n"));
+  if (::unlink(probe.c_str()) != 0) return Errno("cannot remove", probe);
   return absl::OkStatus();
 }
 
