@@ -13,6 +13,7 @@
 #include "gossip/peer_credentials.h"
 #include "node/faults.h"
 #include "node/node_command.h"
+#include "node/peer_address.h"
 #include "node/train_command.h"
 #include "outer_opt/outer_optimizer.h"
 #include "outer_opt/robust_aggregate.h"
@@ -572,6 +573,7 @@ PeerSecurityOptions PeerSecurityFromFlags() {
   security.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   security.tls_bind_node_ids = absl::GetFlag(FLAGS_tls_bind_node_ids);
   security.node_id = NodeIdFromFlags();
+  security.listen_host = HostOf(absl::GetFlag(FLAGS_listen));
   security.insecure = absl::GetFlag(FLAGS_insecure);
   security.join_token_file = absl::GetFlag(FLAGS_join_token_file);
   security.peer_rate_limit = absl::GetFlag(FLAGS_peer_rate_limit);
