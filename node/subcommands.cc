@@ -3,6 +3,7 @@
 #include "node/bench_command.h"
 #include "node/node_command.h"
 #include "node/sim_command.h"
+#include "node/tokenize_command.h"
 #include "node/train_command.h"
 
 namespace starling {
@@ -12,6 +13,7 @@ const std::vector<SubcommandEntry>& Subcommands() {
       {SimSubcommand(), &RunSimCommand},
       {NodeSubcommand(), &RunNodeCommand},
       {TrainSubcommand(), &RunTrainCommand},
+      {TokenizeSubcommand(), &RunTokenizeCommand},
       {BenchSubcommand(), &RunBenchCommand},
   };
   return *entries;
