@@ -76,8 +76,7 @@ class TokenDataset : public Dataset {
   // (--val_data), not a --val_fraction of the text.
   static absl::StatusOr<std::unique_ptr<Dataset>> Create(
       std::vector<Tok> tokens, int64_t vocab, const DataOptions& opts,
-      const std::string& name, bool byte_text = false,
-      int64_t val_tokens = 0) {
+      const std::string& name, bool byte_text = false, int64_t val_tokens = 0) {
     auto ds = std::unique_ptr<TokenDataset>(new TokenDataset());
     ds->name_ = name;
     ds->tokens_ = std::move(tokens);
@@ -104,9 +103,9 @@ class TokenDataset : public Dataset {
                     " (drift region ", r == 0 ? "A" : "B", ", half of the text",
                     r == 1 && byte_text ? ", letter case swapped" : "", ")")
               : "";
-      STARLING_ASSIGN_OR_RETURN(
-          Region region, MakeRegion(n * r / count, n * (r + 1) / count,
-                                    val_tokens, opts, name + where));
+      STARLING_ASSIGN_OR_RETURN(Region region,
+                                MakeRegion(n * r / count, n * (r + 1) / count,
+                                           val_tokens, opts, name + where));
       ds->regions_.push_back(std::move(region));
     }
     return std::unique_ptr<Dataset>(std::move(ds));
@@ -183,10 +182,10 @@ class TokenDataset : public Dataset {
     if (end - reg.split < opts.context + 1) {
       return absl::InvalidArgumentError(
           val_tokens > 0
-              ? absl::StrCat("the validation set --val_data=", opts.val_spec,
-                             " is too small: ", val_tokens,
-                             " tokens, fewer than --context+1 = ",
-                             opts.context + 1)
+              ? absl::StrCat(
+                    "the validation set --val_data=", opts.val_spec,
+                    " is too small: ", val_tokens,
+                    " tokens, fewer than --context+1 = ", opts.context + 1)
               : absl::StrCat(name, " is too small: ", n, " tokens leave ",
                              end - reg.split,
                              " for validation, fewer than --context+1 = ",
@@ -349,11 +348,11 @@ absl::StatusOr<std::vector<Tok>> ParseTokens(const std::string& bytes,
         absl::StrCat("token file ", name, " is empty"));
   }
   if (bytes.size() % kSize != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "token file ", name, " has ",
-        kSize == 2 ? "an odd size" : "a size not a multiple of 4", " (",
-        bytes.size(), " bytes); expected little-endian uint", 8 * kSize,
-        " tokens (--token_dtype)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("token file ", name, " has ",
+                     kSize == 2 ? "an odd size" : "a size not a multiple of 4",
+                     " (", bytes.size(), " bytes); expected little-endian uint",
+                     8 * kSize, " tokens (--token_dtype)"));
   }
   std::vector<Tok> tokens(bytes.size() / kSize);
   const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
@@ -401,9 +400,9 @@ absl::StatusOr<std::pair<std::string, std::string>> ReadText(
     return absl::InvalidArgumentError(
         absl::StrCat("text file ", path, " is empty"));
   }
-  return std::make_pair(
-      std::move(text),
-      spec == "kjv" ? absl::StrCat("kjv (", path, ")") : "text " + path);
+  return std::make_pair(std::move(text), spec == "kjv"
+                                             ? absl::StrCat("kjv (", path, ")")
+                                             : "text " + path);
 }
 
 bool IsTextSpec(const std::string& spec) {
@@ -441,7 +440,8 @@ template <typename Tok>
 absl::StatusOr<std::unique_ptr<Dataset>> LoadTokens(const DataOptions& opts) {
   const std::string path = opts.spec.substr(7);
   STARLING_ASSIGN_OR_RETURN(std::string raw, ReadFile(path));
-  STARLING_ASSIGN_OR_RETURN(std::vector<Tok> tokens, ParseTokens<Tok>(raw, path));
+  STARLING_ASSIGN_OR_RETURN(std::vector<Tok> tokens,
+                            ParseTokens<Tok>(raw, path));
   int64_t val_tokens = 0;
   if (!opts.val_spec.empty()) {
     if (!absl::StartsWith(opts.val_spec, "tokens:")) {
@@ -500,10 +500,10 @@ absl::Status CheckDataFlags(const DataOptions& opts) {
         "--token_dtype=", opts.token_dtype, ": expected uint16 or uint32"));
   }
   if (opts.token_dtype != "uint16" && !tokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--token_dtype=", opts.token_dtype,
-        ": applies to --data=tokens:PATH only; --data=", spec,
-        " is not a token file"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--token_dtype=", opts.token_dtype,
+                     ": applies to --data=tokens:PATH only; --data=", spec,
+                     " is not a token file"));
   }
   if (!opts.val_spec.empty() && opts.two_regions) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -60,7 +60,7 @@ struct DataOptions {
   int vocab = 0;               // tokens: 0 = max token + 1
   // tokens: the file's element type, "uint16" or "uint32" (little-endian).
   std::string token_dtype = "uint16";
-  std::string cache_dir;       // where kjv.txt is cached; "" = default
+  std::string cache_dir;  // where kjv.txt is cached; "" = default
   ShardSpec shard;
   uint64_t split_seed =
       0;  // fixes the iid shard assignment (same on all nodes)

@@ -81,8 +81,8 @@ absl::StatusOr<ImageSet> LoadFmnistFiles(const std::string& dir,
 // files of an idx: spec.
 struct ImageSpec {
   bool fmnist = false;
-  std::string dir;                  // fmnist
-  std::string images, labels;       // idx
+  std::string dir;             // fmnist
+  std::string images, labels;  // idx
 };
 
 absl::StatusOr<ImageSpec> ParseImageSpec(const std::string& spec) {
@@ -95,8 +95,9 @@ absl::StatusOr<ImageSpec> ParseImageSpec(const std::string& spec) {
   std::vector<std::string> files = absl::StrSplit(spec.substr(4), ',');
   if (files.size() != 2 || files[0].empty() || files[1].empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        spec, ": expected idx:IMAGES,LABELS (an idx3 or idx4 image file and "
-              "its idx1 label file, each optionally gzipped)"));
+        spec,
+        ": expected idx:IMAGES,LABELS (an idx3 or idx4 image file and "
+        "its idx1 label file, each optionally gzipped)"));
   }
   out.images = files[0];
   out.labels = files[1];
@@ -139,8 +140,7 @@ void ChannelStats(const torch::Tensor& images, std::vector<float>* mean,
 }
 
 std::string ShapeText(const torch::Tensor& images) {
-  return absl::StrCat(images.size(1), "x", images.size(2), "x",
-                      images.size(3));
+  return absl::StrCat(images.size(1), "x", images.size(2), "x", images.size(3));
 }
 
 // Images with their labels: the training shard of this node and the whole
@@ -179,8 +179,7 @@ class ImageDataset : public Dataset {
             ? ""
             : absl::StrCat(", images ", ShapeText(train_images_), ", ",
                            classes_, " classes"),
-        regions_ == 2 ? ", two drift regions: B permutes the labels" : "",
-        ")");
+        regions_ == 2 ? ", two drift regions: B permutes the labels" : "", ")");
   }
   int64_t targets_per_example() const override { return 1; }
   int regions() const override { return regions_; }
@@ -220,8 +219,7 @@ class ImageDataset : public Dataset {
       STARLING_ASSIGN_OR_RETURN(train, LoadFmnistFiles(spec.dir, "train"));
     } else {
       name_ = absl::StrCat("idx images ", spec.images);
-      STARLING_ASSIGN_OR_RETURN(train,
-                                LoadIdxImages(spec.images, spec.labels));
+      STARLING_ASSIGN_OR_RETURN(train, LoadIdxImages(spec.images, spec.labels));
     }
     train_images_ = train.images;
     train_labels_ = train.labels;
@@ -249,8 +247,9 @@ class ImageDataset : public Dataset {
         static_cast<int64_t>(static_cast<double>(n) * (1 - opts.val_fraction));
     if (split < 1 || split >= n) {
       return absl::InvalidArgumentError(absl::StrCat(
-          train.source, ": ", n, " images cannot be split by --val_fraction=",
-          opts.val_fraction, " into training and validation; give more "
+          train.source, ": ", n,
+          " images cannot be split by --val_fraction=", opts.val_fraction,
+          " into training and validation; give more "
           "images, another --val_fraction, or --val_data"));
     }
     val_name_ = "val (the last --val_fraction)";
@@ -358,12 +357,12 @@ absl::StatusOr<torch::Tensor> LabelsOf(const IdxArray& lab,
       continue;
     }
     const uint8_t* q = p + 4 * i;
-    const int32_t v = static_cast<int32_t>((uint32_t{q[0]} << 24) |
-                                           (uint32_t{q[1]} << 16) |
-                                           (uint32_t{q[2]} << 8) | q[3]);
+    const int32_t v =
+        static_cast<int32_t>((uint32_t{q[0]} << 24) | (uint32_t{q[1]} << 16) |
+                             (uint32_t{q[2]} << 8) | q[3]);
     if (v < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": label ", v, " at index ", i, " is negative"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": label ", v, " at index ", i, " is negative"));
     }
     out[i] = v;
   }
@@ -385,26 +384,31 @@ absl::StatusOr<ImageSet> LoadIdxImages(const std::string& images_path,
   STARLING_ASSIGN_OR_RETURN(IdxArray lab, ParseIdxAny(lbytes, labels_path));
   const int rank = static_cast<int>(img.dims.size());
   if (img.type != 0x08 || (rank != 3 && rank != 4)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        images_path, ": expected images of unsigned bytes, idx3 (N x H x W, "
+    return absl::InvalidArgumentError(
+        absl::StrCat(images_path,
+                     ": expected images of unsigned bytes, idx3 (N x H x W, "
                      "grayscale) or idx4 (N x H x W x C, channels last); "
                      "the file holds ",
-        rank, " dimensions (", absl::StrJoin(img.dims, " x "), ") of type 0x",
-        absl::Hex(img.type)));
+                     rank, " dimensions (", absl::StrJoin(img.dims, " x "),
+                     ") of type 0x", absl::Hex(img.type)));
   }
   const int64_t channels = rank == 4 ? img.dims[3] : 1;
   if (channels > kMaxChannels) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        images_path, ": ", channels, " channels (the last of ",
-        absl::StrJoin(img.dims, " x "), "); idx4 images are N x H x W x C "
-        "with C from 1 to ", kMaxChannels, " (channels last: write a PyTorch "
-        "N x C x H x W tensor as x.permute(0, 2, 3, 1))"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(images_path, ": ", channels, " channels (the last of ",
+                     absl::StrJoin(img.dims, " x "),
+                     "); idx4 images are N x H x W x C "
+                     "with C from 1 to ",
+                     kMaxChannels,
+                     " (channels last: write a PyTorch "
+                     "N x C x H x W tensor as x.permute(0, 2, 3, 1))"));
   }
   if (lab.dims.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        labels_path, ": expected labels in an idx1 file (one dimension); it "
+    return absl::InvalidArgumentError(
+        absl::StrCat(labels_path,
+                     ": expected labels in an idx1 file (one dimension); it "
                      "has ",
-        lab.dims.size()));
+                     lab.dims.size()));
   }
   if (img.dims[0] != lab.dims[0]) {
     return absl::InvalidArgumentError(
@@ -534,9 +538,9 @@ absl::StatusOr<IdxArray> ParseIdx(const std::string& bytes, int expected_rank,
                      absl::Hex(out.type), "; expected 0x08 (unsigned byte)"));
   }
   if (static_cast<int>(out.dims.size()) != expected_rank) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, ": not a valid idx file: ", out.dims.size(),
-        " dimensions; expected ", expected_rank));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": not a valid idx file: ", out.dims.size(),
+                     " dimensions; expected ", expected_rank));
   }
   return out;
 }

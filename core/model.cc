@@ -246,10 +246,10 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ModelOptions& o) {
         return absl::InvalidArgumentError(
             absl::StrCat("--width=", o.width, ": must be >= 1"));
       }
-      return std::unique_ptr<Model>(new NnModel<Mlp>(
-          Mlp(in.pixels(), o.width, c),
-          absl::StrCat("mlp(", in.Label(), "hidden=", o.width, ",classes=", c,
-                       ")")));
+      return std::unique_ptr<Model>(
+          new NnModel<Mlp>(Mlp(in.pixels(), o.width, c),
+                           absl::StrCat("mlp(", in.Label(), "hidden=", o.width,
+                                        ",classes=", c, ")")));
     }
     if (in.h < 4 || in.w < 4) {
       return absl::InvalidArgumentError(absl::StrCat(

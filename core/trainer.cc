@@ -41,7 +41,6 @@
 namespace starling {
 namespace {
 
-
 std::string ShapeString(const torch::Tensor& t) {
   return absl::StrCat("[", absl::StrJoin(t.sizes(), ","), "]");
 }

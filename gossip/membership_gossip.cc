@@ -69,11 +69,10 @@ class WaitReporter {
 std::string JoinWaitLine(const std::vector<std::string>& seeds,
                          absl::Duration waited, int attempts,
                          const std::string& last_error, absl::Duration left) {
-  return absl::StrCat("joining the swarm through --peers=",
-                      absl::StrJoin(seeds, ","), ": ", attempts,
-                      " attempts in ", Seconds(waited), "; last error: ",
-                      last_error, "; giving up in ", Seconds(left),
-                      " (--connect_timeout)");
+  return absl::StrCat(
+      "joining the swarm through --peers=", absl::StrJoin(seeds, ","), ": ",
+      attempts, " attempts in ", Seconds(waited), "; last error: ", last_error,
+      "; giving up in ", Seconds(left), " (--connect_timeout)");
 }
 
 std::string MembersWaitLine(const std::vector<MemberEntry>& table,
@@ -84,21 +83,20 @@ std::string MembersWaitLine(const std::vector<MemberEntry>& table,
     if (CountsAsReady(e, self)) {
       ready.push_back(e.id());
     } else {
-      not_ready.push_back(absl::StrCat(
-          e.id(), " ", e.joining() && IsLive(e) ? "still joining"
-                                                : MemberStateName(e.state()),
-          " at ", e.address()));
+      not_ready.push_back(absl::StrCat(e.id(), " ",
+                                       e.joining() && IsLive(e)
+                                           ? "still joining"
+                                           : MemberStateName(e.state()),
+                                       " at ", e.address()));
     }
   }
-  return absl::StrCat("waiting for ", n, " members (--min_members) for ",
-                      Seconds(waited), ": ", ready.size(), " ready (",
-                      absl::StrJoin(ready, ", "), ")",
-                      not_ready.empty()
-                          ? ""
-                          : absl::StrCat("; not ready: ",
-                                         absl::StrJoin(not_ready, ", ")),
-                      "; giving up in ", Seconds(left),
-                      " (--connect_timeout)");
+  return absl::StrCat(
+      "waiting for ", n, " members (--min_members) for ", Seconds(waited), ": ",
+      ready.size(), " ready (", absl::StrJoin(ready, ", "), ")",
+      not_ready.empty()
+          ? ""
+          : absl::StrCat("; not ready: ", absl::StrJoin(not_ready, ", ")),
+      "; giving up in ", Seconds(left), " (--connect_timeout)");
 }
 
 std::vector<std::string> GossipTargets(
@@ -255,10 +253,11 @@ std::optional<absl::Status> MembershipGossip::TryJoin(const std::string& seed,
     absl::MutexLock lock(&tries->mu);
     ++tries->attempts;
     if (!s.ok()) {
-      tries->last_error = absl::StrCat(
-          seed, ": ", absl::StatusCodeToString(
-                          static_cast<absl::StatusCode>(s.error_code())),
-          ": ", s.error_message());
+      tries->last_error =
+          absl::StrCat(seed, ": ",
+                       absl::StatusCodeToString(
+                           static_cast<absl::StatusCode>(s.error_code())),
+                       ": ", s.error_message());
     }
   }
   if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {

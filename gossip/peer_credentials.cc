@@ -112,10 +112,9 @@ std::string AllNamesOf(X509* cert) {
     if (g->type == GEN_DNS) {
       const ASN1_STRING* dns = g->d.dNSName;
       names.push_back(absl::StrCat(
-          "DNS:",
-          absl::string_view(
-              reinterpret_cast<const char*>(ASN1_STRING_get0_data(dns)),
-              static_cast<size_t>(ASN1_STRING_length(dns)))));
+          "DNS:", absl::string_view(
+                      reinterpret_cast<const char*>(ASN1_STRING_get0_data(dns)),
+                      static_cast<size_t>(ASN1_STRING_length(dns)))));
     } else if (g->type == GEN_IPADD) {
       const ASN1_OCTET_STRING* ip = g->d.iPAddress;
       char text[INET6_ADDRSTRLEN] = "?";
@@ -149,16 +148,15 @@ absl::Status CheckCoversListenHost(const PeerSecurityOptions& o, X509* leaf) {
             : X509_check_host(leaf, host.data(), host.size(), 0, nullptr);
   ERR_clear_error();
   if (covered == 1) return absl::OkStatus();
-  return Bad(
-      "tls_cert", o.tls_cert,
-      absl::StrCat(
-          "does not cover ",
-          by_name ? absl::StrCat("--tls_server_name=", host)
-                  : absl::StrCat("this node's --listen host ", host),
-          ", which peers check it against; it names ", AllNamesOf(leaf),
-          ". Issue this node a certificate whose subjectAltName holds ",
-          is_ip ? "IP:" : "DNS:", host,
-          " (docs/security.md has the openssl commands)"));
+  return Bad("tls_cert", o.tls_cert,
+             absl::StrCat(
+                 "does not cover ",
+                 by_name ? absl::StrCat("--tls_server_name=", host)
+                         : absl::StrCat("this node's --listen host ", host),
+                 ", which peers check it against; it names ", AllNamesOf(leaf),
+                 ". Issue this node a certificate whose subjectAltName holds ",
+                 is_ip ? "IP:" : "DNS:", host,
+                 " (docs/security.md has the openssl commands)"));
 }
 
 // "none", or the names quoted and joined.

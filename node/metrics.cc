@@ -442,8 +442,8 @@ void NodeMetrics::RegisterNetwork(prometheus::Registry& r, Metrics& metrics) {
   m->rpc_errors = &Register(BuildCounter(), "starling_rpc_errors_total",
                             "Failed outgoing RPCs, by gRPC status code.", r);
   // Every code but OK, at 0 from the start (absl and gRPC share the codes).
-  for (int code = 1; code <= static_cast<int>(absl::StatusCode::kUnauthenticated);
-       ++code) {
+  for (int code = 1;
+       code <= static_cast<int>(absl::StatusCode::kUnauthenticated); ++code) {
     m->rpc_errors->Add({{"code", absl::StatusCodeToString(
                                      static_cast<absl::StatusCode>(code))}});
   }
@@ -452,7 +452,8 @@ void NodeMetrics::RegisterNetwork(prometheus::Registry& r, Metrics& metrics) {
                 "Incoming calls and streams refused or cut off to protect "
                 "this node, by reason.",
                 r);
-  for (const char* reason : {"rate_limit", "stream_limit", "stream_cancelled"}) {
+  for (const char* reason :
+       {"rate_limit", "stream_limit", "stream_cancelled"}) {
     m->refusals->Add({{"reason", reason}});
   }
 

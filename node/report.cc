@@ -213,13 +213,13 @@ std::vector<Chart> ChartsFor(const ReportData& d) {
        MembershipOverTime(d)},
   };
   if (!d.accuracy_vs_time.empty()) {
-    charts.insert(charts.begin() + 1,
-                  {"val_accuracy_vs_time.png",
-                   "Validation accuracy vs wall time",
-                   "set xlabel 'wall seconds'; set ylabel 'accuracy (%)';"
-                   "set yrange [0:100];"
-                   "plot 'val_accuracy.csv' using 1:($2*100) with linespoints "
-                   "lw 2 pt 7 title 'validation accuracy'"});
+    charts.insert(
+        charts.begin() + 1,
+        {"val_accuracy_vs_time.png", "Validation accuracy vs wall time",
+         "set xlabel 'wall seconds'; set ylabel 'accuracy (%)';"
+         "set yrange [0:100];"
+         "plot 'val_accuracy.csv' using 1:($2*100) with linespoints "
+         "lw 2 pt 7 title 'validation accuracy'"});
   }
   if (d.rounds.empty()) {
     // No rounds (gossip): charts drawn only from rounds.csv would have no
@@ -336,7 +336,8 @@ std::string ReportHtml(const std::string& rdir, const ReportData& d,
   }
   absl::StrAppend(
       &html,
-      "<p>Data, beside this page: <a href=\"report/rounds.csv\">rounds.csv</a>, "
+      "<p>Data, beside this page: <a "
+      "href=\"report/rounds.csv\">rounds.csv</a>, "
       "<a href=\"report/val_loss.csv\">val_loss.csv</a>, <a "
       "href=\"report/nodes.csv\">nodes.csv</a>, ",
       d.accuracy_vs_time.empty()

@@ -113,8 +113,9 @@ absl::Status CheckOutWritable(const std::string& out);
 absl::Status PrepareRunDir(TrainConfig* config, absl::string_view command);
 
 // PrepareRunDir, then --threads, then Trainer::Create: the start of every
-// run, so that an unwritable --out fails before the data load. Errors as those give; ExitCodeFor maps them. When Trainer::Create
-// fails, a run directory that this call created is removed again.
+// run, so that an unwritable --out fails before the data load. Errors as those
+// give; ExitCodeFor maps them. When Trainer::Create fails, a run directory that
+// this call created is removed again.
 absl::StatusOr<std::unique_ptr<Trainer>> StartRun(TrainConfig* config,
                                                   absl::string_view command);
 

@@ -41,28 +41,32 @@ absl::StatusOr<SentencePiece> SentencePiece::Load() {
   for (const std::string& path : candidates) {
     if (!FileExists(path)) continue;
     // RTLD_DEEPBIND: the library's own protobuf copy wins inside it.
-    void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    void* handle =
+        ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
     if (handle == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot load ", path, ": ", ::dlerror(),
-          " (it needs Debian's libsentencepiece0: apt-get install "
-          "libsentencepiece0, or run scripts/setup.sh)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot load ", path, ": ", ::dlerror(),
+                       " (it needs Debian's libsentencepiece0: apt-get install "
+                       "libsentencepiece0, or run scripts/setup.sh)"));
     }
-    auto train = reinterpret_cast<TrainFn>(::dlsym(handle, "starling_spm_train"));
+    auto train =
+        reinterpret_cast<TrainFn>(::dlsym(handle, "starling_spm_train"));
     auto encode =
         reinterpret_cast<EncodeFn>(::dlsym(handle, "starling_spm_encode"));
     auto free = reinterpret_cast<FreeFn>(::dlsym(handle, "starling_spm_free"));
     if (train == nullptr || encode == nullptr || free == nullptr) {
       return absl::FailedPreconditionError(
-          absl::StrCat(path, " lacks the starling_spm_* functions (a library "
-                             "from another Starling build?)"));
+          absl::StrCat(path,
+                       " lacks the starling_spm_* functions (a library "
+                       "from another Starling build?)"));
     }
     return SentencePiece(train, encode, free);
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "starling tokenize needs ", kLibrary, ", built beside the starling "
-      "binary from Debian's libsentencepiece-dev; looked in ",
-      absl::StrJoin(candidates, " and ")));
+  return absl::FailedPreconditionError(
+      absl::StrCat("starling tokenize needs ", kLibrary,
+                   ", built beside the starling "
+                   "binary from Debian's libsentencepiece-dev; looked in ",
+                   absl::StrJoin(candidates, " and ")));
 }
 
 absl::Status SentencePiece::Train(
@@ -89,9 +93,8 @@ absl::StatusOr<EncodedText> SentencePiece::Encode(
   char err[1024] = {0};
   if (encode_(model_path.c_str(), text.data(), text.size(), &ids, &count,
               &out.vocab, &out.eos, err, sizeof(err)) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SentencePiece cannot encode with ", model_path, ": ",
-                     err));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SentencePiece cannot encode with ", model_path, ": ", err));
   }
   out.ids.assign(ids, ids + count);
   free_(ids);

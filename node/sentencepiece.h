@@ -48,8 +48,8 @@ class SentencePiece {
  private:
   using TrainFn = int (*)(const char* const*, const char* const*, int, char*,
                           size_t);
-  using EncodeFn = int (*)(const char*, const char*, size_t, int32_t**,
-                           size_t*, int32_t*, int32_t*, char*, size_t);
+  using EncodeFn = int (*)(const char*, const char*, size_t, int32_t**, size_t*,
+                           int32_t*, int32_t*, char*, size_t);
   using FreeFn = void (*)(int32_t*);
 
   SentencePiece(TrainFn train, EncodeFn encode, FreeFn free)

@@ -79,9 +79,9 @@ __attribute__((visibility("default"))) int starling_spm_encode(
     while (begin < len) {
       const void* nl = std::memchr(text + begin, '\n', len - begin);
       const size_t end =
-          nl != nullptr ? static_cast<size_t>(static_cast<const char*>(nl) -
-                                              text)
-                        : len;
+          nl != nullptr
+              ? static_cast<size_t>(static_cast<const char*>(nl) - text)
+              : len;
       line_ids.clear();
       const auto encoded =
           sp.Encode(absl::string_view(text + begin, end - begin), &line_ids);
@@ -94,8 +94,8 @@ __attribute__((visibility("default"))) int starling_spm_encode(
       begin = end + 1;
     }
     *count = out.size();
-    *ids = static_cast<int32_t*>(std::malloc(sizeof(int32_t) *
-                                             (out.empty() ? 1 : out.size())));
+    *ids = static_cast<int32_t*>(
+        std::malloc(sizeof(int32_t) * (out.empty() ? 1 : out.size())));
     if (*ids == nullptr) {
       SetError("out of memory", err, err_len);
       return 1;

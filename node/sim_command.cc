@@ -266,7 +266,7 @@ absl::Status CheckNodesCanStart(SimSetup* s) {
   PeerSecurityOptions security = PeerSecurityFromFlags();
   s->plaintext = !security.asks_for_tls();
   if (s->plaintext) security.insecure = true;
-  security.node_id.clear();  // each node's is its own
+  security.node_id.clear();            // each node's is its own
   security.listen_host = "127.0.0.1";  // every node's --listen host
   STARLING_RETURN_IF_ERROR(CheckPeerSecurity(security));
   if (security.tls_bind_node_ids) {

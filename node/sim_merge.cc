@@ -624,8 +624,9 @@ std::string DoneLine(const Struct& summary, const std::string& algo,
       "done: val_loss %s%s | sent %s (per-step all-reduce: %s, %.1fx less) | "
       "hashes agree: %s | %s\n  report: %s/report.html",
       ToJson(FieldOf(fin, "val_loss")),
-      IsNumber(acc) ? absl::StrFormat(" | val_acc %.2f%%", 100 * acc.number_value())
-                    : "",
+      IsNumber(acc)
+          ? absl::StrFormat(" | val_acc %.2f%%", 100 * acc.number_value())
+          : "",
       FormatBytes(FieldOf(fin, "total_bytes").number_value()),
       FormatBytes(FieldOf(fin, "allreduce_equivalent_bytes").number_value()),
       FieldOf(fin, "comm_reduction").number_value(),

@@ -87,9 +87,9 @@ std::vector<std::string> NodeArgs(const NodeLaunch& launch, int i, bool restart,
     args.push_back(absl::StrCat("--link_bandwidth_mbps=", bandwidth));
     args.push_back(absl::StrCat("--link_latency_ms=", latency));
   }
-  for (const auto& [name, base] : {std::pair<const char*, int>{
-                                        "metrics_port", launch.metrics_port},
-                                    {"health_port", launch.health_port}}) {
+  for (const auto& [name, base] :
+       {std::pair<const char*, int>{"metrics_port", launch.metrics_port},
+        {"health_port", launch.health_port}}) {
     if (base >= 0) {
       args.push_back(absl::StrCat("--", name, "=", base == 0 ? 0 : base + i));
     }

@@ -88,9 +88,9 @@ absl::Status CheckWritable(absl::string_view flag, const std::string& path) {
       slash == std::string::npos ? "." : path.substr(0, slash);
   absl::Status s = CheckDirWritable(dir.empty() ? "/" : dir);
   if (!s.ok()) {
-    return Bad(flag, path,
-               absl::StrCat("its directory is not writable (", s.message(),
-                            ")"));
+    return Bad(
+        flag, path,
+        absl::StrCat("its directory is not writable (", s.message(), ")"));
   }
   return absl::OkStatus();
 }
@@ -160,10 +160,10 @@ absl::StatusOr<std::string> TokenBytes(const EncodedText& e,
                                        const std::string& dtype) {
   const size_t width = dtype == "uint32" ? 4 : 2;
   if (width == 2 && e.vocab > 65536) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the model has ", e.vocab,
-        " pieces, more than uint16 tokens hold (65536); add "
-        "--token_dtype=uint32"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model has ", e.vocab,
+                     " pieces, more than uint16 tokens hold (65536); add "
+                     "--token_dtype=uint32"));
   }
   std::string out(e.ids.size() * width, '\0');
   for (size_t i = 0; i < e.ids.size(); ++i) {
@@ -235,9 +235,9 @@ int RunTokenizeCommand() {
   absl::StatusOr<SentencePiece> sp = SentencePiece::Load();
   if (!sp.ok()) return Fail(sp.status(), 1);
   if (!t.model_prefix.empty()) {
-    WriteStderrLine(absl::StrCat("starling tokenize: training a ",
-                                 t.model_type, " model of ", t.vocab_size,
-                                 " pieces on ", t.input));
+    WriteStderrLine(absl::StrCat("starling tokenize: training a ", t.model_type,
+                                 " model of ", t.vocab_size, " pieces on ",
+                                 t.input));
     // minloglevel 1: SentencePiece's warnings and errors, not its progress.
     absl::Status s = sp->Train({{"input", t.input},
                                 {"model_prefix", t.model_prefix},
@@ -256,10 +256,10 @@ int RunTokenizeCommand() {
                                  v->ids.size(), " tokens in ", t.val_out));
     val_flag = absl::StrCat(" --val_data=tokens:", t.val_out);
   }
-  WriteStderrLine(absl::StrCat(
-      "starling tokenize: ", t.input, " -> ", e->ids.size(), " tokens in ",
-      t.out, " (", t.token_dtype, ", vocabulary ", e->vocab, ", model ",
-      t.ModelPath(), ")"));
+  WriteStderrLine(absl::StrCat("starling tokenize: ", t.input, " -> ",
+                               e->ids.size(), " tokens in ", t.out, " (",
+                               t.token_dtype, ", vocabulary ", e->vocab,
+                               ", model ", t.ModelPath(), ")"));
   WriteStderrLine(absl::StrCat("train with: --data=tokens:", t.out,
                                " --token_dtype=", t.token_dtype,
                                " --vocab=", e->vocab, val_flag));

@@ -54,7 +54,8 @@ ABSL_FLAG(std::string, val_data, "",
           "files) or idx:IMAGES,LABELS for images); with it all of --data "
           "trains and --val_fraction is not used. Empty = hold out the tail "
           "--val_fraction of --data (fmnist: its test set)");
-ABSL_FLAG(std::string, token_dtype, starling::DefaultTrainConfig().token_dtype(),
+ABSL_FLAG(std::string, token_dtype,
+          starling::DefaultTrainConfig().token_dtype(),
           "tokens:PATH: the file's element type, uint16 or uint32 "
           "(little-endian); uint32 for vocabularies over 65536");
 ABSL_FLAG(std::string, shard, starling::DefaultTrainConfig().shard(),
@@ -160,19 +161,39 @@ TrainConfig ConfigFromFlags() {
 }
 
 const std::vector<std::string>& TrainFlagNames() {
-  static const auto* names = new std::vector<std::string>{
-      "model",     "layers",     "width",
-      "heads",     "context",    "data",
-      "val_data",  "shard",      "shard_mode",
-      "val_fraction", "cache_dir", "vocab",
-      "token_dtype", "optimizer",
-      "lr",        "warmup",     "weight_decay",
-      "beta1",     "beta2",      "momentum",
-      "clip",      "batch",      "steps",
-      "device",    "threads",    "seed",
-      "out",       "eval_every", "checkpoint_every",
-      "log_every", "resume",     "slowdown",
-      "drift"};
+  static const auto* names = new std::vector<std::string>{"model",
+                                                          "layers",
+                                                          "width",
+                                                          "heads",
+                                                          "context",
+                                                          "data",
+                                                          "val_data",
+                                                          "shard",
+                                                          "shard_mode",
+                                                          "val_fraction",
+                                                          "cache_dir",
+                                                          "vocab",
+                                                          "token_dtype",
+                                                          "optimizer",
+                                                          "lr",
+                                                          "warmup",
+                                                          "weight_decay",
+                                                          "beta1",
+                                                          "beta2",
+                                                          "momentum",
+                                                          "clip",
+                                                          "batch",
+                                                          "steps",
+                                                          "device",
+                                                          "threads",
+                                                          "seed",
+                                                          "out",
+                                                          "eval_every",
+                                                          "checkpoint_every",
+                                                          "log_every",
+                                                          "resume",
+                                                          "slowdown",
+                                                          "drift"};
   return *names;
 }
 
@@ -305,8 +326,8 @@ class TrainRun {
         // A full disk or a directory gone read-only costs this checkpoint,
         // not the run: the previous one is still whole (atomic writes).
         if (absl::Status s = Checkpoint(); !s.ok()) {
-          WriteStderrLine(absl::StrCat("starling train: warning: ",
-                                       s.message(), "; ", KeptCheckpoint(),
+          WriteStderrLine(absl::StrCat("starling train: warning: ", s.message(),
+                                       "; ", KeptCheckpoint(),
                                        "; training goes on"));
         }
       }
@@ -318,15 +339,14 @@ class TrainRun {
     trainer_.set_wall_seconds(events_.WallSeconds());
     absl::Status s = trainer_.SaveCheckpoint(ckpt_path_);
     if (!s.ok()) {
-      s = absl::Status(s.code(),
-                       absl::StrCat("checkpoint at step ",
-                                    trainer_.state().step(),
-                                    " failed: ", s.message()));
-      events_.Write("checkpoint_failed",
-                    JsonObject()
-                        .Add("step",
-                             static_cast<int64_t>(trainer_.state().step()))
-                        .Add("message", s.message()));
+      s = absl::Status(
+          s.code(), absl::StrCat("checkpoint at step ", trainer_.state().step(),
+                                 " failed: ", s.message()));
+      events_.Write(
+          "checkpoint_failed",
+          JsonObject()
+              .Add("step", static_cast<int64_t>(trainer_.state().step()))
+              .Add("message", s.message()));
     } else {
       checkpoint_step_ = trainer_.state().step();
       events_.Write(
@@ -362,8 +382,8 @@ class TrainRun {
       if (absl::Status s = Evaluate(); !s.ok()) return Fail(s, 1);
     }
     if (absl::Status s = Checkpoint(); !s.ok()) {
-      return Fail(absl::Status(s.code(),
-                               absl::StrCat(s.message(), "; ", KeptCheckpoint())),
+      return Fail(absl::Status(s.code(), absl::StrCat(s.message(), "; ",
+                                                      KeptCheckpoint())),
                   1);
     }
     NodeTotals totals;

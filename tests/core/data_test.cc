@@ -601,7 +601,8 @@ TEST(ValDataTest, TextAndTokensValidateOnTheirOwnFile) {
   // Tokens: the vocabulary covers the validation file's ids too.
   const std::string tokens = dir + "/t.bin", val_tokens = dir + "/v.bin";
   std::string tb, vb;
-  for (int i = 0; i < 3000; ++i) tb += std::string{static_cast<char>(i % 50), 0};
+  for (int i = 0; i < 3000; ++i)
+    tb += std::string{static_cast<char>(i % 50), 0};
   for (int i = 0; i < 100; ++i) vb += std::string{static_cast<char>(60), 0};
   ASSERT_TRUE(WriteFileAtomic(tokens, tb).ok());
   ASSERT_TRUE(WriteFileAtomic(val_tokens, vb).ok());
@@ -656,8 +657,8 @@ TEST(ValDataTest, MismatchedKindsDriftAndSmallSetsAreRefused) {
 // with `c` channels; pixel (y, x, ch) = (i + y + 2x + 3ch) % 256 and the
 // label i % classes as int32 when `int32_labels`, else as a byte.
 void WriteColourIdx(const std::string& images, const std::string& labels,
-                    uint32_t n, uint32_t h, uint32_t w, uint32_t c,
-                    int classes, bool int32_labels) {
+                    uint32_t n, uint32_t h, uint32_t w, uint32_t c, int classes,
+                    bool int32_labels) {
   std::string pixels, labs;
   for (uint32_t i = 0; i < n; ++i) {
     for (uint32_t y = 0; y < h; ++y) {
@@ -715,8 +716,8 @@ TEST(IdxImagesTest, ColourImagesOfAnySizeAndClassCount) {
   // The same files as a separate validation set of a Fashion-MNIST-named
   // directory of the same shape.
   const std::string fdir = TempDir();
-  WriteColourIdx(fdir + "/train-images-idx4-ubyte", fdir + "/train-labels-idx1-ubyte",
-                 40, 12, 10, 3, 13, false);
+  WriteColourIdx(fdir + "/train-images-idx4-ubyte",
+                 fdir + "/train-labels-idx1-ubyte", 40, 12, 10, 3, 13, false);
   DataOptions f;
   f.spec = "fmnist:" + fdir;
   f.val_spec = o.spec;

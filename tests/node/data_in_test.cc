@@ -58,9 +58,11 @@ TEST(OutTest, AnUnwritableOutExitsTwoBeforeAnyWork) {
     auto r = RunStarling(absl::StrCat(command, " --out=/proc/self"));
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     EXPECT_EQ(r.exit_code, 2) << command << "\n" << r.err;
-    EXPECT_TRUE(Contains(r.err, "--out=/proc/self: the run directory is not "
-                                "writable"))
-        << command << "\n" << r.err;
+    EXPECT_TRUE(Contains(r.err,
+                         "--out=/proc/self: the run directory is not "
+                         "writable"))
+        << command << "\n"
+        << r.err;
     EXPECT_FALSE(Contains(r.err, "corpus.txt")) << command << "\n" << r.err;
     EXPECT_FALSE(Contains(r.err, "node n0")) << command << "\n" << r.err;
     // For the report; the test does not hold a machine to a time.
@@ -91,7 +93,8 @@ TEST(OutTest, AMode555DirectoryIsRefusedForAnotherUser) {
     EXPECT_TRUE(Contains(p.LogText(), absl::StrCat("--out=", out,
                                                    ": the run directory is "
                                                    "not writable")))
-        << command << "\n" << p.LogText();
+        << command << "\n"
+        << p.LogText();
     EXPECT_TRUE(Contains(p.LogText(), "Permission denied")) << p.LogText();
     EXPECT_FALSE(Contains(p.LogText(), "corpus.txt")) << p.LogText();
   }
@@ -121,8 +124,8 @@ TEST(CheckpointFailureTest, ThePreviousCheckpointIsKeptAndTrainingGoesOn) {
   const std::vector<google::protobuf::Struct> written =
       ReadEvents(events, "checkpoint");
   ASSERT_FALSE(written.empty());
-  const int kept = static_cast<int>(
-      Field(written.back(), "step").number_value());
+  const int kept =
+      static_cast<int>(Field(written.back(), "step").number_value());
   EXPECT_LT(kept, 200);
   EXPECT_FALSE(ReadEvents(events, "checkpoint_failed").empty());
   const std::string log = p.LogText();
@@ -138,8 +141,8 @@ TEST(CheckpointFailureTest, ThePreviousCheckpointIsKeptAndTrainingGoesOn) {
   ASSERT_FALSE(ReadEvents(events, "end").empty()) << log;
   // The kept checkpoint is whole: the run resumes from it.
   ASSERT_EQ(::rmdir(blocker.c_str()), 0);
-  auto resumed = RunStarling(absl::StrCat("train ", flags, " --out=", out,
-                                          " --resume --slowdown=1"));
+  auto resumed = RunStarling(
+      absl::StrCat("train ", flags, " --out=", out, " --resume --slowdown=1"));
   EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
 }
 
@@ -154,9 +157,12 @@ TEST(CheckpointFailureTest, ANodeWarnsAndTrainsOn) {
       TempDir() + "/node.log");
   ASSERT_TRUE(p.started());
   const std::string events = out + "/events.jsonl";
-  ASSERT_TRUE(WaitFor([&] { return !ReadEvents(events, "checkpoint").empty() ||
-                                   !ReadEvents(events, "round").empty(); },
-                      absl::Minutes(2)));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return !ReadEvents(events, "checkpoint").empty() ||
+               !ReadEvents(events, "round").empty();
+      },
+      absl::Minutes(2)));
   ASSERT_TRUE(
       MakeDirs(absl::StrCat(out, "/checkpoint.ckpt.tmp.", p.pid())).ok());
   EXPECT_EQ(p.Wait(absl::Minutes(5)), 1) << p.LogText();
@@ -192,9 +198,11 @@ TEST(TokenizeTest, TrainsAModelWritesTokensAndTrainReadsThem) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(FileExists(dir + "/spm.model"));
   EXPECT_TRUE(FileExists(dir + "/spm.vocab"));
-  const std::string flags_line = absl::StrCat(
-      "train with: --data=tokens:", dir, "/train.tokens --token_dtype=uint16 "
-      "--vocab=400 --val_data=tokens:", dir, "/val.tokens");
+  const std::string flags_line =
+      absl::StrCat("train with: --data=tokens:", dir,
+                   "/train.tokens --token_dtype=uint16 "
+                   "--vocab=400 --val_data=tokens:",
+                   dir, "/val.tokens");
   EXPECT_TRUE(Contains(r.err, flags_line)) << r.err;
   const std::string tokens = ReadFile(dir + "/train.tokens").value_or("");
   ASSERT_EQ(tokens.size() % 2, 0u);
@@ -212,11 +220,12 @@ TEST(TokenizeTest, TrainsAModelWritesTokensAndTrainReadsThem) {
     if (!lines.empty() && lines.back().empty()) lines.pop_back();
     std::string expected;
     for (const std::string& line : lines) {
-      for (absl::string_view id : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+      for (absl::string_view id :
+           absl::StrSplit(line, ' ', absl::SkipEmpty())) {
         uint32_t v = 0;
         ASSERT_TRUE(absl::SimpleAtoi(id, &v)) << id;
-        expected += std::string{static_cast<char>(v & 0xff),
-                                static_cast<char>(v >> 8)};
+        expected +=
+            std::string{static_cast<char>(v & 0xff), static_cast<char>(v >> 8)};
       }
       expected += std::string{2, 0};
     }
@@ -225,15 +234,16 @@ TEST(TokenizeTest, TrainsAModelWritesTokensAndTrainReadsThem) {
   }
 
   // Applying the trained model gives the same file.
-  r = RunStarling(absl::StrCat("tokenize --input=", dir, "/train.txt --sp_model=",
-                               dir, "/spm.model --out=", dir, "/again.tokens"));
+  r = RunStarling(absl::StrCat("tokenize --input=", dir,
+                               "/train.txt --sp_model=", dir,
+                               "/spm.model --out=", dir, "/again.tokens"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(ReadFile(dir + "/again.tokens").value_or("x"), tokens);
 
   // uint32 tokens: the same ids, four bytes each.
-  r = RunStarling(absl::StrCat("tokenize --input=", dir, "/train.txt --sp_model=",
-                               dir, "/spm.model --token_dtype=uint32 --out=", dir,
-                               "/wide.tokens"));
+  r = RunStarling(absl::StrCat(
+      "tokenize --input=", dir, "/train.txt --sp_model=", dir,
+      "/spm.model --token_dtype=uint32 --out=", dir, "/wide.tokens"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(ReadFile(dir + "/wide.tokens").value_or("").size(),
             2 * tokens.size());
@@ -245,16 +255,15 @@ TEST(TokenizeTest, TrainsAModelWritesTokensAndTrainReadsThem) {
                    "--batch=8 --steps=30 --threads=1 --eval_every=0 "
                    "--log_every=0"),
       dir + "/run");
-  const google::protobuf::Struct& fin =
-      Field(summary, "final").struct_value();
+  const google::protobuf::Struct& fin = Field(summary, "final").struct_value();
   EXPECT_GT(Field(fin, "val_loss").number_value(), 0);
   EXPECT_LT(Field(fin, "val_loss").number_value(), 6.5);  // ln 400 = 5.99
-  EXPECT_TRUE(Contains(
-      Field(Field(summary, "model").struct_value(), "architecture")
-          .string_value(),
-      "vocab=400"));
-  EXPECT_TRUE(Contains(Field(summary, "data").string_value(),
-                       "from --val_data"))
+  EXPECT_TRUE(
+      Contains(Field(Field(summary, "model").struct_value(), "architecture")
+                   .string_value(),
+               "vocab=400"));
+  EXPECT_TRUE(
+      Contains(Field(summary, "data").string_value(), "from --val_data"))
       << Field(summary, "data").string_value();
 }
 
@@ -272,15 +281,20 @@ TEST(TokenizeTest, BadFlagsAreRefusedBeforeWork) {
        "--input=/no/such.txt: no such file"},
       {"tokenize" + in + " --out=" + dir + "/o",
        "exactly one of --model_prefix"},
-      {"tokenize" + in + " --model_prefix=m --sp_model=" + dir + "/t.txt "
-       "--out=o",
+      {"tokenize" + in + " --model_prefix=m --sp_model=" + dir +
+           "/t.txt "
+           "--out=o",
        "exactly one of --model_prefix"},
       {"tokenize" + in + " --model_prefix=" + dir + "/m", "--out: name"},
-      {"tokenize" + in + " --model_prefix=" + dir + "/m --vocab_size=70000 "
-       "--out=" + dir + "/o",
+      {"tokenize" + in + " --model_prefix=" + dir +
+           "/m --vocab_size=70000 "
+           "--out=" +
+           dir + "/o",
        "add --token_dtype=uint32"},
-      {"tokenize" + in + " --model_prefix=" + dir + "/m --sp_model_type=wordpiece "
-       "--out=" + dir + "/o",
+      {"tokenize" + in + " --model_prefix=" + dir +
+           "/m --sp_model_type=wordpiece "
+           "--out=" +
+           dir + "/o",
        "--sp_model_type=wordpiece"},
       {"tokenize" + in + " --model_prefix=" + dir + "/m --out=/proc/self/t",
        "--out=/proc/self/t: its directory is not writable"},
@@ -322,9 +336,10 @@ TEST(IdxDataTest, AColourSetTrainsWithTheBuiltInCnn) {
                      testing::IdxBytes({n, 16, 16, 3}, pixels));
   testing::WriteGzip(dir + "/labels.gz", testing::IdxBytes({n}, labels));
   const google::protobuf::Struct summary = testing::RunToSummary(
-      absl::StrCat("train --data=idx:", dir, "/images.gz,", dir,
-                   "/labels.gz --val_fraction=0.2 --steps=60 --batch=32 --lr=3e-3 "
-                   "--threads=1 --log_every=0 --eval_every=0"),
+      absl::StrCat(
+          "train --data=idx:", dir, "/images.gz,", dir,
+          "/labels.gz --val_fraction=0.2 --steps=60 --batch=32 --lr=3e-3 "
+          "--threads=1 --log_every=0 --eval_every=0"),
       dir + "/run");
   const std::string arch =
       Field(Field(summary, "model").struct_value(), "architecture")

@@ -99,19 +99,28 @@ TEST(NodeMetricsTest, FreshEndpointHasEveryMetricWithHelp) {
   std::unique_ptr<NodeMetrics> m = StartOrDie();
   ASSERT_NE(m, nullptr);
   const std::string text = absl::StrCat("\n", Scrape(*m));
-  for (const char* name :
-       {"starling_build_info", "starling_inner_steps_total",
-        "starling_tokens_total", "starling_step_duration_seconds",
-        "starling_train_loss", "starling_rounds_total",
-        "starling_round_duration_seconds", "starling_sync_duration_seconds",
-        "starling_outer_learning_rate", "starling_inner_learning_rate",
-        "starling_pseudo_gradient_norm", "starling_sent_bytes_total",
-        "starling_received_bytes_total", "starling_pseudo_gradient_bytes_total",
-        "starling_peers_known", "starling_peers_connected",
-        "starling_checkpoint_duration_seconds",
-        "starling_last_checkpoint_timestamp_seconds", "starling_val_loss",
-        "starling_val_accuracy", "starling_rpc_errors_total",
-        "starling_peer_refusals_total"}) {
+  for (const char* name : {"starling_build_info",
+                           "starling_inner_steps_total",
+                           "starling_tokens_total",
+                           "starling_step_duration_seconds",
+                           "starling_train_loss",
+                           "starling_rounds_total",
+                           "starling_round_duration_seconds",
+                           "starling_sync_duration_seconds",
+                           "starling_outer_learning_rate",
+                           "starling_inner_learning_rate",
+                           "starling_pseudo_gradient_norm",
+                           "starling_sent_bytes_total",
+                           "starling_received_bytes_total",
+                           "starling_pseudo_gradient_bytes_total",
+                           "starling_peers_known",
+                           "starling_peers_connected",
+                           "starling_checkpoint_duration_seconds",
+                           "starling_last_checkpoint_timestamp_seconds",
+                           "starling_val_loss",
+                           "starling_val_accuracy",
+                           "starling_rpc_errors_total",
+                           "starling_peer_refusals_total"}) {
     EXPECT_THAT(text, HasSubstr(absl::StrCat("\n# HELP ", name, " "))) << name;
   }
   std::map<std::string, double> s = Samples(text);
@@ -132,7 +141,8 @@ TEST(NodeMetricsTest, FreshEndpointHasEveryMetricWithHelp) {
     ASSERT_EQ(s.count(key), 1u) << key;
     EXPECT_EQ(s[key], 0) << key;
   }
-  for (const char* reason : {"rate_limit", "stream_limit", "stream_cancelled"}) {
+  for (const char* reason :
+       {"rate_limit", "stream_limit", "stream_cancelled"}) {
     const std::string key =
         absl::StrCat("starling_peer_refusals_total{reason=\"", reason, "\"}");
     ASSERT_EQ(s.count(key), 1u) << key;

@@ -8,7 +8,6 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-
 #include "core/file_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

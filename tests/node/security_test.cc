@@ -332,9 +332,8 @@ TEST_F(TlsTest, ACertificateThatDoesNotCoverTheListenHostIsRefused) {
   EXPECT_NE(r.err.find("does not cover --tls_server_name=other"),
             std::string::npos)
       << r.err;
-  r = nodes_.Run("b",
-                 absl::StrCat("--steps=10 --tls_server_name=node-b.example",
-                              tls));
+  r = nodes_.Run(
+      "b", absl::StrCat("--steps=10 --tls_server_name=node-b.example", tls));
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
@@ -401,27 +400,33 @@ TEST_F(TlsTest, TheDocumentedCertificateRecipeWorksForSeveralHosts) {
     ASSERT_NE(script.find(hosts), std::string::npos) << doc << "\n" << script;
     script.replace(script.find(hosts), hosts.size(),
                    "a=127.0.0.1 b=node-b.example c=10.1.2.3");
-    const std::string dir = absl::StrCat(dir_, "/recipe-", doc[0] == 'R' ? 1 : 2);
+    const std::string dir =
+        absl::StrCat(dir_, "/recipe-", doc[0] == 'R' ? 1 : 2);
     ASSERT_TRUE(MakeDirs(dir).ok());
     ASSERT_TRUE(WriteFileAtomic(dir + "/recipe.sh", script).ok());
     ASSERT_TRUE(Sh(dir, "bash -euo pipefail recipe.sh")) << script;
     const std::string certs = dir + "/certs";
     for (const char* id : {"a", "b", "c"}) {
-      ASSERT_TRUE(Sh(certs, absl::StrCat("openssl verify -CAfile ca.pem ", id,
-                                         ".pem")));
+      ASSERT_TRUE(Sh(
+          certs, absl::StrCat("openssl verify -CAfile ca.pem ", id, ".pem")));
     }
-    ASSERT_TRUE(Sh(certs, "openssl x509 -in a.pem -noout -checkip 127.0.0.1 "
-                          "| grep 'does match'"));
-    ASSERT_TRUE(Sh(certs, "openssl x509 -in b.pem -noout -checkhost "
-                          "node-b.example | grep 'does match'"));
-    ASSERT_TRUE(Sh(certs, "openssl x509 -in c.pem -noout -checkip 10.1.2.3 "
-                          "| grep 'does match'"));
+    ASSERT_TRUE(Sh(certs,
+                   "openssl x509 -in a.pem -noout -checkip 127.0.0.1 "
+                   "| grep 'does match'"));
+    ASSERT_TRUE(Sh(certs,
+                   "openssl x509 -in b.pem -noout -checkhost "
+                   "node-b.example | grep 'does match'"));
+    ASSERT_TRUE(Sh(certs,
+                   "openssl x509 -in c.pem -noout -checkip 10.1.2.3 "
+                   "| grep 'does match'"));
     // Node ids of their own per document: each run needs a fresh --out.
-    auto a = nodes_.Run(absl::StrCat("a", doc[0] == 'R' ? 1 : 2),
-                        absl::StrCat("--steps=5", TlsFlags(certs, "a", "ca.pem")));
+    auto a =
+        nodes_.Run(absl::StrCat("a", doc[0] == 'R' ? 1 : 2),
+                   absl::StrCat("--steps=5", TlsFlags(certs, "a", "ca.pem")));
     EXPECT_EQ(a.exit_code, 0) << doc << "\n" << a.err;
-    auto b = nodes_.Run(absl::StrCat("b", doc[0] == 'R' ? 1 : 2),
-                        absl::StrCat("--steps=5", TlsFlags(certs, "b", "ca.pem")));
+    auto b =
+        nodes_.Run(absl::StrCat("b", doc[0] == 'R' ? 1 : 2),
+                   absl::StrCat("--steps=5", TlsFlags(certs, "b", "ca.pem")));
     EXPECT_EQ(b.exit_code, 2) << doc << "\n" << b.err;
   }
 }

@@ -82,11 +82,13 @@ TEST(SimProgressTest, AClassifiersAccuracyFollowsItsLoss) {
             kT0);
   EXPECT_THAT(p.Line(5, kT0), HasSubstr("| val 0.4100 | acc 85.12% | sent"));
   SimProgress g = Progress(2, false, /*gossip=*/true);
-  g.Observe(0, Event(R"({"event":"eval","step":10,"val_loss":1,)"
-                     R"("val_accuracy":0.5})"),
+  g.Observe(0,
+            Event(R"({"event":"eval","step":10,"val_loss":1,)"
+                  R"("val_accuracy":0.5})"),
             kT0);
-  g.Observe(1, Event(R"({"event":"eval","step":10,"val_loss":1,)"
-                     R"("val_accuracy":0.7})"),
+  g.Observe(1,
+            Event(R"({"event":"eval","step":10,"val_loss":1,)"
+                  R"("val_accuracy":0.7})"),
             kT0);
   EXPECT_THAT(g.Line(5, kT0), HasSubstr("| acc 60.00% |"));
 }
