@@ -22,26 +22,6 @@ namespace {
 
 constexpr int64_t kTextChunk = 1 << 16;  // iid text shards deal 64 KiB chunks
 
-// Indices 0..n-1 dealt to shard `spec` (iid: a seeded permutation dealt
-// round-robin; contiguous: the K-th block). Sorted ascending.
-std::vector<int64_t> ShardIndices(int64_t n, const ShardSpec& spec,
-                                  uint64_t seed) {
-  std::vector<int64_t> out;
-  if (spec.mode == ShardMode::kContiguous || spec.mode == ShardMode::kNonIid) {
-    int64_t begin = n * spec.index / spec.count;
-    int64_t end = n * (spec.index + 1) / spec.count;
-    for (int64_t i = begin; i < end; ++i) out.push_back(i);
-    return out;
-  }
-  std::vector<int64_t> perm(static_cast<size_t>(n));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::mt19937_64 rng(seed ^ 0x5eed5eed5eedULL);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  for (int64_t j = spec.index; j < n; j += spec.count) out.push_back(perm[j]);
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 std::string ShardName(const ShardSpec& s) {
   return absl::StrCat(s.index, "/", s.count);
 }
@@ -278,6 +258,24 @@ absl::StatusOr<DriftSchedule> ParseDrift(const std::string& drift) {
         "staying on the first) or empty (one region)"));
   }
   return d;
+}
+
+std::vector<int64_t> ShardIndices(int64_t n, const ShardSpec& spec,
+                                  uint64_t seed) {
+  std::vector<int64_t> out;
+  if (spec.mode == ShardMode::kContiguous || spec.mode == ShardMode::kNonIid) {
+    int64_t begin = n * spec.index / spec.count;
+    int64_t end = n * (spec.index + 1) / spec.count;
+    for (int64_t i = begin; i < end; ++i) out.push_back(i);
+    return out;
+  }
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::mt19937_64 rng(seed ^ 0x5eed5eed5eedULL);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (int64_t j = spec.index; j < n; j += spec.count) out.push_back(perm[j]);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 absl::StatusOr<ShardSpec> ParseShard(const std::string& shard,

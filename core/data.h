@@ -46,6 +46,12 @@ struct ShardSpec {
 absl::StatusOr<ShardSpec> ParseShard(const std::string& shard,
                                      const std::string& mode);
 
+// Indices 0..n-1 dealt to shard `spec` (iid: a seeded permutation dealt
+// round-robin; contiguous and noniid: the K-th block). Sorted ascending.
+// Text deals chunks with it, images examples.
+std::vector<int64_t> ShardIndices(int64_t n, const ShardSpec& spec,
+                                  uint64_t seed);
+
 struct DataOptions {
   // "kjv", "text:PATH", "tokens:PATH", "fmnist", "fmnist:DIR" or
   // "idx:IMAGES,LABELS".

@@ -31,27 +31,6 @@ constexpr float kFmnistStd = 0.3530f;
 constexpr int64_t kDriftLabels[10] = {3, 7, 0, 9, 1, 8, 2, 5, 4, 6};
 constexpr int kMaxChannels = 4;
 
-// Indices 0..n-1 dealt to shard `spec`, as for text (ShardIndices there):
-// iid a seeded permutation dealt round-robin, else the K-th block. Sorted.
-std::vector<int64_t> ImageShardIndices(int64_t n, const ShardSpec& spec,
-                                       uint64_t seed) {
-  std::vector<int64_t> out;
-  if (spec.mode == ShardMode::kContiguous || spec.mode == ShardMode::kNonIid) {
-    for (int64_t i = n * spec.index / spec.count;
-         i < n * (spec.index + 1) / spec.count; ++i) {
-      out.push_back(i);
-    }
-    return out;
-  }
-  std::vector<int64_t> perm(static_cast<size_t>(n));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::mt19937_64 rng(seed ^ 0x5eed5eed5eedULL);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  for (int64_t j = spec.index; j < n; j += spec.count) out.push_back(perm[j]);
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 // DIR/PREFIX-KIND-idxR-ubyte[.gz] for R in `ranks`: the first that exists,
 // else the first candidate (whose NotFound then names it).
 std::string FindIdxFile(const std::string& dir, const std::string& stem,
@@ -284,11 +263,11 @@ class ImageDataset : public Dataset {
       const int64_t* lab = train_labels_.data_ptr<int64_t>();
       std::stable_sort(order.begin(), order.end(),
                        [lab](int64_t a, int64_t b) { return lab[a] < lab[b]; });
-      for (int64_t i : ImageShardIndices(n, opts.shard, opts.split_seed)) {
+      for (int64_t i : ShardIndices(n, opts.shard, opts.split_seed)) {
         shard_.push_back(order[i]);
       }
     } else {
-      shard_ = ImageShardIndices(n, opts.shard, opts.split_seed);
+      shard_ = ShardIndices(n, opts.shard, opts.split_seed);
     }
     if (shard_.empty()) {
       return absl::InvalidArgumentError(
