@@ -119,7 +119,10 @@ TEST(CheckpointFailureTest, ThePreviousCheckpointIsKeptAndTrainingGoesOn) {
                       absl::Minutes(2)));
   const std::string blocker =
       absl::StrCat(out, "/checkpoint.ckpt.tmp.", p.pid());
-  ASSERT_TRUE(MakeDirs(blocker).ok());
+  // Retried: while a checkpoint is being written its temporary file sits
+  // at that path, and the directory can go there once it is renamed.
+  ASSERT_TRUE(
+      WaitFor([&] { return MakeDirs(blocker).ok(); }, absl::Minutes(1)));
   EXPECT_EQ(p.Wait(absl::Minutes(5)), 1) << p.LogText();
   const std::vector<google::protobuf::Struct> written =
       ReadEvents(events, "checkpoint");
@@ -163,8 +166,10 @@ TEST(CheckpointFailureTest, ANodeWarnsAndTrainsOn) {
                !ReadEvents(events, "round").empty();
       },
       absl::Minutes(2)));
+  const std::string blocker =
+      absl::StrCat(out, "/checkpoint.ckpt.tmp.", p.pid());
   ASSERT_TRUE(
-      MakeDirs(absl::StrCat(out, "/checkpoint.ckpt.tmp.", p.pid())).ok());
+      WaitFor([&] { return MakeDirs(blocker).ok(); }, absl::Minutes(1)));
   EXPECT_EQ(p.Wait(absl::Minutes(5)), 1) << p.LogText();
   const std::string log = p.LogText();
   EXPECT_TRUE(Contains(log, "training goes on")) << log;
