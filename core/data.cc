@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -15,46 +14,24 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/file_util.h"
+#include "core/image_data.h"
 #include "core/status.h"
 
 namespace starling {
 namespace {
 
 constexpr int64_t kTextChunk = 1 << 16;  // iid text shards deal 64 KiB chunks
-constexpr float kFmnistMean = 0.2860f;
-constexpr float kFmnistStd = 0.3530f;
-// Drift region B of Fashion-MNIST: class c is labelled kDriftLabels[c]. A
-// fixed derangement of 0..9 (no class keeps its label), the same on every
-// node and every run.
-constexpr int64_t kDriftLabels[10] = {3, 7, 0, 9, 1, 8, 2, 5, 4, 6};
-
-// Indices 0..n-1 dealt to shard `spec` (iid: a seeded permutation dealt
-// round-robin; contiguous: the K-th block). Sorted ascending.
-std::vector<int64_t> ShardIndices(int64_t n, const ShardSpec& spec,
-                                  uint64_t seed) {
-  std::vector<int64_t> out;
-  if (spec.mode == ShardMode::kContiguous || spec.mode == ShardMode::kNonIid) {
-    int64_t begin = n * spec.index / spec.count;
-    int64_t end = n * (spec.index + 1) / spec.count;
-    for (int64_t i = begin; i < end; ++i) out.push_back(i);
-    return out;
-  }
-  std::vector<int64_t> perm(static_cast<size_t>(n));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::mt19937_64 rng(seed ^ 0x5eed5eed5eedULL);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  for (int64_t j = spec.index; j < n; j += spec.count) out.push_back(perm[j]);
-  std::sort(out.begin(), out.end());
-  return out;
-}
 
 std::string ShardName(const ShardSpec& s) {
   return absl::StrCat(s.index, "/", s.count);
 }
 
-// Byte- or token-level language-model data. One region spans all tokens;
-// with two regions (drift) each half of the tokens is a region with its own
-// train/val split and shards.
+// Byte- or token-level language-model data, tokens of type Tok. One region
+// spans all tokens; with two regions (drift) each half of the tokens is a
+// region with its own train/val split and shards. A separate validation set
+// (--val_data) follows the training tokens, and the split falls between
+// them.
+template <typename Tok>
 class TokenDataset : public Dataset {
  public:
   struct Segment {
@@ -75,15 +52,18 @@ class TokenDataset : public Dataset {
   // swaps the case of every ASCII letter ("iN THE BEGINNING"), text the
   // model has never seen in that form: the loss jumps at the drift and
   // recovers as the swarm learns it.
+  // `val_tokens` > 0: the last that many tokens are the validation set
+  // (--val_data), not a --val_fraction of the text.
   static absl::StatusOr<std::unique_ptr<Dataset>> Create(
-      std::vector<uint16_t> tokens, int64_t vocab, const DataOptions& opts,
-      const std::string& name, bool byte_text = false) {
+      std::vector<Tok> tokens, int64_t vocab, const DataOptions& opts,
+      const std::string& name, bool byte_text = false, int64_t val_tokens = 0) {
     auto ds = std::unique_ptr<TokenDataset>(new TokenDataset());
     ds->name_ = name;
     ds->tokens_ = std::move(tokens);
+    ds->val_tokens_ = val_tokens;
     if (opts.two_regions && byte_text) {
       for (size_t i = ds->tokens_.size() / 2; i < ds->tokens_.size(); ++i) {
-        uint16_t& t = ds->tokens_[i];
+        Tok& t = ds->tokens_[i];
         if ((t >= 'a' && t <= 'z') || (t >= 'A' && t <= 'Z')) t ^= 0x20;
       }
     }
@@ -103,9 +83,9 @@ class TokenDataset : public Dataset {
                     " (drift region ", r == 0 ? "A" : "B", ", half of the text",
                     r == 1 && byte_text ? ", letter case swapped" : "", ")")
               : "";
-      STARLING_ASSIGN_OR_RETURN(
-          Region region,
-          MakeRegion(n * r / count, n * (r + 1) / count, opts, name + where));
+      STARLING_ASSIGN_OR_RETURN(Region region,
+                                MakeRegion(n * r / count, n * (r + 1) / count,
+                                           val_tokens, opts, name + where));
       ds->regions_.push_back(std::move(region));
     }
     return std::unique_ptr<Dataset>(std::move(ds));
@@ -119,7 +99,8 @@ class TokenDataset : public Dataset {
     if (regions_.size() == 1) {
       return absl::StrCat(name_, " (", tokens_.size(), " tokens, vocab ",
                           vocab_, ", train ", a.split, ", val ",
-                          a.end - a.split, ")");
+                          a.end - a.split,
+                          val_tokens_ > 0 ? " from --val_data" : "", ")");
     }
     const Region& b = regions_[1];
     return absl::StrCat(name_, " (", tokens_.size(), " tokens, vocab ", vocab_,
@@ -163,21 +144,32 @@ class TokenDataset : public Dataset {
  private:
   TokenDataset() = default;
 
-  // Splits tokens [begin, end) into train and validation and takes this
-  // node's shard of the training part.
+  // Splits tokens [begin, end) into train and validation (the last
+  // `val_tokens` when > 0, else --val_fraction) and takes this node's shard
+  // of the training part.
   static absl::StatusOr<Region> MakeRegion(int64_t begin, int64_t end,
+                                           int64_t val_tokens,
                                            const DataOptions& opts,
                                            const std::string& name) {
     Region reg;
     reg.begin = begin;
     reg.end = end;
     const int64_t n = end - begin;
-    reg.split = begin + static_cast<int64_t>(static_cast<double>(n) *
-                                             (1.0 - opts.val_fraction));
+    reg.split = val_tokens > 0
+                    ? end - val_tokens
+                    : begin + static_cast<int64_t>(static_cast<double>(n) *
+                                                   (1.0 - opts.val_fraction));
     if (end - reg.split < opts.context + 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, " is too small: ", n, " tokens leave ", end - reg.split,
-          " for validation, fewer than --context+1 = ", opts.context + 1));
+      return absl::InvalidArgumentError(
+          val_tokens > 0
+              ? absl::StrCat(
+                    "the validation set --val_data=", opts.val_spec,
+                    " is too small: ", val_tokens,
+                    " tokens, fewer than --context+1 = ", opts.context + 1)
+              : absl::StrCat(name, " is too small: ", n, " tokens leave ",
+                             end - reg.split,
+                             " for validation, fewer than --context+1 = ",
+                             opts.context + 1));
     }
     const int64_t train = reg.split - begin;
     if (opts.shard.mode == ShardMode::kContiguous) {
@@ -217,7 +209,7 @@ class TokenDataset : public Dataset {
     int64_t* xp = x.data_ptr<int64_t>();
     int64_t* yp = y.data_ptr<int64_t>();
     for (int64_t i = 0; i < b; ++i) {
-      const uint16_t* src = tokens_.data() + starts[i];
+      const Tok* src = tokens_.data() + starts[i];
       for (int64_t t = 0; t < context_; ++t) {
         xp[i * context_ + t] = src[t];
         yp[i * context_ + t] = src[t + 1];
@@ -227,150 +219,11 @@ class TokenDataset : public Dataset {
   }
 
   std::string name_;
-  std::vector<uint16_t> tokens_;
+  std::vector<Tok> tokens_;
+  int64_t val_tokens_ = 0;  // > 0: the tail is --val_data's
   int64_t vocab_ = 256;
   int64_t context_ = 64;
   std::vector<Region> regions_;
-};
-
-// Fashion-MNIST: 60k training images (sharded) and the 10k test images as
-// the validation set.
-class FashionMnist : public Dataset {
- public:
-  static absl::StatusOr<std::unique_ptr<Dataset>> Create(
-      const std::string& dir, const DataOptions& opts) {
-    auto ds = std::unique_ptr<FashionMnist>(new FashionMnist());
-    ds->dir_ = dir;
-    ds->regions_ = opts.two_regions ? 2 : 1;
-    STARLING_RETURN_IF_ERROR(
-        Load(dir, "train", &ds->train_images_, &ds->train_labels_));
-    STARLING_RETURN_IF_ERROR(
-        Load(dir, "t10k", &ds->val_images_, &ds->val_labels_));
-    const int64_t n = ds->train_images_.size(0);
-    if (opts.shard.mode == ShardMode::kNonIid) {
-      // Sort by label (stable), then deal contiguous blocks: each node sees
-      // about 10/N classes.
-      std::vector<int64_t> order(n);
-      std::iota(order.begin(), order.end(), 0);
-      const int64_t* lab = ds->train_labels_.data_ptr<int64_t>();
-      std::stable_sort(order.begin(), order.end(),
-                       [lab](int64_t a, int64_t b) { return lab[a] < lab[b]; });
-      for (int64_t i : ShardIndices(n, opts.shard, opts.split_seed)) {
-        ds->shard_.push_back(order[i]);
-      }
-    } else {
-      ds->shard_ = ShardIndices(n, opts.shard, opts.split_seed);
-    }
-    if (ds->shard_.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shard ", ShardName(opts.shard), " of Fashion-MNIST is empty"));
-    }
-    return std::unique_ptr<Dataset>(std::move(ds));
-  }
-
-  TaskKind kind() const override { return TaskKind::kClassification; }
-  int64_t num_classes() const override { return 10; }
-  std::vector<int64_t> example_shape() const override { return {1, 28, 28}; }
-  std::string Describe() const override {
-    return absl::StrCat("Fashion-MNIST from ", dir_, " (train shard ",
-                        shard_.size(), " of ", train_images_.size(0), ", test ",
-                        val_images_.size(0),
-                        regions_ == 2 ? ", two drift regions: B permutes the "
-                                        "labels"
-                                      : "",
-                        ")");
-  }
-  int64_t targets_per_example() const override { return 1; }
-  int regions() const override { return regions_; }
-  int64_t train_size(int) const override {
-    return static_cast<int64_t>(shard_.size());
-  }
-
-  Batch NextTrain(int batch_size, Sampler& sampler, int region) const override {
-    std::vector<int64_t> idx(batch_size);
-    for (int b = 0; b < batch_size; ++b) {
-      if (sampler.cursor >= static_cast<int64_t>(shard_.size())) {
-        ++sampler.epoch;
-        sampler.cursor = 0;
-      }
-      idx[b] = EpochOrder(sampler)[sampler.cursor++];
-    }
-    torch::Tensor index = torch::tensor(idx, torch::kLong);
-    return Make(train_images_.index_select(0, index),
-                train_labels_.index_select(0, index), region);
-  }
-
-  int64_t val_examples(int) const override { return val_images_.size(0); }
-  Batch ValBatch(int64_t begin, int64_t count, int region) const override {
-    return Make(val_images_.narrow(0, begin, count),
-                val_labels_.narrow(0, begin, count), region);
-  }
-
- private:
-  FashionMnist() = default;
-
-  // The shuffled order of this shard for the sampler's epoch, cached in the
-  // sampler and recomputed from (seed, epoch) after a resume.
-  const std::vector<int64_t>& EpochOrder(Sampler& s) const {
-    if (s.order_epoch != s.epoch || s.order.size() != shard_.size()) {
-      s.order = shard_;
-      std::mt19937_64 rng(s.seed * 0x9E3779B97F4A7C15ULL +
-                          static_cast<uint64_t>(s.epoch));
-      std::shuffle(s.order.begin(), s.order.end(), rng);
-      s.order_epoch = s.epoch;
-    }
-    return s.order;
-  }
-
-  // Region 1 relabels class c as kDriftLabels[c].
-  static Batch Make(const torch::Tensor& images, const torch::Tensor& labels,
-                    int region) {
-    torch::Tensor x = images.to(torch::kFloat32).div_(255.0f);
-    x.sub_(kFmnistMean).div_(kFmnistStd);
-    if (region == 0) return {x.unsqueeze(1), labels.clone()};
-    torch::Tensor map = torch::tensor(
-        std::vector<int64_t>(std::begin(kDriftLabels), std::end(kDriftLabels)),
-        torch::kLong);
-    return {x.unsqueeze(1), map.index_select(0, labels)};
-  }
-
-  static absl::Status Load(const std::string& dir, const std::string& prefix,
-                           torch::Tensor* images, torch::Tensor* labels) {
-    std::string ipath = absl::StrCat(dir, "/", prefix, "-images-idx3-ubyte.gz");
-    std::string lpath = absl::StrCat(dir, "/", prefix, "-labels-idx1-ubyte.gz");
-    STARLING_ASSIGN_OR_RETURN(std::string ibytes, ReadGzipFile(ipath));
-    STARLING_ASSIGN_OR_RETURN(std::string lbytes, ReadGzipFile(lpath));
-    STARLING_ASSIGN_OR_RETURN(IdxArray img, ParseIdx(ibytes, 3, ipath));
-    STARLING_ASSIGN_OR_RETURN(IdxArray lab, ParseIdx(lbytes, 1, lpath));
-    if (img.dims[1] != 28 || img.dims[2] != 28) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(ipath, ": images are ", img.dims[1], "x", img.dims[2],
-                       "; expected 28x28"));
-    }
-    if (img.dims[0] != lab.dims[0]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(ipath, " has ", img.dims[0], " images but ", lpath,
-                       " has ", lab.dims[0], " labels"));
-    }
-    for (size_t i = 0; i < lab.data.size(); ++i) {
-      if (static_cast<uint8_t>(lab.data[i]) > 9) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(lpath, ": label ", static_cast<int>(lab.data[i]),
-                         " at index ", i, " is outside 0..9"));
-      }
-    }
-    *images = torch::empty({img.dims[0], 28, 28}, torch::kUInt8);
-    std::memcpy(images->data_ptr<uint8_t>(), img.data.data(), img.data.size());
-    *labels = torch::empty({lab.dims[0]}, torch::kUInt8);
-    std::memcpy(labels->data_ptr<uint8_t>(), lab.data.data(), lab.data.size());
-    *labels = labels->to(torch::kLong);
-    return absl::OkStatus();
-  }
-
-  std::string dir_;
-  int regions_ = 1;
-  torch::Tensor train_images_, train_labels_, val_images_, val_labels_;
-  std::vector<int64_t> shard_;
 };
 
 absl::StatusOr<std::string> RunCommand(const std::string& cmd) {
@@ -405,6 +258,24 @@ absl::StatusOr<DriftSchedule> ParseDrift(const std::string& drift) {
         "staying on the first) or empty (one region)"));
   }
   return d;
+}
+
+std::vector<int64_t> ShardIndices(int64_t n, const ShardSpec& spec,
+                                  uint64_t seed) {
+  std::vector<int64_t> out;
+  if (spec.mode == ShardMode::kContiguous || spec.mode == ShardMode::kNonIid) {
+    int64_t begin = n * spec.index / spec.count;
+    int64_t end = n * (spec.index + 1) / spec.count;
+    for (int64_t i = begin; i < end; ++i) out.push_back(i);
+    return out;
+  }
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::mt19937_64 rng(seed ^ 0x5eed5eed5eedULL);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (int64_t j = spec.index; j < n; j += spec.count) out.push_back(perm[j]);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 absl::StatusOr<ShardSpec> ParseShard(const std::string& shard,
@@ -463,100 +334,147 @@ absl::StatusOr<std::string> EnsureKjvCorpus(const std::string& cache_dir) {
   return path;
 }
 
-absl::StatusOr<std::string> ReadGzipFile(const std::string& path) {
-  STARLING_ASSIGN_OR_RETURN(std::string raw, ReadFile(path));
-  if (raw.size() < 2 || static_cast<uint8_t>(raw[0]) != 0x1f ||
-      static_cast<uint8_t>(raw[1]) != 0x8b) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, " is not a gzip file (expected an .idx.gz file)"));
-  }
-  z_stream zs;
-  std::memset(&zs, 0, sizeof(zs));
-  if (inflateInit2(&zs, 15 + 16) != Z_OK) {
-    return absl::InternalError("zlib inflateInit2 failed");
-  }
-  zs.next_in = reinterpret_cast<Bytef*>(raw.data());
-  zs.avail_in = static_cast<uInt>(raw.size());
-  std::string out;
-  char buf[1 << 16];
-  int rc;
-  do {
-    zs.next_out = reinterpret_cast<Bytef*>(buf);
-    zs.avail_out = sizeof(buf);
-    rc = inflate(&zs, Z_NO_FLUSH);
-    out.append(buf, sizeof(buf) - zs.avail_out);
-  } while (rc == Z_OK);
-  inflateEnd(&zs);
-  if (rc != Z_STREAM_END) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, " is a corrupt or truncated gzip file (zlib: ",
-                     zs.msg ? zs.msg : "unexpected end of data", ")"));
-  }
-  return out;
-}
+namespace {
 
-absl::StatusOr<IdxArray> ParseIdx(const std::string& bytes, int expected_rank,
-                                  const std::string& name) {
-  auto bad = [&](const std::string& why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": not a valid idx file: ", why));
-  };
-  if (bytes.size() < 4) return bad("shorter than the 4-byte magic");
-  const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
-  if (p[0] != 0 || p[1] != 0) return bad("magic must start with two 0 bytes");
-  if (p[2] != 0x08) {
-    return bad(absl::StrCat("element type 0x", absl::Hex(p[2]),
-                            "; expected 0x08 (unsigned byte)"));
-  }
-  if (p[3] != expected_rank) {
-    return bad(absl::StrCat(static_cast<int>(p[3]), " dimensions; expected ",
-                            expected_rank));
-  }
-  size_t header = 4 + 4 * static_cast<size_t>(expected_rank);
-  if (bytes.size() < header) return bad("truncated header");
-  IdxArray out;
-  uint64_t total = 1;
-  for (int d = 0; d < expected_rank; ++d) {
-    const uint8_t* q = p + 4 + 4 * d;
-    int64_t dim = (int64_t{q[0]} << 24) | (q[1] << 16) | (q[2] << 8) | q[3];
-    if (dim <= 0 || dim > (1 << 28)) {
-      return bad(absl::StrCat("dimension ", d, " is ", dim));
-    }
-    out.dims.push_back(static_cast<int32_t>(dim));
-    total *= static_cast<uint64_t>(dim);
-  }
-  if (bytes.size() - header != total) {
-    return bad(absl::StrCat("header promises ", total,
-                            " bytes of data, file has ",
-                            bytes.size() - header));
-  }
-  out.data = bytes.substr(header);
-  return out;
-}
-
-absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(const std::string& bytes,
-                                                     const std::string& name) {
+// Little-endian tokens of `sizeof(Tok)` bytes each.
+template <typename Tok>
+absl::StatusOr<std::vector<Tok>> ParseTokens(const std::string& bytes,
+                                             const std::string& name) {
+  constexpr size_t kSize = sizeof(Tok);
   if (bytes.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("token file ", name, " is empty"));
   }
-  if (bytes.size() % 2 != 0) {
+  if (bytes.size() % kSize != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("token file ", name, " has an odd size (", bytes.size(),
-                     " bytes); expected little-endian uint16 tokens"));
+        absl::StrCat("token file ", name, " has ",
+                     kSize == 2 ? "an odd size" : "a size not a multiple of 4",
+                     " (", bytes.size(), " bytes); expected little-endian uint",
+                     8 * kSize, " tokens (--token_dtype)"));
   }
-  std::vector<uint16_t> tokens(bytes.size() / 2);
+  std::vector<Tok> tokens(bytes.size() / kSize);
   const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
   for (size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8));
+    Tok t = 0;
+    for (size_t k = 0; k < kSize; ++k) {
+      t |= static_cast<Tok>(static_cast<Tok>(p[kSize * i + k]) << (8 * k));
+    }
+    tokens[i] = t;
   }
   return tokens;
 }
 
+}  // namespace
+
+absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(const std::string& bytes,
+                                                     const std::string& name) {
+  return ParseTokens<uint16_t>(bytes, name);
+}
+
+absl::StatusOr<std::vector<uint32_t>> ParseTokenFile32(
+    const std::string& bytes, const std::string& name) {
+  return ParseTokens<uint32_t>(bytes, name);
+}
+
 namespace {
 
-absl::StatusOr<std::unique_ptr<Dataset>> LoadNamedDataset(
-    const DataOptions& opts) {
+std::vector<uint16_t> BytesToTokens(const std::string& s) {
+  std::vector<uint16_t> t(s.size());
+  for (size_t i = 0; i < s.size(); ++i) t[i] = static_cast<uint8_t>(s[i]);
+  return t;
+}
+
+// The bytes of --data=kjv or text:PATH (or --val_data's), and a name.
+absl::StatusOr<std::pair<std::string, std::string>> ReadText(
+    const std::string& spec, const std::string& cache_dir) {
+  std::string path;
+  if (spec == "kjv") {
+    STARLING_ASSIGN_OR_RETURN(path, EnsureKjvCorpus(cache_dir));
+  } else {
+    path = spec.substr(5);
+  }
+  STARLING_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  if (text.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("text file ", path, " is empty"));
+  }
+  return std::make_pair(std::move(text), spec == "kjv"
+                                             ? absl::StrCat("kjv (", path, ")")
+                                             : "text " + path);
+}
+
+bool IsTextSpec(const std::string& spec) {
+  return spec == "kjv" || absl::StartsWith(spec, "text:");
+}
+
+// Byte-level text, with --val_data's text (if any) after it.
+absl::StatusOr<std::unique_ptr<Dataset>> LoadText(const DataOptions& opts) {
+  STARLING_ASSIGN_OR_RETURN(auto text, ReadText(opts.spec, opts.cache_dir));
+  int64_t val_tokens = 0;
+  if (!opts.val_spec.empty()) {
+    if (!IsTextSpec(opts.val_spec)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--val_data=", opts.val_spec, ": --data=", opts.spec,
+          " is text, so the validation set must be too (text:PATH or kjv)"));
+    }
+    absl::StatusOr<std::pair<std::string, std::string>> val =
+        ReadText(opts.val_spec, opts.cache_dir);
+    if (!val.ok()) {
+      return absl::Status(val.status().code(),
+                          absl::StrCat("--val_data=", opts.val_spec, ": ",
+                                       val.status().message()));
+    }
+    val_tokens = static_cast<int64_t>(val->first.size());
+    text.first += val->first;
+  }
+  return TokenDataset<uint16_t>::Create(BytesToTokens(text.first), 256, opts,
+                                        text.second, /*byte_text=*/true,
+                                        val_tokens);
+}
+
+// A token file of Tok, with --val_data's (if any) after it; the vocabulary
+// is --vocab, or the largest token of either + 1.
+template <typename Tok>
+absl::StatusOr<std::unique_ptr<Dataset>> LoadTokens(const DataOptions& opts) {
+  const std::string path = opts.spec.substr(7);
+  STARLING_ASSIGN_OR_RETURN(std::string raw, ReadFile(path));
+  STARLING_ASSIGN_OR_RETURN(std::vector<Tok> tokens,
+                            ParseTokens<Tok>(raw, path));
+  int64_t val_tokens = 0;
+  if (!opts.val_spec.empty()) {
+    if (!absl::StartsWith(opts.val_spec, "tokens:")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--val_data=", opts.val_spec, ": --data=", opts.spec,
+          " is a token file, so the validation set must be one too "
+          "(tokens:PATH, of the same --token_dtype and vocabulary)"));
+    }
+    const std::string val_path = opts.val_spec.substr(7);
+    absl::StatusOr<std::string> val_raw = ReadFile(val_path);
+    absl::StatusOr<std::vector<Tok>> val =
+        val_raw.ok() ? ParseTokens<Tok>(*val_raw, val_path)
+                     : absl::StatusOr<std::vector<Tok>>(val_raw.status());
+    if (!val.ok()) {
+      return absl::Status(val.status().code(),
+                          absl::StrCat("--val_data=", opts.val_spec, ": ",
+                                       val.status().message()));
+    }
+    val_tokens = static_cast<int64_t>(val->size());
+    tokens.insert(tokens.end(), val->begin(), val->end());
+  }
+  const int64_t max_token = *std::max_element(tokens.begin(), tokens.end());
+  const int64_t vocab = opts.vocab > 0 ? opts.vocab : max_token + 1;
+  if (max_token >= vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token file ", path, val_tokens > 0 ? " (or --val_data's)" : "",
+        " contains token ", max_token, ", outside --vocab=", opts.vocab));
+  }
+  return TokenDataset<Tok>::Create(std::move(tokens), vocab, opts,
+                                   absl::StrCat("tokens ", path), false,
+                                   val_tokens);
+}
+
+// The checks of the flags that only some data sets take.
+absl::Status CheckDataFlags(const DataOptions& opts) {
   if (opts.context < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--context=", opts.context, ": must be >= 1"));
@@ -566,8 +484,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadNamedDataset(
         "--val_fraction=", opts.val_fraction, ": must be in (0, 1)"));
   }
   const std::string& spec = opts.spec;
-  if (opts.vocab < 0 ||
-      (opts.vocab != 0 && !absl::StartsWith(spec, "tokens:"))) {
+  const bool tokens = absl::StartsWith(spec, "tokens:");
+  if (opts.vocab < 0 || (opts.vocab != 0 && !tokens)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--vocab=", opts.vocab,
         opts.vocab < 0
@@ -575,62 +493,39 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadNamedDataset(
             : absl::StrCat(": applies to --data=tokens:PATH only; --data=",
                            spec, " has its own vocabulary")));
   }
-  auto bytes_to_tokens = [](const std::string& s) {
-    std::vector<uint16_t> t(s.size());
-    for (size_t i = 0; i < s.size(); ++i) t[i] = static_cast<uint8_t>(s[i]);
-    return t;
-  };
-  if (spec == "kjv") {
-    STARLING_ASSIGN_OR_RETURN(std::string path,
-                              EnsureKjvCorpus(opts.cache_dir));
-    STARLING_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-    return TokenDataset::Create(bytes_to_tokens(text), 256, opts,
-                                absl::StrCat("kjv (", path, ")"),
-                                /*byte_text=*/true);
+  if (opts.token_dtype != "uint16" && opts.token_dtype != "uint32") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--token_dtype=", opts.token_dtype, ": expected uint16 or uint32"));
   }
-  if (absl::StartsWith(spec, "text:")) {
-    std::string path = spec.substr(5);
-    STARLING_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-    if (text.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("text file ", path, " is empty"));
-    }
-    return TokenDataset::Create(bytes_to_tokens(text), 256, opts,
-                                absl::StrCat("text ", path),
-                                /*byte_text=*/true);
+  if (opts.token_dtype != "uint16" && !tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--token_dtype=", opts.token_dtype,
+                     ": applies to --data=tokens:PATH only; --data=", spec,
+                     " is not a token file"));
   }
+  if (!opts.val_spec.empty() && opts.two_regions) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--val_data=", opts.val_spec,
+        ": cannot be combined with --drift, whose two data regions each "
+        "hold out their own validation set"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Dataset>> LoadNamedDataset(
+    const DataOptions& opts) {
+  STARLING_RETURN_IF_ERROR(CheckDataFlags(opts));
+  const std::string& spec = opts.spec;
+  if (IsTextSpec(spec)) return LoadText(opts);
   if (absl::StartsWith(spec, "tokens:")) {
-    std::string path = spec.substr(7);
-    STARLING_ASSIGN_OR_RETURN(std::string raw, ReadFile(path));
-    STARLING_ASSIGN_OR_RETURN(std::vector<uint16_t> tokens,
-                              ParseTokenFile(raw, path));
-    int64_t max_token = *std::max_element(tokens.begin(), tokens.end());
-    int64_t vocab = opts.vocab > 0 ? opts.vocab : max_token + 1;
-    if (max_token >= vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token file ", path, " contains token ", max_token,
-                       ", outside --vocab=", opts.vocab));
-    }
-    return TokenDataset::Create(std::move(tokens), vocab, opts,
-                                absl::StrCat("tokens ", path));
+    return opts.token_dtype == "uint32" ? LoadTokens<uint32_t>(opts)
+                                        : LoadTokens<uint16_t>(opts);
   }
-  if (spec == "fmnist" || absl::StartsWith(spec, "fmnist:")) {
-    std::string dir =
-        spec == "fmnist" ? "/usr/share/datasets/fashion-mnist" : spec.substr(7);
-    absl::StatusOr<std::unique_ptr<Dataset>> ds =
-        FashionMnist::Create(dir, opts);
-    if (absl::IsNotFound(ds.status()) && spec == "fmnist") {
-      return absl::NotFoundError(absl::StrCat(
-          ds.status().message(),
-          " (install the Debian package dataset-fashion-mnist, or pass "
-          "--data=fmnist:DIR)"));
-    }
-    return ds;
-  }
+  if (IsImageSpec(spec)) return LoadImageDataset(opts);
   return absl::InvalidArgumentError(absl::StrCat(
       "--data=", spec,
-      ": unknown data set; expected kjv, text:PATH, tokens:PATH, fmnist or "
-      "fmnist:DIR"));
+      ": unknown data set; expected kjv, text:PATH, tokens:PATH, fmnist, "
+      "fmnist:DIR or idx:IMAGES,LABELS"));
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // Datasets for the inner trainer: byte-level text (a file or the built-in KJV
-// corpus), uint16 token files and Fashion-MNIST idx.gz files. Each dataset is
-// loaded once, split deterministically into train and validation, and sharded
-// per node (--shard=K/N: iid, contiguous, or non-iid by label for images).
+// corpus), token files of uint16 or uint32 (`starling tokenize` writes them),
+// and idx image sets (Fashion-MNIST, or any other: core/image_data.h). Each
+// dataset is loaded once, split deterministically into train and validation
+// (or given a separate validation set, --val_data), and sharded per node
+// (--shard=K/N: iid, contiguous, or non-iid by label for images).
 // For drift scenarios a dataset can hold two regions (A and B, each with its
 // own train/val split and shards); the caller picks the region per call.
 // A Dataset is immutable after Load: concurrent reads are safe. A Sampler is
@@ -23,7 +25,7 @@ namespace starling {
 
 enum class TaskKind {
   kLanguageModel,   // x: int64 [B, T]; y: int64 [B, T] (next token)
-  kClassification,  // x: float [B, 1, 28, 28]; y: int64 [B]
+  kClassification,  // x: float [B, C, H, W] (e.g. 1x28x28); y: int64 [B]
 };
 
 struct Batch {
@@ -44,13 +46,27 @@ struct ShardSpec {
 absl::StatusOr<ShardSpec> ParseShard(const std::string& shard,
                                      const std::string& mode);
 
+// Indices 0..n-1 dealt to shard `spec` (iid: a seeded permutation dealt
+// round-robin; contiguous and noniid: the K-th block). Sorted ascending.
+// Text deals chunks with it, images examples.
+std::vector<int64_t> ShardIndices(int64_t n, const ShardSpec& spec,
+                                  uint64_t seed);
+
 struct DataOptions {
-  // "kjv", "text:PATH", "tokens:PATH", "fmnist" or "fmnist:DIR".
+  // "kjv", "text:PATH", "tokens:PATH", "fmnist", "fmnist:DIR" or
+  // "idx:IMAGES,LABELS".
   std::string spec = "kjv";
+  // A separate validation set of the same kind (text: or kjv for text,
+  // tokens: for tokens, any image spec for images); empty = hold out the
+  // tail --val_fraction of the data (Fashion-MNIST: its test set). With it
+  // the whole of `spec` is training data.
+  std::string val_spec;
   int context = 64;            // language models: window length
-  double val_fraction = 0.05;  // text/tokens: the tail held out
+  double val_fraction = 0.05;  // text/tokens/idx: the tail held out
   int vocab = 0;               // tokens: 0 = max token + 1
-  std::string cache_dir;       // where kjv.txt is cached; "" = default
+  // tokens: the file's element type, "uint16" or "uint32" (little-endian).
+  std::string token_dtype = "uint16";
+  std::string cache_dir;  // where kjv.txt is cached; "" = default
   ShardSpec shard;
   uint64_t split_seed =
       0;  // fixes the iid shard assignment (same on all nodes)
@@ -146,18 +162,29 @@ std::string DefaultCacheDir();
 absl::StatusOr<std::string> EnsureKjvCorpus(const std::string& cache_dir);
 
 // Parsers exposed for tests. `name` appears in error messages.
+// Little-endian uint16 tokens.
 absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(const std::string& bytes,
                                                      const std::string& name);
+// Little-endian uint32 tokens.
+absl::StatusOr<std::vector<uint32_t>> ParseTokenFile32(const std::string& bytes,
+                                                       const std::string& name);
 struct IdxArray {
   std::vector<int32_t> dims;
-  std::string data;  // uint8 payload
+  int type = 0x08;   // 0x08: unsigned bytes; 0x0C: big-endian int32
+  std::string data;  // the payload, as in the file
 };
-// Parses a (gunzipped) idx file; `expected_type` is 0x08 (uint8) and
-// `expected_rank` the number of dimensions.
+// Parses a (gunzipped) idx file of unsigned bytes (0x08) or big-endian
+// int32 (0x0C) with 1 to 4 dimensions.
+absl::StatusOr<IdxArray> ParseIdxAny(const std::string& bytes,
+                                     const std::string& name);
+// Parses a (gunzipped) idx file of unsigned bytes with `expected_rank`
+// dimensions.
 absl::StatusOr<IdxArray> ParseIdx(const std::string& bytes, int expected_rank,
                                   const std::string& name);
 // Reads a whole .gz file. InvalidArgument when it is not valid gzip.
 absl::StatusOr<std::string> ReadGzipFile(const std::string& path);
+// Reads a whole file, gunzipping it when it starts with gzip's magic.
+absl::StatusOr<std::string> ReadMaybeGzipFile(const std::string& path);
 
 }  // namespace starling
 

@@ -266,4 +266,12 @@ absl::Status MakeDirs(const std::string& path) {
   return absl::OkStatus();
 }
 
+absl::Status CheckDirWritable(const std::string& path) {
+  STARLING_RETURN_IF_ERROR(MakeDirs(path));
+  const std::string probe = absl::StrCat(path, "/.starling-write-probe");
+  STARLING_RETURN_IF_ERROR(WriteFileAtomic(probe, "probe\n"));
+  if (::unlink(probe.c_str()) != 0) return Errno("cannot remove", probe);
+  return absl::OkStatus();
+}
+
 }  // namespace starling

@@ -103,6 +103,13 @@ absl::Status AppendLine(const std::string& path, absl::string_view line);
 // mkdir -p. Internal on failure.
 absl::Status MakeDirs(const std::string& path);
 
+// mkdir -p, then writes a probe file in `path` the way WriteFileAtomic
+// writes (temp file, fsync, rename) and removes it: a directory this
+// process cannot write (mode 555 for another user, a read-only mount, /proc)
+// is found before any work is done, not at the first checkpoint. Internal
+// naming the path and the system's reason on failure.
+absl::Status CheckDirWritable(const std::string& path);
+
 bool FileExists(const std::string& path);
 
 }  // namespace starling

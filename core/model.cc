@@ -102,6 +102,28 @@ absl::Status WriteExport(const std::string& path,
   return WriteFileAtomic(path, bytes);
 }
 
+// An image classifier's input: channels, height, width.
+struct ImageShape {
+  int64_t c = 1, h = 28, w = 28;
+  int64_t pixels() const { return c * h * w; }
+  // Fashion-MNIST's 1x28x28 keeps the architecture strings it always had
+  // (checkpoints and peers compare them); others name their shape.
+  std::string Label() const {
+    if (c == 1 && h == 28 && w == 28) return "";
+    return absl::StrCat("input=", c, "x", h, "x", w, ",");
+  }
+};
+
+ImageShape ShapeOf(const ModelOptions& o) {
+  ImageShape s;
+  if (o.input_shape.size() == 3) {
+    s.c = o.input_shape[0];
+    s.h = o.input_shape[1];
+    s.w = o.input_shape[2];
+  }
+  return s;
+}
+
 // Wraps a torch::nn::Module built in C++.
 template <typename Net>
 class NnModel : public Model {
@@ -157,15 +179,19 @@ struct MlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
+// Two 3x3 convolutions, each followed by ReLU and a 2x2 max pool, then two
+// linear layers: C x H x W images give fc1 64 * (H/4) * (W/4) inputs (7x7
+// for 28x28).
 struct CnnImpl : torch::nn::Module {
-  explicit CnnImpl(int64_t classes)
+  CnnImpl(const ImageShape& in, int64_t classes)
       : conv1(register_module(
-            "conv1",
-            torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).padding(1)))),
+            "conv1", torch::nn::Conv2d(
+                         torch::nn::Conv2dOptions(in.c, 32, 3).padding(1)))),
         conv2(register_module(
             "conv2",
             torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)))),
-        fc1(register_module("fc1", torch::nn::Linear(64 * 7 * 7, 128))),
+        fc1(register_module(
+            "fc1", torch::nn::Linear(64 * (in.h / 4) * (in.w / 4), 128))),
         fc2(register_module("fc2", torch::nn::Linear(128, classes))) {}
   torch::Tensor forward(const torch::Tensor& x) {
     torch::Tensor h = torch::max_pool2d(torch::relu(conv1(x)), 2);
@@ -388,13 +414,14 @@ std::string SignatureDifference(const std::vector<std::string>& a,
 
 int64_t BuiltInParameterCount(const ModelOptions& o) {
   const int64_t c = o.num_classes;
+  const ImageShape in = ShapeOf(o);
   auto linear = [](int64_t in, int64_t out) { return in * out + out; };
   if (o.spec == "mlp" && !o.language_model && o.width >= 1) {
-    return linear(28 * 28, o.width) + linear(o.width, c);
+    return linear(in.pixels(), o.width) + linear(o.width, c);
   }
-  if (o.spec == "cnn" && !o.language_model) {
-    return (1 * 32 * 9 + 32) + (32 * 64 * 9 + 64) + linear(64 * 7 * 7, 128) +
-           linear(128, c);
+  if (o.spec == "cnn" && !o.language_model && in.h >= 4 && in.w >= 4) {
+    return (in.c * 32 * 9 + 32) + (32 * 64 * 9 + 64) +
+           linear(64 * (in.h / 4) * (in.w / 4), 128) + linear(128, c);
   }
   if (o.spec == "gpt" && o.language_model && o.layers >= 1 && o.width >= 1 &&
       o.heads >= 1 && o.context >= 1 && o.width % o.heads == 0) {
@@ -412,20 +439,29 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ModelOptions& o) {
     if (o.language_model) {
       return absl::InvalidArgumentError(
           absl::StrCat("--model=", o.spec,
-                       " is an image classifier; use it with "
-                       "--data=fmnist, or use --model=gpt for text"));
+                       " is an image classifier; use it with image data "
+                       "(--data=fmnist, fmnist:DIR or idx:IMAGES,LABELS), or "
+                       "use --model=gpt for text"));
     }
+    const ImageShape in = ShapeOf(o);
     if (o.spec == "mlp") {
       if (o.width < 1) {
         return absl::InvalidArgumentError(
             absl::StrCat("--width=", o.width, ": must be >= 1"));
       }
-      return std::unique_ptr<Model>(new NnModel<Mlp>(
-          Mlp(28 * 28, o.width, c),
-          absl::StrCat("mlp(hidden=", o.width, ",classes=", c, ")")));
+      return std::unique_ptr<Model>(
+          new NnModel<Mlp>(Mlp(in.pixels(), o.width, c),
+                           absl::StrCat("mlp(", in.Label(), "hidden=", o.width,
+                                        ",classes=", c, ")")));
     }
-    return std::unique_ptr<Model>(
-        new NnModel<Cnn>(Cnn(c), absl::StrCat("cnn(classes=", c, ")")));
+    if (in.h < 4 || in.w < 4) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--model=cnn pools twice by 2 and needs images of at least 4x4; "
+          "these are ",
+          in.h, "x", in.w, " (use --model=mlp)"));
+    }
+    return std::unique_ptr<Model>(new NnModel<Cnn>(
+        Cnn(in, c), absl::StrCat("cnn(", in.Label(), "classes=", c, ")")));
   }
   if (o.spec == "gpt") {
     if (!o.language_model) {

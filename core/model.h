@@ -1,4 +1,5 @@
-// Models the trainer can run: built-in `mlp` and `cnn` (Fashion-MNIST), `gpt`
+// Models the trainer can run: built-in `mlp` and `cnn` (image classifiers
+// sized for the data's images and classes, e.g. Fashion-MNIST's), `gpt`
 // (a byte/token-level decoder-only transformer), and any TorchScript module
 // exported from Python whose forward(x) returns logits. A model goes back to
 // PyTorch with Export: a TorchScript file, or for a built-in model a
@@ -75,6 +76,8 @@ struct ModelOptions {
   int context = 64;
   int64_t num_classes = 256;   // vocabulary or classes, from the data set
   bool language_model = true;  // x is int64 [B, T] (else float images)
+  // Images: the shape of one example, {C, H, W}; empty = {1, 28, 28}.
+  std::vector<int64_t> input_shape;
 };
 
 // InvalidArgument naming the flag for an unknown model, a model that does not

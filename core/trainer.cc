@@ -21,6 +21,7 @@
 #include "core/checkpoint.h"
 #include "core/device.h"
 #include "core/file_util.h"
+#include "core/image_data.h"
 #include "core/logging.h"
 #include "core/memory.h"
 #include "core/optimizer_state.h"
@@ -31,10 +32,6 @@
 
 namespace starling {
 namespace {
-
-bool IsImageData(const std::string& spec) {
-  return spec == "fmnist" || absl::StartsWith(spec, "fmnist:");
-}
 
 std::string ShapeString(const torch::Tensor& t) {
   return absl::StrCat("[", absl::StrJoin(t.sizes(), ","), "]");
@@ -68,6 +65,8 @@ DataOptions DataOptionsOf(const TrainConfig& config) {
   data.context = config.context();
   data.val_fraction = config.val_fraction();
   data.vocab = config.vocab();
+  data.token_dtype = config.token_dtype();
+  data.val_spec = config.val_data();
   data.cache_dir = config.cache_dir();
   data.split_seed = config.seed();
   return data;
@@ -83,6 +82,7 @@ TrainConfig DefaultTrainConfig() {
   c.set_heads(4);
   c.set_context(64);
   c.set_data("kjv");
+  c.set_token_dtype("uint16");
   c.set_shard("0/1");
   c.set_shard_mode("iid");
   c.set_val_fraction(0.05);
@@ -110,7 +110,7 @@ TrainConfig DefaultTrainConfig() {
 }
 
 absl::Status ResolveTrainConfig(TrainConfig* c) {
-  const bool images = IsImageData(c->data());
+  const bool images = IsImageSpec(c->data());
   if (c->model().empty()) c->set_model(images ? "cnn" : "gpt");
   if (c->batch() == 0) c->set_batch(images ? 64 : 16);
   if (c->steps() == 0) c->set_steps(images ? 1900 : 800);
@@ -193,9 +193,11 @@ Trainer::~Trainer() = default;
 
 std::string ResumeDifferences(const TrainConfig& was_written,
                               const TrainConfig& now) {
-  // A checkpoint from before --precision existed trained in fp32.
+  // A checkpoint from before --precision existed trained in fp32, and one
+  // from before --token_dtype existed read uint16 tokens.
   TrainConfig was = was_written;
   if (was.precision().empty()) was.set_precision("fp32");
+  if (was.token_dtype().empty()) was.set_token_dtype("uint16");
   static constexpr absl::string_view kNotCounted[] = {
       "out", "resume", "cache_dir", "eval_every", "log_every",
       "checkpoint_every", "threads", "device", "slowdown",
@@ -300,6 +302,7 @@ absl::Status Trainer::Init() {
   mo.context = config_.context();
   mo.num_classes = dataset_->num_classes();
   mo.language_model = dataset_->kind() == TaskKind::kLanguageModel;
+  if (!mo.language_model) mo.input_shape = dataset_->example_shape();
   // Gradients, and the optimizer's state per trainable value: Adam's two
   // moments, SGD's momentum buffer.
   const int states =

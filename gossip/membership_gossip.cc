@@ -7,8 +7,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/notification.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "gossip/peer_limits.h"
@@ -29,7 +31,74 @@ std::vector<MemberEntry> ToVector(
   return std::vector<MemberEntry>(r.begin(), r.end());
 }
 
+// "12s", "1m05s": durations as a person reads them in a log line.
+std::string Seconds(absl::Duration d) {
+  const int64_t s = absl::ToInt64Seconds(d + absl::Milliseconds(500));
+  return s >= 60 ? absl::StrFormat("%dm%02ds", s / 60, s % 60)
+                 : absl::StrCat(s, "s");
+}
+
+// Whether member `e` counts toward WaitForMembers' n (see there).
+bool CountsAsReady(const MemberEntry& e, const std::string& self) {
+  const bool counted = IsLive(e) || e.state() == peer::v1::MEMBER_LEFT;
+  return e.id() == self || (counted && !e.joining());
+}
+
+// Logs `line()` every kWaitReportEvery on a thread of its own, from its
+// construction to its destruction: a wait that says what it waits for.
+class WaitReporter {
+ public:
+  explicit WaitReporter(std::function<std::string()> line)
+      : line_(std::move(line)), thread_([this] {
+          while (!done_.WaitForNotificationWithTimeout(kWaitReportEvery)) {
+            LogEvent(LogLevel::kInfo, "waiting", line_());
+          }
+        }) {}
+  ~WaitReporter() {
+    done_.Notify();
+    thread_.join();
+  }
+
+ private:
+  const std::function<std::string()> line_;
+  absl::Notification done_;
+  std::thread thread_;  // last: starts once the fields above are set
+};
+
 }  // namespace
+
+std::string JoinWaitLine(const std::vector<std::string>& seeds,
+                         absl::Duration waited, int attempts,
+                         const std::string& last_error, absl::Duration left) {
+  return absl::StrCat(
+      "joining the swarm through --peers=", absl::StrJoin(seeds, ","), ": ",
+      attempts, " attempts in ", Seconds(waited), "; last error: ", last_error,
+      "; giving up in ", Seconds(left), " (--connect_timeout)");
+}
+
+std::string MembersWaitLine(const std::vector<MemberEntry>& table,
+                            const std::string& self, int n,
+                            absl::Duration waited, absl::Duration left) {
+  std::vector<std::string> ready, not_ready;
+  for (const MemberEntry& e : table) {
+    if (CountsAsReady(e, self)) {
+      ready.push_back(e.id());
+    } else {
+      not_ready.push_back(absl::StrCat(e.id(), " ",
+                                       e.joining() && IsLive(e)
+                                           ? "still joining"
+                                           : MemberStateName(e.state()),
+                                       " at ", e.address()));
+    }
+  }
+  return absl::StrCat(
+      "waiting for ", n, " members (--min_members) for ", Seconds(waited), ": ",
+      ready.size(), " ready (", absl::StrJoin(ready, ", "), ")",
+      not_ready.empty()
+          ? ""
+          : absl::StrCat("; not ready: ", absl::StrJoin(not_ready, ", ")),
+      "; giving up in ", Seconds(left), " (--connect_timeout)");
+}
 
 std::vector<std::string> GossipTargets(
     const std::vector<MemberEntry>& table, const std::string& self,
@@ -118,6 +187,20 @@ absl::Status MembershipGossip::JoinSwarm(absl::Time deadline) {
   absl::Duration backoff = absl::Milliseconds(100);
   Tries tries;
   const absl::Time start = absl::Now();
+  // Instead of a silent wait until --connect_timeout: whom it tries and why
+  // that fails (connection refused, a certificate that names another
+  // host...).
+  WaitReporter reporter([&] {
+    std::string last_error;
+    int attempts;
+    {
+      absl::MutexLock lock(&tries.mu);
+      last_error = tries.last_error;
+      attempts = tries.attempts;
+    }
+    return JoinWaitLine(options_.seeds, absl::Now() - start, attempts,
+                        last_error, deadline - absl::Now());
+  });
   while (!stopping_->load()) {
     for (const std::string& seed : options_.seeds) {
       if (IsSelfSeed(seed)) continue;
@@ -147,6 +230,7 @@ absl::Status MembershipGossip::JoinSwarm(absl::Time deadline) {
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(2));
   }
+  absl::MutexLock lock(&tries.mu);
   return absl::UnavailableError(absl::StrCat(
       "cannot reach any of --peers=", absl::StrJoin(options_.seeds, ","),
       " after ", tries.attempts, " attempts (last error: ", tries.last_error,
@@ -166,7 +250,17 @@ std::optional<absl::Status> MembershipGossip::TryJoin(const std::string& seed,
   client_->credentials().Sign(&ctx, "Join");
   JoinResponse resp;
   grpc::Status s = client_->StubFor(seed)->Join(&ctx, *req, &resp);
-  ++tries->attempts;
+  {
+    absl::MutexLock lock(&tries->mu);
+    ++tries->attempts;
+    if (!s.ok()) {
+      tries->last_error =
+          absl::StrCat(seed, ": ",
+                       absl::StatusCodeToString(
+                           static_cast<absl::StatusCode>(s.error_code())),
+                       ": ", s.error_message());
+    }
+  }
   if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
     // The seed is this node under another name (its DNS name).
     STARLING_LOG(INFO) << "seed " << seed << " is this node";
@@ -194,7 +288,6 @@ std::optional<absl::Status> MembershipGossip::TryJoin(const std::string& seed,
         "peer ", seed, " refused this node's credentials: ", s.error_message(),
         " (check --join_token_file)"));
   }
-  tries->last_error = absl::StrCat(seed, ": ", s.error_message());
   // The seed may have tried to join this node first, been refused and
   // gone: say why instead of timing out.
   absl::MutexLock lock(&mu_);
@@ -206,6 +299,8 @@ std::optional<absl::Status> MembershipGossip::TryJoin(const std::string& seed,
 }
 
 absl::Status MembershipGossip::WaitForMembers(int n, absl::Time deadline) {
+  const absl::Time start = absl::Now();
+  absl::Time next_report = start + kWaitReportEvery;
   while (true) {
     // Counted: this node, and every member that is ready (its JoinSwarm
     // returned: not joining) and live or already LEFT. Not a member still
@@ -215,13 +310,19 @@ absl::Status MembershipGossip::WaitForMembers(int n, absl::Time deadline) {
     // the barrier one-way: one that saw the others, trained and left before
     // they saw it ready still lets them start.
     int ready = 0;
-    for (const MemberEntry& e : membership_->Snapshot()) {
-      const bool counted = IsLive(e) || e.state() == peer::v1::MEMBER_LEFT;
-      if (e.id() == options_.node_id || (counted && !e.joining())) ++ready;
+    const std::vector<MemberEntry> table = membership_->Snapshot();
+    for (const MemberEntry& e : table) {
+      if (CountsAsReady(e, options_.node_id)) ++ready;
     }
     if (ready >= n) {
       GossipToEveryone();
       return absl::OkStatus();
+    }
+    if (const absl::Time now = absl::Now(); now >= next_report) {
+      LogEvent(LogLevel::kInfo, "waiting",
+               MembersWaitLine(table, options_.node_id, n, now - start,
+                               deadline - now));
+      next_report = now + kWaitReportEvery;
     }
     if (absl::Now() >= deadline || stopping_->load()) {
       // Every member this node knows of, with its state and address: a

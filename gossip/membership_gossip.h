@@ -43,6 +43,23 @@ std::vector<std::string> GossipTargets(
     const std::function<bool(const std::string&)>& is_self_seed,
     std::mt19937_64& rng);
 
+// How often a node that waits for its peers (joining, or for
+// --min_members) says what it waits for.
+inline constexpr absl::Duration kWaitReportEvery = absl::Seconds(5);
+
+// The line a joining node logs every kWaitReportEvery: whom it tries, for
+// how long and how often, the last error, and when it gives up.
+std::string JoinWaitLine(const std::vector<std::string>& seeds,
+                         absl::Duration waited, int attempts,
+                         const std::string& last_error, absl::Duration left);
+
+// The line a node waiting for `n` members (--min_members) logs every
+// kWaitReportEvery: who is ready, who is known but not (joining, suspect,
+// dead), and when it gives up.
+std::string MembersWaitLine(const std::vector<peer::v1::MemberEntry>& table,
+                            const std::string& self, int n,
+                            absl::Duration waited, absl::Duration left);
+
 class MembershipGossip {
  public:
   struct Options {
@@ -93,10 +110,11 @@ class MembershipGossip {
                         peer::v1::GossipResponse* resp);
 
  private:
-  // What JoinSwarm met so far.
+  // What JoinSwarm met so far; JoinSwarm's reporter thread reads it.
   struct Tries {
-    std::string last_error = "no answer";
-    int attempts = 0;
+    absl::Mutex mu;
+    std::string last_error ABSL_GUARDED_BY(mu) = "no answer yet";
+    int attempts ABSL_GUARDED_BY(mu) = 0;
   };
   // One Join call to `seed`: what JoinSwarm returns, or nullopt for the
   // next seed.

@@ -1,5 +1,6 @@
 #include "gossip/peer_credentials.h"
 
+#include <arpa/inet.h>
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
@@ -95,6 +96,69 @@ std::vector<std::string> NamesOf(X509* cert) {
   return names;
 }
 
+// Every name a certificate answers to, as a person would look for it: the
+// CN, then its subjectAltName's DNS names and IP addresses ("DNS:a",
+// "IP:127.0.0.1").
+std::string AllNamesOf(X509* cert) {
+  std::vector<std::string> names;
+  char cn[256];
+  const int n = X509_NAME_get_text_by_NID(X509_get_subject_name(cert),
+                                          NID_commonName, cn, sizeof(cn));
+  if (n > 0) names.push_back(absl::StrCat("CN=", absl::string_view(cn, n)));
+  auto* sans = static_cast<GENERAL_NAMES*>(
+      X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+  for (int i = 0; sans != nullptr && i < sk_GENERAL_NAME_num(sans); ++i) {
+    const GENERAL_NAME* g = sk_GENERAL_NAME_value(sans, i);
+    if (g->type == GEN_DNS) {
+      const ASN1_STRING* dns = g->d.dNSName;
+      names.push_back(absl::StrCat(
+          "DNS:", absl::string_view(
+                      reinterpret_cast<const char*>(ASN1_STRING_get0_data(dns)),
+                      static_cast<size_t>(ASN1_STRING_length(dns)))));
+    } else if (g->type == GEN_IPADD) {
+      const ASN1_OCTET_STRING* ip = g->d.iPAddress;
+      char text[INET6_ADDRSTRLEN] = "?";
+      const int len = ASN1_STRING_length(ip);
+      if (len == 4 || len == 16) {
+        inet_ntop(len == 4 ? AF_INET : AF_INET6, ASN1_STRING_get0_data(ip),
+                  text, sizeof(text));
+      }
+      names.push_back(absl::StrCat("IP:", text));
+    }
+  }
+  GENERAL_NAMES_free(sans);
+  ERR_clear_error();
+  return names.empty() ? "no name at all" : absl::StrJoin(names, ", ");
+}
+
+// With TLS, peers that dial this node check its certificate against the
+// host they dial (--listen's) or --tls_server_name: a certificate that
+// does not cover it fails every handshake, so it is refused at start.
+absl::Status CheckCoversListenHost(const PeerSecurityOptions& o, X509* leaf) {
+  const bool by_name = !o.tls_server_name.empty();
+  const std::string host = by_name ? o.tls_server_name : o.listen_host;
+  if (host.empty() || host == "0.0.0.0" || host == "::") {
+    return absl::OkStatus();
+  }
+  in6_addr ip;
+  const bool is_ip = inet_pton(AF_INET, host.c_str(), &ip) == 1 ||
+                     inet_pton(AF_INET6, host.c_str(), &ip) == 1;
+  const int covered =
+      is_ip ? X509_check_ip_asc(leaf, host.c_str(), 0)
+            : X509_check_host(leaf, host.data(), host.size(), 0, nullptr);
+  ERR_clear_error();
+  if (covered == 1) return absl::OkStatus();
+  return Bad("tls_cert", o.tls_cert,
+             absl::StrCat(
+                 "does not cover ",
+                 by_name ? absl::StrCat("--tls_server_name=", host)
+                         : absl::StrCat("this node's --listen host ", host),
+                 ", which peers check it against; it names ", AllNamesOf(leaf),
+                 ". Issue this node a certificate whose subjectAltName holds ",
+                 is_ip ? "IP:" : "DNS:", host,
+                 " (docs/security.md has the openssl commands)"));
+}
+
 // "none", or the names quoted and joined.
 std::string ListNames(const std::vector<std::string>& names) {
   if (names.empty()) return "none";
@@ -154,6 +218,7 @@ absl::Status CheckPems(const PeerSecurityOptions& o, const std::string& cert,
                absl::StrCat("does not verify against --tls_ca=", o.tls_ca, ": ",
                             X509_verify_cert_error_string(err)));
   }
+  STARLING_RETURN_IF_ERROR(CheckCoversListenHost(o, chain->front().get()));
   if (o.tls_bind_node_ids && !o.node_id.empty()) {
     const std::vector<std::string> names = NamesOf(chain->front().get());
     if (std::find(names.begin(), names.end(), o.node_id) == names.end()) {

@@ -36,6 +36,13 @@ struct PeerSecurityOptions {
   // chunks) is refused unless the caller's certificate names that member.
   // Needs mutual TLS.
   bool tls_bind_node_ids = false;
+  // The host of this node's --listen address, which peers dial and check
+  // its certificate against: with TLS, tls_cert must cover it (an IP
+  // address as an IP subjectAltName, a name as a DNS subjectAltName or CN),
+  // or cover tls_server_name when that is set, since peers then check that
+  // instead. Empty or a wildcard (0.0.0.0, ::): not checked, as the name
+  // peers dial is not known here.
+  std::string listen_host;
   // This node's id, which its own tls_cert must name when ids are bound;
   // empty: not checked (a parent that checks its children's flags).
   std::string node_id;
@@ -90,9 +97,10 @@ struct PeerCredentials {
 PeerCredentials InsecurePeerCredentials();
 
 // Reads and checks the PEM files: each parses, the key matches the
-// certificate, the certificate chains to the CA. InvalidArgument naming the
-// flag and the file when not; also when neither TLS nor --insecure was
-// asked for, or both were. Loads the join token when a file is named.
+// certificate, the certificate chains to the CA and covers listen_host (or
+// tls_server_name). InvalidArgument naming the flag and the file when not;
+// also when neither TLS nor --insecure was asked for, or both were. Loads
+// the join token when a file is named.
 absl::StatusOr<PeerCredentials> LoadPeerCredentials(
     const PeerSecurityOptions& options);
 

@@ -222,7 +222,7 @@ absl::StatusOr<bool> DdpLoop::RunStep() {
         rec.model_hash.substr(0, 8), session_.Eta(rec.step)));
   }
   if (session_.CheckpointDue(prev_step, rec.step)) {
-    STARLING_RETURN_IF_ERROR(session_.Checkpoint(state.round));
+    session_.PeriodicCheckpoint(state.round);
   }
   return !(stop_voted_ && rec.step < total_);
 }

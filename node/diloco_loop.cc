@@ -622,7 +622,7 @@ absl::StatusOr<DilocoLoop::RoundAction> DilocoLoop::CommitRound(
   STARLING_ASSIGN_OR_RETURN(const RoundRecord rec,
                             RecordCommit(c, res, overlapped));
   if (session_.CheckpointDue(c.inner.prev_step, rec.step)) {
-    STARLING_RETURN_IF_ERROR(session_.Checkpoint(run_.state.round));
+    session_.PeriodicCheckpoint(run_.state.round);
   }
   if (update.stop_voted && StopSignal() != 0 && rec.step < total_) {
     // Overlapped: the inner steps run since are dropped, as at every

@@ -43,6 +43,8 @@ constexpr PlacedFlag kTable[] = {
     {"context", S::kModelAndData},
     {"vocab", S::kModelAndData},
     {"data", S::kModelAndData},
+    {"val_data", S::kModelAndData},
+    {"token_dtype", S::kModelAndData},
     {"cache_dir", S::kModelAndData},
     {"shard", S::kModelAndData},
     {"shard_mode", S::kModelAndData},
@@ -50,6 +52,14 @@ constexpr PlacedFlag kTable[] = {
     {"drift", S::kModelAndData},
     // bench allreduce: the buffer it reduces stands in for a model's.
     {"sizes_mib", S::kModelAndData},
+    // tokenize: the text in, the SentencePiece model, the tokens out.
+    {"input", S::kModelAndData},
+    {"model_prefix", S::kModelAndData},
+    {"sp_model", S::kModelAndData},
+    {"vocab_size", S::kModelAndData},
+    {"sp_model_type", S::kModelAndData},
+    {"val_input", S::kModelAndData},
+    {"val_out", S::kModelAndData},
 
     // Training: the run, the inner optimizer, then the algorithm across
     // nodes and its adaptive sync.

@@ -292,7 +292,7 @@ absl::Status GossipLoop::EndPeriod(int prev_step, double train_loss) {
   run_.state.gossip_weight = push_sum_.weight();
   session_.SetCompressionTraffic(raw_bytes_, wire_bytes_);
   if (session_.CheckpointDue(prev_step, step)) {
-    STARLING_RETURN_IF_ERROR(session_.Checkpoint(0));
+    session_.PeriodicCheckpoint(0);
   }
   return absl::OkStatus();
 }

@@ -22,7 +22,7 @@ std::string TopUsage() {
   std::string out = kUsage;
   for (const starling::SubcommandEntry& e : starling::Subcommands()) {
     absl::StrAppend(&out,
-                    absl::StrFormat("  %-6s %s\n", e.sub.name, e.sub.summary));
+                    absl::StrFormat("  %-8s %s\n", e.sub.name, e.sub.summary));
   }
   absl::StrAppend(&out, "\n", starling::CompressionSpecHelp(), "\n");
   absl::StrAppend(&out,

@@ -11,10 +11,12 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -304,6 +306,8 @@ struct NodeMetrics::Metrics {
   Gauge* inner_lr;
   Gauge* pseudo_gradient_norm;
   Gauge* consensus_distance;
+  Gauge* val_loss;
+  Gauge* val_accuracy;
   Counter* sent_bytes;
   Counter* received_bytes;
   Counter* before_compression_bytes;
@@ -391,6 +395,21 @@ void NodeMetrics::RegisterTraining(const BuildInfo& info,
                 "the last one it absorbed (an estimate of consensus).",
                 r)
            .Add({});
+  // NaN, not 0, until the first evaluation: 0 would read as a perfect model.
+  m->val_loss = &Register(BuildGauge(), "starling_val_loss",
+                          "Validation loss of this node's latest evaluation "
+                          "(NaN until it first evaluates).",
+                          r)
+                     .Add({});
+  m->val_loss->Set(std::numeric_limits<double>::quiet_NaN());
+  m->val_accuracy =
+      &Register(BuildGauge(), "starling_val_accuracy",
+                "Validation accuracy (a fraction) of this node's latest "
+                "evaluation of a classifier (NaN before it, and for language "
+                "models).",
+                r)
+           .Add({});
+  m->val_accuracy->Set(std::numeric_limits<double>::quiet_NaN());
 }
 
 void NodeMetrics::RegisterNetwork(prometheus::Registry& r, Metrics& metrics) {
@@ -423,6 +442,12 @@ void NodeMetrics::RegisterNetwork(prometheus::Registry& r, Metrics& metrics) {
            .Add({});
   m->rpc_errors = &Register(BuildCounter(), "starling_rpc_errors_total",
                             "Failed outgoing RPCs, by gRPC status code.", r);
+  // Every code but OK, at 0 from the start (absl and gRPC share the codes).
+  for (int code = 1;
+       code <= static_cast<int>(absl::StatusCode::kUnauthenticated); ++code) {
+    m->rpc_errors->Add({{"code", absl::StatusCodeToString(
+                                     static_cast<absl::StatusCode>(code))}});
+  }
   m->refusals =
       &Register(BuildCounter(), "starling_peer_refusals_total",
                 "Incoming calls and streams refused or cut off to protect "
@@ -434,6 +459,10 @@ void NodeMetrics::RegisterNetwork(prometheus::Registry& r, Metrics& metrics) {
                 "node has not started yet.",
                 r)
            .Add({});
+  for (const char* reason :
+       {"rate_limit", "stream_limit", "stream_cancelled"}) {
+    m->refusals->Add({{"reason", reason}});
+  }
 
   m->checkpoint_duration =
       &Register(BuildHistogram(), "starling_checkpoint_duration_seconds",
@@ -522,6 +551,11 @@ void NodeMetrics::SetPseudoGradientNorm(double norm) {
 
 void NodeMetrics::SetConsensusDistance(double distance) {
   metrics_->consensus_distance->Set(distance);
+}
+
+void NodeMetrics::SetValidation(double loss, double accuracy) {
+  metrics_->val_loss->Set(loss);
+  if (accuracy >= 0) metrics_->val_accuracy->Set(accuracy);
 }
 
 void NodeMetrics::Advance(prometheus::Counter& counter, int64_t total,

@@ -83,6 +83,11 @@ class NodeMetrics {
   // Gossip: starling_consensus_distance = ‖y − y_s‖² of the last absorbed
   // push (an estimate of how far this node is from the others).
   void SetConsensusDistance(double distance);
+  // The latest evaluation: starling_val_loss = loss and, for a classifier
+  // (`accuracy` >= 0), starling_val_accuracy = accuracy (a fraction). Both
+  // are NaN until this node first evaluates (and the accuracy stays NaN for
+  // a language model).
+  void SetValidation(double loss, double accuracy);
 
   // The node's running totals since it started, in bytes: gossip bytes
   // sent/received and pseudo-gradient bytes before/after compression. Each
@@ -99,7 +104,8 @@ class NodeMetrics {
   // Running totals of failed RPCs by gRPC status code name ("UNAVAILABLE",
   // "DEADLINE_EXCEEDED", ...): starling_rpc_errors_total{code}, with the same
   // largest-total-seen rule as SetTraffic(). Codes absent from the map keep
-  // their value.
+  // their value. Every code's series exists from the start, at 0, so that
+  // rate() and alerts see the first error.
   void SetRpcErrors(const std::map<std::string, int64_t>& totals_by_code)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -107,7 +113,8 @@ class NodeMetrics {
   // off to protect itself, by reason ("rate_limit": --peer_rate_limit,
   // "stream_limit": --peer_max_streams, "stream_cancelled": a stream past
   // its idle time or deadline): starling_peer_refusals_total{reason}, with
-  // the same rule as SetRpcErrors().
+  // the same rule as SetRpcErrors(). These three reasons exist from the
+  // start, at 0.
   void SetRefusals(const std::map<std::string, int64_t>& totals_by_reason)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Payload bytes of early tensor messages held now (Swarm::early_bytes):

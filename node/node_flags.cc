@@ -14,6 +14,7 @@
 #include "node/faults.h"
 #include "node/flags.h"
 #include "node/node_command.h"
+#include "node/peer_address.h"
 #include "node/train_command.h"
 #include "outer_opt/outer_optimizer.h"
 #include "outer_opt/robust_aggregate.h"
@@ -650,6 +651,7 @@ PeerSecurityOptions PeerSecurityFromFlags() {
       (FlagGiven("tls_bind_node_ids") || (security.tls_require_client_cert &&
                                           absl::GetFlag(FLAGS_algo) != "ddp"));
   security.node_id = NodeIdFromFlags();
+  security.listen_host = HostOf(absl::GetFlag(FLAGS_listen));
   security.insecure = absl::GetFlag(FLAGS_insecure);
   security.join_token_file = absl::GetFlag(FLAGS_join_token_file);
   security.peer_rate_limit = absl::GetFlag(FLAGS_peer_rate_limit);

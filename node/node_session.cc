@@ -80,7 +80,9 @@ NodeSession::NodeSession(NodeRun& run, std::string node_id)
       shared_model_(
           [](const std::function<absl::Status()>& fn) { return fn(); }),
       sent_([] { return int64_t{0}; }),
-      received_([] { return int64_t{0}; }) {}
+      received_([] { return int64_t{0}; }),
+      checkpoint_step_(run.config.train.resume() ? run.trainer.state().step()
+                                                 : -1) {}
 
 NodeSession::~NodeSession() {
   StopPoller();
@@ -201,14 +203,24 @@ absl::Status NodeSession::MaybeEvaluate(bool force, int prev_step,
   }
   STARLING_ASSIGN_OR_RETURN(state.eval, std::move(r));
   state.evaluated_step = step;
+  if (run_.ops.metrics) {
+    run_.ops.metrics->SetValidation(state.eval.loss, state.eval.accuracy);
+  }
   JsonObject f;
   f.Add("step", static_cast<int64_t>(step)).Add("val_loss", state.eval.loss);
   if (state.eval.accuracy >= 0) f.Add("val_accuracy", state.eval.accuracy);
   events_.Write("eval", f);
+  LogFields fields = {{"val_loss", absl::StrFormat("%.6f", state.eval.loss)}};
+  std::string acc;
+  if (state.eval.accuracy >= 0) {
+    acc = absl::StrFormat(" | val_acc %.2f%%", 100 * state.eval.accuracy);
+    fields.emplace_back("val_accuracy",
+                        absl::StrFormat("%.6f", state.eval.accuracy));
+  }
   LogEvent(LogLevel::kInfo, "eval",
-           absl::StrFormat("eval  step %d/%d | val_loss %.4f", step,
-                           run_.config.train.steps(), state.eval.loss),
-           {{"val_loss", absl::StrFormat("%.6f", state.eval.loss)}});
+           absl::StrFormat("eval  step %d/%d | val_loss %.4f%s", step,
+                           run_.config.train.steps(), state.eval.loss, acc),
+           fields);
   return absl::OkStatus();
 }
 
@@ -256,12 +268,32 @@ absl::Status NodeSession::Checkpoint(int64_t next_round) {
     const absl::Time start = absl::Now();
     STARLING_RETURN_IF_ERROR(
         run_.trainer.SaveCheckpoint(run_.CheckpointPath(), std::move(extra)));
+    checkpoint_step_ = run_.trainer.state().step();
     if (run_.ops.metrics) {
       run_.ops.metrics->Checkpoint(absl::ToDoubleSeconds(absl::Now() - start),
                                    absl::Now());
     }
     return absl::OkStatus();
   });
+}
+
+std::string NodeSession::KeptCheckpoint() const {
+  if (checkpoint_step_ < 0) return "no earlier checkpoint exists";
+  return absl::StrCat("keeping the previous checkpoint (step ",
+                      checkpoint_step_, ") in ", run_.CheckpointPath());
+}
+
+void NodeSession::PeriodicCheckpoint(int64_t next_round) {
+  const int step = run_.trainer.state().step();
+  absl::Status s = Checkpoint(next_round);
+  if (s.ok()) return;
+  events_.Write("checkpoint_failed",
+                JsonObject()
+                    .Add("step", static_cast<int64_t>(step))
+                    .Add("message", s.message()));
+  LogEvent(LogLevel::kWarning, "checkpoint",
+           absl::StrCat("checkpoint at step ", step, " failed: ", s.message(),
+                        "; ", KeptCheckpoint(), "; training goes on"));
 }
 
 void NodeSession::CheckpointBeforeFailing(absl::Status restored,
@@ -283,7 +315,11 @@ std::string NodeSession::Eta(int step) const {
 int NodeSession::Finish(SessionEnd end) {
   Trainer& trainer = run_.trainer;
   const NodeState& state = run_.state;
-  if (absl::Status s = Checkpoint(end.next_round); !s.ok()) return Fail(s);
+  if (absl::Status s = Checkpoint(end.next_round); !s.ok()) {
+    return Fail(absl::Status(
+        s.code(), absl::StrCat("the final checkpoint failed: ", s.message(),
+                               "; ", KeptCheckpoint())));
+  }
   NodeTotals& totals = end.totals;
   totals.id = node_id_;
   totals.bytes_sent = BytesSent();

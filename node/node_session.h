@@ -165,6 +165,13 @@ class NodeSession {
   bool CheckpointDue(int prev_step, int step) const;
   // Writes the checkpoint; `next_round` is where a resumed run goes on.
   absl::Status Checkpoint(int64_t next_round);
+  // Checkpoint() at a --checkpoint_every boundary: a failed write (a full
+  // disk, a directory gone read-only) is logged as a warning naming the
+  // previous checkpoint, which the atomic write left whole, and the run goes
+  // on.
+  void PeriodicCheckpoint(int64_t next_round);
+  // "keeping the previous checkpoint (step S) in PATH", or that none exists.
+  std::string KeptCheckpoint() const;
   // On the way out after an error: checkpoints the model as restored for
   // it (`restored`: how that went) so nothing is lost, or says why not.
   void CheckpointBeforeFailing(absl::Status restored, int64_t next_round);
@@ -192,6 +199,8 @@ class NodeSession {
   std::atomic<int64_t> after_compression_{0};
   absl::Notification stop_poller_;
   std::thread poller_;
+  // The step of the last checkpoint written (or resumed from); -1: none.
+  int checkpoint_step_ = -1;
 };
 
 }  // namespace starling

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/file_util.h"
@@ -41,19 +42,25 @@ std::string GnuplotText(absl::string_view s) {
   return out;
 }
 
+// The y axis of a members chart: from 0 to one above the most members any
+// round had, so that the line (constant in most runs) is drawn inside the
+// frame, not on its top border.
+std::string MembersAxis(const ReportData& d) {
+  int most = 0;
+  for (const auto& r : d.rounds) most = std::max(most, r.members);
+  std::string axis =
+      absl::StrFormat("set ylabel 'members'; set yrange [0:%d];", most + 1);
+  if (most <= 16) absl::StrAppend(&axis, "set ytics 1;");
+  return axis;
+}
+
 // The membership-over-time chart: members of each round against wall time,
 // with a dashed vertical line and a label at each fault carried out.
 std::string MembershipOverTime(const ReportData& d) {
   double xmax = 0;
-  int most = 0;
-  for (const auto& r : d.rounds) {
-    xmax = std::max(xmax, r.wall_seconds);
-    most = std::max(most, r.members);
-  }
-  std::string script =
-      "set xlabel 'wall seconds since the sim started'; set ylabel 'members';"
-      "set yrange [0:*]; set offsets 0, 0, 1, 0;";
-  if (most <= 16) absl::StrAppend(&script, "set ytics 1;");
+  for (const auto& r : d.rounds) xmax = std::max(xmax, r.wall_seconds);
+  std::string script = absl::StrCat(
+      "set xlabel 'wall seconds since the sim started';", MembersAxis(d));
   for (const auto& f : d.faults) {
     if (!f.skipped.empty()) continue;
     xmax = std::max(xmax, f.wall_seconds);
@@ -142,6 +149,13 @@ absl::Status WriteCsvFiles(const std::string& rdir, const ReportData& d) {
   STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/val_loss.csv", val));
   STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/rounds.csv", rounds));
   STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/nodes.csv", nodes));
+  if (!d.accuracy_vs_time.empty()) {
+    std::string acc = "wall_seconds,val_accuracy\n";
+    for (auto [t, a] : d.accuracy_vs_time) {
+      absl::StrAppendFormat(&acc, "%.3f,%.6f\n", t, a);
+    }
+    STARLING_RETURN_IF_ERROR(WriteFileAtomic(rdir + "/val_accuracy.csv", acc));
+  }
   if (!d.faults.empty()) {
     std::string faults = "wall_seconds,kind,node,skipped\n";
     for (const auto& f : d.faults) {
@@ -190,19 +204,30 @@ std::vector<Chart> ChartsFor(const ReportData& d) {
        "plot 'rounds.csv' using 1:5 with points pt 7 ps 1.2 title 'all "
        "members hold the same model hash'"},
       {"membership.png", "Members per round",
-       "set xlabel 'round'; set ylabel 'members'; set yrange [0:*];"
-       "plot 'rounds.csv' using 1:6 with steps lw 2 title 'members'"},
+       absl::StrCat("set xlabel 'round';", MembersAxis(d),
+                    "plot 'rounds.csv' using 1:6 with steps lw 2 title "
+                    "'members'")},
       {"membership_over_time.png",
        d.faults.empty() ? "Membership over time"
                         : "Membership over time, with the injected faults",
        MembershipOverTime(d)},
   };
+  if (!d.accuracy_vs_time.empty()) {
+    charts.insert(
+        charts.begin() + 1,
+        {"val_accuracy_vs_time.png", "Validation accuracy vs wall time",
+         "set xlabel 'wall seconds'; set ylabel 'accuracy (%)';"
+         "set yrange [0:100];"
+         "plot 'val_accuracy.csv' using 1:($2*100) with linespoints "
+         "lw 2 pt 7 title 'validation accuracy'"});
+  }
   if (d.rounds.empty()) {
     // No rounds (gossip): charts drawn only from rounds.csv would have no
     // points, and gnuplot stops at the first empty one.
     charts.erase(std::remove_if(charts.begin(), charts.end(),
                                 [](const Chart& c) {
                                   return c.file != "val_loss_vs_time.png" &&
+                                         c.file != "val_accuracy_vs_time.png" &&
                                          c.file != "bytes_per_node.png";
                                 }),
                  charts.end());
@@ -274,8 +299,23 @@ std::string TablesHtml(const ReportData& d) {
   return html;
 }
 
+// The chart `file` in `rdir` as an <img> whose source is a data: URI (the
+// PNG in base64), so that the page needs no side files; or a note when
+// gnuplot left no such file.
+std::string InlineImage(const std::string& rdir, const Chart& c) {
+  absl::StatusOr<std::string> png = ReadFile(absl::StrCat(rdir, "/", c.file));
+  if (!png.ok()) {
+    return absl::StrCat("<p>(no chart: ", Html(png.status().message()),
+                        ")</p>\n");
+  }
+  return absl::StrCat("<img src=\"data:image/png;base64,",
+                      absl::Base64Escape(*png), "\" alt=\"", Html(c.title),
+                      "\">\n");
+}
+
 // report.html: the tables, each chart (or why it is missing), the data.
-std::string ReportHtml(const ReportData& d, const std::vector<Chart>& charts,
+std::string ReportHtml(const std::string& rdir, const ReportData& d,
+                       const std::vector<Chart>& charts,
                        const absl::Status& charts_status) {
   std::string html = absl::StrCat(
       "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>",
@@ -288,8 +328,7 @@ std::string ReportHtml(const ReportData& d, const std::vector<Chart>& charts,
   for (const Chart& c : charts) {
     absl::StrAppend(&html, "<h2>", Html(c.title), "</h2>\n");
     if (charts_status.ok()) {
-      absl::StrAppend(&html, "<img src=\"report/", c.file, "\" alt=\"",
-                      Html(c.title), "\">\n");
+      absl::StrAppend(&html, InlineImage(rdir, c));
     } else {
       absl::StrAppend(&html, "<p>(no chart: ", Html(charts_status.message()),
                       ")</p>\n");
@@ -297,9 +336,13 @@ std::string ReportHtml(const ReportData& d, const std::vector<Chart>& charts,
   }
   absl::StrAppend(
       &html,
-      "<p>Data: <a href=\"report/rounds.csv\">rounds.csv</a>, <a "
-      "href=\"report/val_loss.csv\">val_loss.csv</a>, <a "
+      "<p>Data, beside this page: <a "
+      "href=\"report/rounds.csv\">rounds.csv</a>, "
+      "<a href=\"report/val_loss.csv\">val_loss.csv</a>, <a "
       "href=\"report/nodes.csv\">nodes.csv</a>, ",
+      d.accuracy_vs_time.empty()
+          ? ""
+          : "<a href=\"report/val_accuracy.csv\">val_accuracy.csv</a>, ",
       d.faults.empty() ? "" : "<a href=\"report/faults.csv\">faults.csv</a>, ",
       "<a href=\"summary.json\">summary.json</a>.</p>\n</body></html>\n");
   return html;
@@ -316,7 +359,7 @@ absl::Status WriteReport(const std::string& dir, const ReportData& d) {
       WriteFileAtomic(rdir + "/charts.gp", ChartsScript(charts)));
   const absl::Status charts_status = DrawCharts(rdir);
   STARLING_RETURN_IF_ERROR(WriteFileAtomic(
-      dir + "/report.html", ReportHtml(d, charts, charts_status)));
+      dir + "/report.html", ReportHtml(rdir, d, charts, charts_status)));
   return charts_status;
 }
 

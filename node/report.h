@@ -1,7 +1,10 @@
 // report.html for a `starling sim` run: gnuplot charts (PNG) rendered from
 // CSV files, a table of the final figures and, when the sim injected faults,
 // a table of them (also marked on the membership chart), and data drift
-// marks on the loss-vs-time chart. Thread-compatible.
+// marks on the loss-vs-time chart. The page is self-contained: each chart is
+// inlined as a data: URI, so report.html can be mailed or attached alone
+// (the CSV files beside it are the data, for other tools).
+// Thread-compatible.
 #ifndef STARLING_NODE_REPORT_H_
 #define STARLING_NODE_REPORT_H_
 
@@ -17,6 +20,9 @@ struct ReportData {
   // (wall seconds, validation loss) from the nodes' evaluations. Wall
   // seconds count from the start of the sim.
   std::vector<std::pair<double, double>> val_vs_time;
+  // (wall seconds, validation accuracy as a fraction) for a classifier; a
+  // chart when not empty.
+  std::vector<std::pair<double, double>> accuracy_vs_time;
   // Per round: cumulative bytes sent by all nodes, mean train loss, wall
   // seconds at its end, whether all members' model hashes agreed, members.
   struct Round {

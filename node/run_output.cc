@@ -274,6 +274,14 @@ int ExitCodeFor(const absl::Status& s) {
              : 1;
 }
 
+absl::Status CheckOutWritable(const std::string& out) {
+  absl::Status s = CheckDirWritable(out);
+  if (s.ok()) return s;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--out=", out, ": the run directory is not writable (", s.message(),
+      "); choose a directory this user can write, or fix its permissions"));
+}
+
 absl::Status PrepareRunDir(TrainConfig* config, absl::string_view command) {
   if (config->out().empty()) {
     if (config->resume()) {
@@ -294,12 +302,7 @@ absl::Status PrepareRunDir(TrainConfig* config, absl::string_view command) {
         "--out=", config->out(), " already holds a run (", ckpt,
         "); pass --resume to continue it, or choose another --out"));
   }
-  absl::Status s = MakeDirs(config->out());
-  if (!s.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--out=", config->out(), ": ", s.message()));
-  }
-  return absl::OkStatus();
+  return CheckOutWritable(config->out());
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> StartRun(TrainConfig* config,

@@ -122,14 +122,21 @@ int ExitCodeFor(const absl::Status& s);
 // failure (or a run left on a signal), 2 bad flags, config or input.
 constexpr int kExitEndedApart = 3;
 
+// Makes the run directory `out` (mkdir -p) and writes and removes a probe
+// file there: InvalidArgument naming --out when it cannot (a directory this
+// user may not write, a read-only mount), before any data is loaded or model
+// built.
+absl::Status CheckOutWritable(const std::string& out);
+
 // Fills an empty --out with runs/COMMAND-TIMESTAMP, checks --resume against
-// the checkpoint there and creates the directory. InvalidArgument naming the
-// flag.
+// the checkpoint there, creates the directory and checks that it is
+// writable (CheckOutWritable). InvalidArgument naming the flag.
 absl::Status PrepareRunDir(TrainConfig* config, absl::string_view command);
 
 // PrepareRunDir, then --threads, then Trainer::Create: the start of every
-// run. Errors as those give; ExitCodeFor maps them. When Trainer::Create
-// fails, a run directory that this call created is removed again.
+// run, so that an unwritable --out fails before the data load. Errors as those
+// give; ExitCodeFor maps them. When Trainer::Create fails, a run directory that
+// this call created is removed again.
 absl::StatusOr<std::unique_ptr<Trainer>> StartRun(TrainConfig* config,
                                                   absl::string_view command);
 

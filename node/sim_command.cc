@@ -1,6 +1,7 @@
 #include "node/sim_command.h"
 
 #include <malloc.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <map>
@@ -113,7 +114,7 @@ const Subcommand& SimSubcommand() {
     for (const std::string& f : TrainFlagNames()) {
       if (f != "shard" && f != "slowdown" && f != "drift") flags.push_back(f);
     }
-    return new Subcommand{
+    auto* sub = new Subcommand{
         "sim",
         "run N nodes as local processes (the default: 4-node DiLoCo on KJV)",
         "Starts --nodes `starling node` processes on 127.0.0.1, node K with "
@@ -158,6 +159,15 @@ const Subcommand& SimSubcommand() {
         "  starling sim --link_bandwidth_mbps=100,n3=10 "
         "--link_latency_ms=20,n0-n1=200",
         flags};
+    sub->help["metrics_port"] =
+        "serve each node's Prometheus metrics (GET /metrics) on 127.0.0.1: "
+        "node K (n0, n1, ..., then the joiners) on port P+K, e.g. 9100 "
+        "gives n0 9100 and n3 9103; 0 = each node any free port (logged in "
+        "its node.log), -1 = off";
+    sub->help["health_port"] =
+        "serve each node's gRPC health checks on 127.0.0.1: node K on port "
+        "P+K; 0 = any free port, -1 = off";
+    return sub;
   }();
   return *sub;
 }
@@ -182,6 +192,23 @@ struct SimSetup {
   // unless a --tls_* flag asks for TLS.
   bool plaintext = false;
 };
+
+// --metrics_port=P and --health_port=P give node K port P+K: the last
+// node's must exist.
+absl::Status CheckSimPorts(int nodes) {
+  for (const auto& [name, base] :
+       {std::pair<const char*, int>{"metrics_port",
+                                    absl::GetFlag(FLAGS_metrics_port)},
+        {"health_port", absl::GetFlag(FLAGS_health_port)}}) {
+    if (base > 0 && base + nodes - 1 > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", name, "=", base, ": the sim gives node K port ", base,
+          "+K, and its ", nodes, " nodes would need ports up to ",
+          base + nodes - 1, ", past 65535; choose a lower port"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 // --nodes, the fault plan and the per-node specs.
 absl::Status ParseSimFlags(SimSetup* s) {
@@ -218,7 +245,7 @@ absl::Status ParseSimFlags(SimSetup* s) {
   STARLING_ASSIGN_OR_RETURN(
       s->links, ParseSimLinks(absl::GetFlag(FLAGS_link_bandwidth_mbps),
                               absl::GetFlag(FLAGS_link_latency_ms), s->ids));
-  return absl::OkStatus();
+  return CheckSimPorts(static_cast<int>(s->ids.size()));
 }
 
 // What every node would check after its data load, checked once here,
@@ -243,7 +270,8 @@ absl::Status CheckNodesCanStart(SimSetup* s) {
   PeerSecurityOptions security = PeerSecurityFromFlags();
   s->plaintext = !security.asks_for_tls();
   if (s->plaintext) security.insecure = true;
-  security.node_id.clear();  // each node's is its own
+  security.node_id.clear();            // each node's is its own
+  security.listen_host = "127.0.0.1";  // every node's --listen host
   STARLING_RETURN_IF_ERROR(CheckPeerSecurity(security));
   // Off by default here (every node gets the same certificate): only an
   // explicit --tls_bind_node_ids asks for it.
@@ -290,15 +318,23 @@ absl::Status PrepareRunDirectory(SimSetup* s) {
           "--resume"));
     }
   }
-  return MakeDirs(dir);
+  return CheckOutWritable(dir);
 }
 
-// Everything that a bad flag, config, input or --out fails (exit 2).
+// Everything that a bad flag, config, input or --out fails (exit 2). --out
+// comes before the data and model checks, which may take long (a large
+// model, the KJV download): an unwritable directory fails at once. A run
+// directory made here is removed again when a later check fails.
 absl::StatusOr<SimSetup> CheckSim() {
   SimSetup s;
   STARLING_RETURN_IF_ERROR(ParseSimFlags(&s));
-  STARLING_RETURN_IF_ERROR(CheckNodesCanStart(&s));
+  const std::string out = s.config.out();
+  const bool existed = !out.empty() && FileExists(out);
   STARLING_RETURN_IF_ERROR(PrepareRunDirectory(&s));
+  if (absl::Status st = CheckNodesCanStart(&s); !st.ok()) {
+    if (!existed) (void)::rmdir(s.config.out().c_str());
+    return st;
+  }
   return s;
 }
 
@@ -330,7 +366,8 @@ std::vector<std::string> CommonNodeFlags(const SimSetup& s,
   for (const std::string& name : SimSubcommand().flags) {
     if (std::find(sim_only.begin(), sim_only.end(), name) != sim_only.end() ||
         name == "out" || name == "run_id" || name == "threads" ||
-        name == "gpu_memory_fraction" || name == "tls_bind_node_ids") {
+        name == "gpu_memory_fraction" || name == "tls_bind_node_ids" ||
+        name == "metrics_port" || name == "health_port") {
       continue;
     }
     absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
@@ -384,6 +421,8 @@ absl::StatusOr<NodeLaunch> PrepareLaunch(const SimSetup& s,
   launch.links = s.links;
   launch.common = CommonNodeFlags(s, run_id);
   launch.snapshot_every = DefaultSnapshotEvery(s.config);
+  launch.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  launch.health_port = absl::GetFlag(FLAGS_health_port);
   return launch;
 }
 

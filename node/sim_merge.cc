@@ -235,21 +235,23 @@ MergedRounds MergeRounds(const std::vector<NodeRecord>& recs,
   return m;
 }
 
-// Validation loss over time: each evaluated step once, in time order.
-std::vector<std::pair<double, double>> ValVsTime(
-    const std::vector<NodeRecord>& recs, const RunClock& clock) {
-  std::map<int64_t, std::pair<double, double>> evals;  // step -> (t, loss)
+// Validation loss (and a classifier's accuracy) over time: each evaluated
+// step once, in time order.
+void EvalsOverTime(const std::vector<NodeRecord>& recs, const RunClock& clock,
+                   ReportData* report) {
+  std::map<int64_t, const NodeRecord::Eval*> evals;  // by step, first wins
   for (const NodeRecord& n : recs) {
-    for (const auto& e : n.evals) {
-      evals.emplace(
-          e.step,
-          std::make_pair(clock.At(e.unix_seconds, e.wall_seconds), e.val_loss));
+    for (const auto& e : n.evals) evals.emplace(e.step, &e);
+  }
+  for (const auto& [step, e] : evals) {
+    const double t = clock.At(e->unix_seconds, e->wall_seconds);
+    report->val_vs_time.push_back({t, e->val_loss});
+    if (e->val_accuracy >= 0) {
+      report->accuracy_vs_time.push_back({t, e->val_accuracy});
     }
   }
-  std::vector<std::pair<double, double>> out;
-  for (const auto& [step, point] : evals) out.push_back(point);
-  std::sort(out.begin(), out.end());
-  return out;
+  std::sort(report->val_vs_time.begin(), report->val_vs_time.end());
+  std::sort(report->accuracy_vs_time.begin(), report->accuracy_vs_time.end());
 }
 
 // Data drift (--drift) and drift detections, once per node and step (a
@@ -402,12 +404,16 @@ std::vector<std::pair<std::string, std::string>> Facts(
     const MergeInput& in, const std::string& model, const MergedNodes& nodes,
     const MergedRounds& rounds, const FinalModel& final_model) {
   const Value& val = FieldOf(EvaluatedFigures(nodes), "val_loss");
+  const Value& acc = FieldOf(EvaluatedFigures(nodes), "val_accuracy");
   return {
       {"run directory", in.dir},
       {"model", model},
       {"algorithm", in.algo},
       {"final validation loss",
        IsNumber(val) ? absl::StrFormat("%.4f", val.number_value()) : "-"},
+      {"final validation accuracy",
+       IsNumber(acc) ? absl::StrFormat("%.2f%%", 100 * acc.number_value())
+                     : "- (not a classifier)"},
       {"rounds", absl::StrCat(rounds.count)},
       {"pseudo-gradient compression", Compression(nodes)},
       {"bytes sent (all nodes)", FormatBytes(nodes.total_bytes)},
@@ -504,8 +510,10 @@ NodeRecord NodeRecordFrom(const std::string& id, const Struct* summary,
       n.rounds[static_cast<int64_t>(FieldOf(ev, "round").number_value())] =
           std::move(r);
     } else if (kind == "eval") {
+      const Value& acc = FieldOf(ev, "val_accuracy");
       n.evals.push_back({step, FieldOf(ev, "val_loss").number_value(),
-                         EventUnixSeconds(ev), wall});
+                         EventUnixSeconds(ev), wall,
+                         IsNumber(acc) ? acc.number_value() : -1});
     } else if (kind == "drift" || kind == "drift_detected") {
       n.marks.push_back({kind, step, EventUnixSeconds(ev), wall});
     }
@@ -534,7 +542,7 @@ MergedRun MergeRun(const MergeInput& in, const std::vector<NodeRecord>& recs,
   const RunClock clock = ClockOf(in.start, recs);
   const MergedNodes nodes = MergeNodes(in, recs, &report);
   const MergedRounds rounds = MergeRounds(recs, clock, &report);
-  report.val_vs_time = ValVsTime(recs, clock);
+  EvalsOverTime(recs, clock, &report);
   const MergedDrift drift = MergeDrift(recs, clock, &report);
   const FinalModel final_model = FinalModelOf(recs, nodes.max_steps);
   const Value& model = nodes.first_summary
@@ -631,10 +639,14 @@ std::string DoneLine(const Struct& summary, const std::string& algo,
   for (const Value& v : FieldOf(fin, "nodes_apart").list_value().values()) {
     apart.push_back(v.string_value());
   }
+  const Value& acc = FieldOf(fin, "val_accuracy");
   return absl::StrFormat(
-      "done: val_loss %s | sent %s (per-step all-reduce: %s, %.1fx less) | "
+      "done: val_loss %s%s | sent %s (per-step all-reduce: %s, %.1fx less) | "
       "hashes agree: %s%s | %s\n  report: %s/report.html",
       ToJson(FieldOf(fin, "val_loss")),
+      IsNumber(acc)
+          ? absl::StrFormat(" | val_acc %.2f%%", 100 * acc.number_value())
+          : "",
       FormatBytes(FieldOf(fin, "total_bytes").number_value()),
       FormatBytes(FieldOf(fin, "allreduce_equivalent_bytes").number_value()),
       FieldOf(fin, "comm_reduction").number_value(),

@@ -51,6 +51,7 @@ struct NodeRecord {
   struct Eval {
     int64_t step;
     double val_loss, unix_seconds, wall_seconds;
+    double val_accuracy = -1;  // classifiers; < 0: none
   };
   std::vector<Eval> evals;
   // "drift" and "drift_detected" events, in the order logged.

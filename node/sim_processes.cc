@@ -87,6 +87,13 @@ std::vector<std::string> NodeArgs(const NodeLaunch& launch, int i, bool restart,
     args.push_back(absl::StrCat("--link_bandwidth_mbps=", bandwidth));
     args.push_back(absl::StrCat("--link_latency_ms=", latency));
   }
+  for (const auto& [name, base] :
+       {std::pair<const char*, int>{"metrics_port", launch.metrics_port},
+        {"health_port", launch.health_port}}) {
+    if (base >= 0) {
+      args.push_back(absl::StrCat("--", name, "=", base == 0 ? 0 : base + i));
+    }
+  }
   for (const std::string& a : launch.common) args.push_back(a);
   if (launch.snapshot_every > 0) {
     // Model snapshots for the consensus distance (the last flag wins).

@@ -49,6 +49,11 @@ struct NodeLaunch {
   // Flags every node gets, after its own (--NAME=VALUE).
   std::vector<std::string> common;
   int snapshot_every = 0;  // > 0: --snapshot_every=N last (gossip's default)
+  // The sim's --metrics_port and --health_port: node K (its index in ids)
+  // serves on BASE + K, so that nodes on one host do not collide; 0 gives
+  // every node 0 (any free port, logged), -1 none.
+  int metrics_port = -1;
+  int health_port = -1;
 };
 
 // `n` distinct free ports on 127.0.0.1 (each held open until all are

@@ -33,12 +33,13 @@ std::string FormatProgressLine(const ProgressFigures& f) {
                          " for ", FormatDuration(f.exchanging_seconds))
           : "";
   return absl::StrFormat(
-      "sim | %s %d%s | step %d/%d | loss %s | val %s | sent %s | %s | "
+      "sim | %s %d%s | step %d/%d | loss %s | val %s%s | sent %s | %s | "
       "eta %s%s",
       f.gossip ? "pushes" : "round", f.count,
       f.members >= 0 ? absl::StrFormat(" | members %d", f.members) : "", f.step,
       f.total_steps, f.step > 0 ? absl::StrFormat("%.4f", f.loss) : "-",
       std::isnan(f.val) ? "-" : absl::StrFormat("%.4f", f.val),
+      std::isnan(f.acc) ? "" : absl::StrFormat(" | acc %.2f%%", 100 * f.acc),
       FormatBytes(f.sent), FormatDuration(f.elapsed), FormatDuration(f.eta),
       exchanging);
 }
@@ -98,14 +99,18 @@ void SimProgress::Observe(size_t i, const Struct& ev, absl::Time now) {
     n.syncing = -1;  // a node that left mid-exchange waits no more
   } else if (kind == "eval") {
     val_ = n.val = FieldOf(ev, "val_loss").number_value();
+    if (const google::protobuf::Value& a = FieldOf(ev, "val_accuracy");
+        a.kind_case() == google::protobuf::Value::kNumberValue) {
+      acc_ = n.acc = a.number_value();
+    }
   } else if (kind == "start" || kind == "resume") {
     formed_ = true;  // its --min_members were there
   }
 }
 
 ProgressFigures SimProgress::Figures(double elapsed, absl::Time now) const {
-  int min_step = -1, counted = 0, with_val = 0;
-  double loss = 0, sent = 0, val_sum = 0;
+  int min_step = -1, counted = 0, with_val = 0, with_acc = 0;
+  double loss = 0, sent = 0, val_sum = 0, acc_sum = 0;
   // The oldest exchange still open: a round's exchange that takes long (a
   // slow link, a member being waited for) is named.
   int64_t sync_round = -1;
@@ -115,6 +120,10 @@ ProgressFigures SimProgress::Figures(double elapsed, absl::Time now) const {
     if (!std::isnan(n.val)) {
       val_sum += n.val;
       ++with_val;
+    }
+    if (!std::isnan(n.acc)) {
+      acc_sum += n.acc;
+      ++with_acc;
     }
     if (!n.counted) continue;
     min_step = min_step < 0 ? n.step : std::min(min_step, n.step);
@@ -135,6 +144,7 @@ ProgressFigures SimProgress::Figures(double elapsed, absl::Time now) const {
   // Gossip: each node evaluates its own model, so the mean of their
   // latest (as the run's result is); DiLoCo: the latest, of θ_global.
   f.val = !gossip_ ? val_ : with_val > 0 ? val_sum / with_val : NAN;
+  f.acc = !gossip_ ? acc_ : with_acc > 0 ? acc_sum / with_acc : NAN;
   f.sent = sent;
   f.elapsed = elapsed;
   f.eta = EtaSeconds(elapsed, f.step, total_steps_);

@@ -2,7 +2,8 @@
 // their events.jsonl:
 //   sim | round 6 | step 300/800 | loss 2.2157 | val 2.3783 | sent 19.9 MB |
 //   15s | eta 25s
-// (gossip: pushes instead of rounds; with a fault plan, the members of the
+// (a classifier adds its validation accuracy after val: "acc 84.10%";
+// gossip: pushes instead of rounds; with a fault plan, the members of the
 // latest round; and a round's exchange open for 5 s or more, named so that
 // a line stuck on a round says why).
 //
@@ -33,6 +34,7 @@ struct ProgressFigures {
   int total_steps = 0;  // per node
   double loss = 0;      // mean training loss of the counted nodes
   double val = NAN;     // validation loss; NaN: none yet
+  double acc = NAN;     // validation accuracy (classifiers); NaN: none
   double sent = 0;      // bytes, all nodes
   double elapsed = 0;   // seconds since the sim started
   double eta = NAN;     // seconds; NaN: unknown
@@ -88,6 +90,7 @@ class SimProgress {
     double loss = 0, sent = 0;
     int rounds = 0;
     double val = NAN;  // its latest val_loss
+    double acc = NAN;  // its latest val_accuracy (classifiers)
     // The round whose exchange it is in (-1: none), and since when.
     int64_t syncing = -1;
     absl::Time sync_since = absl::InfiniteFuture();
@@ -104,6 +107,7 @@ class SimProgress {
   int members_ = 0;
   bool formed_ = false;
   double val_ = NAN;  // the latest val_loss of any node
+  double acc_ = NAN;  // the latest val_accuracy of any node
 };
 
 // Writes the progress line to stderr: on a terminal redrawn in place;

@@ -4,6 +4,7 @@
 #include "node/export_command.h"
 #include "node/node_command.h"
 #include "node/sim_command.h"
+#include "node/tokenize_command.h"
 #include "node/train_command.h"
 
 namespace starling {
@@ -14,6 +15,7 @@ const std::vector<SubcommandEntry>& Subcommands() {
       {NodeSubcommand(), &RunNodeCommand},
       {TrainSubcommand(), &RunTrainCommand},
       {ExportSubcommand(), &RunExportCommand},
+      {TokenizeSubcommand(), &RunTokenizeCommand},
       {BenchSubcommand(), &RunBenchCommand},
   };
   return *entries;

@@ -28,7 +28,9 @@
 // Defaults come from DefaultTrainConfig() so the library and the CLI agree.
 ABSL_FLAG(std::string, model, starling::DefaultTrainConfig().model(),
           "mlp | cnn | gpt | torchscript:PATH. Empty = gpt for text data, cnn "
-          "for fmnist. A TorchScript module's forward(x) must return logits.");
+          "for images. mlp and cnn size themselves to the images (C x H x W) "
+          "and classes of --data. A TorchScript module's forward(x) must "
+          "return logits.");
 ABSL_FLAG(int, layers, starling::DefaultTrainConfig().layers(),
           "gpt: number of transformer blocks");
 ABSL_FLAG(int, width, starling::DefaultTrainConfig().width(),
@@ -39,15 +41,30 @@ ABSL_FLAG(int, context, starling::DefaultTrainConfig().context(),
           "text: window length in tokens");
 ABSL_FLAG(std::string, data, starling::DefaultTrainConfig().data(),
           "kjv (the King James Bible via `bible`, cached on first use) | "
-          "text:PATH (bytes of any file) | tokens:PATH (little-endian uint16) "
-          "| fmnist (Debian's dataset-fashion-mnist) | fmnist:DIR");
+          "text:PATH (bytes of any file) | tokens:PATH (little-endian "
+          "integers, --token_dtype; `starling tokenize` writes them) | fmnist "
+          "(Debian's dataset-fashion-mnist) | fmnist:DIR (idx files named as "
+          "Fashion-MNIST's, train-* and t10k-*, any image size and class "
+          "count) | idx:IMAGES,LABELS (any idx image set: idx3 N x H x W "
+          "grayscale or idx4 N x H x W x C channels last, C <= 4, and idx1 "
+          "labels; gzipped or not)");
+ABSL_FLAG(std::string, val_data, "",
+          "a separate validation set of the same kind as --data (text:PATH "
+          "or kjv for text, tokens:PATH for tokens, fmnist:DIR (its t10k "
+          "files) or idx:IMAGES,LABELS for images); with it all of --data "
+          "trains and --val_fraction is not used. Empty = hold out the tail "
+          "--val_fraction of --data (fmnist: its test set)");
+ABSL_FLAG(std::string, token_dtype,
+          starling::DefaultTrainConfig().token_dtype(),
+          "tokens:PATH: the file's element type, uint16 or uint32 "
+          "(little-endian); uint32 for vocabularies over 65536");
 ABSL_FLAG(std::string, shard, starling::DefaultTrainConfig().shard(),
           "K/N: train on shard K (0-based) of N of the training data");
 ABSL_FLAG(std::string, shard_mode, starling::DefaultTrainConfig().shard_mode(),
           "iid | contiguous | noniid (fmnist only: split by label)");
 ABSL_FLAG(double, val_fraction, starling::DefaultTrainConfig().val_fraction(),
-          "text/tokens: fraction held out at the end for validation (fmnist "
-          "uses its 10k test set)");
+          "text/tokens/idx: fraction held out at the end for validation "
+          "(fmnist uses its 10k test set; unused with --val_data)");
 ABSL_FLAG(std::string, cache_dir, "",
           "where the kjv corpus is cached; empty = $STARLING_CACHE_DIR, "
           "$XDG_CACHE_HOME/starling or ~/.cache/starling");
@@ -132,6 +149,8 @@ TrainConfig ConfigFromFlags() {
   c.set_val_fraction(absl::GetFlag(FLAGS_val_fraction));
   c.set_cache_dir(absl::GetFlag(FLAGS_cache_dir));
   c.set_vocab(absl::GetFlag(FLAGS_vocab));
+  c.set_token_dtype(absl::GetFlag(FLAGS_token_dtype));
+  c.set_val_data(absl::GetFlag(FLAGS_val_data));
   c.set_optimizer(absl::GetFlag(FLAGS_optimizer));
   c.set_lr(absl::GetFlag(FLAGS_lr));
   c.set_warmup(absl::GetFlag(FLAGS_warmup));
@@ -158,18 +177,42 @@ TrainConfig ConfigFromFlags() {
 }
 
 const std::vector<std::string>& TrainFlagNames() {
-  static const auto* names = new std::vector<std::string>{
-      "model",     "layers",     "width",
-      "heads",     "context",    "data",
-      "shard",     "shard_mode", "val_fraction",
-      "cache_dir", "vocab",      "optimizer",
-      "lr",        "warmup",     "weight_decay",
-      "beta1",     "beta2",      "momentum",
-      "clip",      "batch",      "steps",
-      "device",    "threads",    "seed",
-      "out",       "eval_every", "checkpoint_every",
-      "log_every", "resume",     "slowdown",
-      "drift",     "precision",  "gpu_memory_fraction"};
+  static const auto* names =
+      new std::vector<std::string>{"model",
+                                   "layers",
+                                   "width",
+                                   "heads",
+                                   "context",
+                                   "data",
+                                   "val_data",
+                                   "shard",
+                                   "shard_mode",
+                                   "val_fraction",
+                                   "cache_dir",
+                                   "vocab",
+                                   "token_dtype",
+                                   "optimizer",
+                                   "lr",
+                                   "warmup",
+                                   "weight_decay",
+                                   "beta1",
+                                   "beta2",
+                                   "momentum",
+                                   "clip",
+                                   "batch",
+                                   "steps",
+                                   "device",
+                                   "threads",
+                                   "seed",
+                                   "out",
+                                   "eval_every",
+                                   "checkpoint_every",
+                                   "log_every",
+                                   "resume",
+                                   "slowdown",
+                                   "drift",
+                                   "precision",
+                                   "gpu_memory_fraction"};
   return *names;
 }
 
@@ -238,7 +281,8 @@ class TrainRun {
         trainer_(trainer),
         ckpt_path_(CheckpointPathInRunDir(config.out())),
         events_(absl::StrCat(config.out(), "/events.jsonl"), "n0",
-                trainer.state().wall_seconds()) {}
+                trainer.state().wall_seconds()),
+        checkpoint_step_(config.resume() ? trainer.state().step() : -1) {}
 
   int Run() {
     Start();
@@ -298,7 +342,13 @@ class TrainRun {
       }
       if (config_.checkpoint_every() > 0 &&
           step % config_.checkpoint_every() == 0 && step < config_.steps()) {
-        STARLING_RETURN_IF_ERROR(Checkpoint());
+        // A full disk or a directory gone read-only costs this checkpoint,
+        // not the run: the previous one is still whole (atomic writes).
+        if (absl::Status s = Checkpoint(); !s.ok()) {
+          WriteStderrLine(absl::StrCat("starling train: warning: ", s.message(),
+                                       "; ", KeptCheckpoint(),
+                                       "; training goes on"));
+        }
       }
     }
     return false;
@@ -307,7 +357,17 @@ class TrainRun {
   absl::Status Checkpoint() {
     trainer_.set_wall_seconds(events_.WallSeconds());
     absl::Status s = trainer_.SaveCheckpoint(ckpt_path_);
-    if (s.ok()) {
+    if (!s.ok()) {
+      s = absl::Status(
+          s.code(), absl::StrCat("checkpoint at step ", trainer_.state().step(),
+                                 " failed: ", s.message()));
+      events_.Write(
+          "checkpoint_failed",
+          JsonObject()
+              .Add("step", static_cast<int64_t>(trainer_.state().step()))
+              .Add("message", s.message()));
+    } else {
+      checkpoint_step_ = trainer_.state().step();
       events_.Write(
           "checkpoint",
           JsonObject()
@@ -340,7 +400,11 @@ class TrainRun {
     if (!evaluated_at_step_ && !interrupted) {
       if (absl::Status s = Evaluate(); !s.ok()) return Fail(s, 1);
     }
-    if (absl::Status s = Checkpoint(); !s.ok()) return Fail(s, 1);
+    if (absl::Status s = Checkpoint(); !s.ok()) {
+      return Fail(absl::Status(s.code(), absl::StrCat(s.message(), "; ",
+                                                      KeptCheckpoint())),
+                  1);
+    }
     NodeTotals totals;
     totals.wall_seconds = events_.WallSeconds();
     events_.Write(
@@ -371,12 +435,21 @@ class TrainRun {
     return 0;
   }
 
+  // What a failed write leaves: the previous checkpoint, or none.
+  std::string KeptCheckpoint() const {
+    if (checkpoint_step_ < 0) return "no earlier checkpoint exists";
+    return absl::StrCat("keeping the previous checkpoint (step ",
+                        checkpoint_step_, ") in ", ckpt_path_);
+  }
+
   const TrainConfig& config_;
   Trainer& trainer_;
   const std::string ckpt_path_;
   EventLog events_;
   EvalResult eval_;
   bool evaluated_at_step_ = false;
+  // The step of the last checkpoint written (or resumed from); -1: none.
+  int checkpoint_step_ = -1;
 };
 
 }  // namespace

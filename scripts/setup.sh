@@ -35,6 +35,11 @@ PACKAGES=(
   libgloo-dev
   # without it Debian's LibTorch uses reference BLAS and trains ~4x slower
   libopenblas0-openmp
+  # `starling tokenize`: SentencePiece, the library it trains and applies
+  # token models with
+  libsentencepiece-dev
+  # SentencePiece's own spm_encode, which the tests check its ids against
+  sentencepiece
   # real data sets: Fashion-MNIST idx files and the King James Bible
   dataset-fashion-mnist bible-kjv
   # TorchScript test fixtures and the PyTorch reference benchmark

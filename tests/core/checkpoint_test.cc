@@ -108,6 +108,27 @@ TEST(FileUtilTest, FileReaderReadsPiecesAndNamesAnEarlyEnd) {
       absl::IsInvalidArgument(FileReader::Open(testing::TempDir()).status()));
 }
 
+// The probe a run makes of its --out before any work: a directory it can
+// write passes (made if missing) and keeps no probe file; one it cannot
+// (/proc/self, not writable even by root; a file in a directory's place)
+// fails naming the path.
+TEST(FileUtilTest, CheckDirWritableProbesAndCleansUp) {
+  const std::string dir = testing::TempDir() + "/a/b";
+  ASSERT_TRUE(CheckDirWritable(dir).ok());
+  EXPECT_TRUE(FileExists(dir));
+  EXPECT_FALSE(FileExists(dir + "/.starling-write-probe"));
+  absl::Status proc = CheckDirWritable("/proc/self");
+  EXPECT_FALSE(proc.ok());
+  EXPECT_NE(proc.message().find("/proc/self/.starling-write-probe"),
+            std::string::npos)
+      << proc;
+  const std::string file = testing::TempDir() + "/file";
+  ASSERT_TRUE(WriteFileAtomic(file, "x").ok());
+  absl::Status not_dir = CheckDirWritable(file + "/sub");
+  EXPECT_FALSE(not_dir.ok());
+  EXPECT_NE(not_dir.message().find(file), std::string::npos) << not_dir;
+}
+
 TEST(CheckpointTest, FlippedByteIsDataLossNamingTheFile) {
   std::string path = testing::TempDir() + "/c.ckpt";
   ASSERT_TRUE(WriteCheckpoint(path, Make(1, 5000)).ok());

@@ -23,9 +23,11 @@
 namespace starling {
 namespace {
 
+using ::starling::testing::IdxBytes;
 using ::starling::testing::MustCreate;
 using ::starling::testing::RunSteps;
 using ::starling::testing::TempDir;
+using ::starling::testing::WriteGzip;
 
 std::string Fixture(const char* name) {
   return absl::StrCat(STARLING_FIXTURE_DIR, "/", name);
@@ -138,6 +140,31 @@ TEST(MemoryTest, BuiltInParameterCountMatchesTheBuiltModel) {
     EXPECT_EQ(BuiltInParameterCount(o), NumElements((*m)->Parameters()))
         << (*m)->Architecture();
   }
+  // Other image sizes and channels: the count follows the shape, and the
+  // architecture names it (Fashion-MNIST's keeps its old name).
+  for (const char* spec : {"mlp", "cnn"}) {
+    ModelOptions o;
+    o.spec = spec;
+    o.language_model = false;
+    o.num_classes = 13;
+    o.input_shape = {3, 30, 18};
+    auto m = CreateModel(o);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(BuiltInParameterCount(o), NumElements((*m)->Parameters()))
+        << (*m)->Architecture();
+    EXPECT_NE((*m)->Architecture().find("input=3x30x18,"), std::string::npos)
+        << (*m)->Architecture();
+    torch::NoGradGuard no_grad;
+    EXPECT_EQ((*m)->Forward(torch::zeros({2, 3, 30, 18})).sizes(),
+              (std::vector<int64_t>{2, 13}));
+  }
+  auto fmnist = CreateModel(cases[1]);
+  ASSERT_TRUE(fmnist.ok());
+  EXPECT_EQ((*fmnist)->Architecture(), "cnn(classes=10)");
+  ModelOptions tiny = cases[1];
+  tiny.input_shape = {1, 3, 28};
+  EXPECT_NE(CreateModel(tiny).status().message().find("at least 4x4"),
+            std::string::npos);
   ModelOptions script;
   script.spec = "torchscript:/some/model.pt";
   EXPECT_EQ(BuiltInParameterCount(script), -1);
@@ -347,6 +374,48 @@ TEST(TrainerTest, ImageModelsLearnTheTinySet) {
     auto t = MustCreate(c);
     ASSERT_NE(t, nullptr);
     RunSteps(*t, 30);
+    auto e = t->Evaluate();
+    ASSERT_TRUE(e.ok());
+    EXPECT_GT(e->accuracy, 0.9) << model;
+  }
+}
+
+// A colour idx set of 16x12 images and 4 classes (idx4, channels last):
+// the built-in models size themselves to it and learn it.
+TEST(TrainerTest, ImageModelsAdaptToOtherImageSets) {
+  const std::string dir = TempDir();
+  std::string pixels, labels;
+  for (uint32_t i = 0; i < 200; ++i) {
+    const int label = i % 4;
+    labels += static_cast<char>(label);
+    for (int y = 0; y < 16; ++y) {
+      for (int x = 0; x < 12; ++x) {
+        for (int ch = 0; ch < 3; ++ch) {
+          // The label is a bright row in its own channel.
+          const bool on = ch == label % 3 && y == 2 + 3 * label;
+          pixels += static_cast<char>(on ? 250 : (i * 13 + x * 7 + y) % 60);
+        }
+      }
+    }
+  }
+  WriteGzip(dir + "/img.gz", IdxBytes({200, 16, 12, 3}, pixels));
+  WriteGzip(dir + "/lab.gz", IdxBytes({200}, labels));
+  for (const char* model : {"mlp", "cnn"}) {
+    TrainConfig c = DefaultTrainConfig();
+    c.set_data(absl::StrCat("idx:", dir, "/img.gz,", dir, "/lab.gz"));
+    c.set_val_fraction(0.2);
+    c.set_model(model);
+    c.set_batch(32);
+    c.set_steps(40);
+    c.set_lr(2e-3);
+    c.set_threads(1);
+    ASSERT_TRUE(ResolveTrainConfig(&c).ok());
+    auto t = MustCreate(c);
+    ASSERT_NE(t, nullptr);
+    EXPECT_NE(t->model().Architecture().find("input=3x16x12,"),
+              std::string::npos);
+    EXPECT_NE(t->model().Architecture().find("classes=4)"), std::string::npos);
+    RunSteps(*t, 40);
     auto e = t->Evaluate();
     ASSERT_TRUE(e.ok());
     EXPECT_GT(e->accuracy, 0.9) << model;

@@ -1,4 +1,5 @@
-// Whom a gossip tick calls (GossipTargets), without sockets.
+// Whom a gossip tick calls (GossipTargets), and what a waiting node says
+// (JoinWaitLine, MembersWaitLine), without sockets.
 #include "gossip/membership_gossip.h"
 
 #include <algorithm>
@@ -86,6 +87,30 @@ TEST(GossipTargetsTest, ASeedThatIsALiveMembersAddressIsNotCalledTwice) {
     EXPECT_EQ(GossipTargets(table, "me", {"a:7000"}, NotSelf, rng),
               std::vector<std::string>{"a:7000"});
   }
+}
+
+// A joining node says whom it tries, how often, the last error and when it
+// gives up, instead of a silent wait until --connect_timeout.
+TEST(WaitLinesTest, AJoinerNamesItsPeersAndTheLastError) {
+  EXPECT_EQ(JoinWaitLine({"10.0.0.1:7070", "b:7070"}, absl::Seconds(10), 7,
+                         "b:7070: UNAVAILABLE: Connection refused",
+                         absl::Seconds(50)),
+            "joining the swarm through --peers=10.0.0.1:7070,b:7070: 7 "
+            "attempts in 10s; last error: b:7070: UNAVAILABLE: Connection "
+            "refused; giving up in 50s (--connect_timeout)");
+}
+
+TEST(WaitLinesTest, AQuorumWaitNamesWhoIsReadyAndWhoIsNot) {
+  MemberEntry joining = Entry("c", peer::v1::MEMBER_ALIVE);
+  joining.set_joining(true);
+  const std::string line = MembersWaitLine(
+      {Entry("a", peer::v1::MEMBER_ALIVE), Entry("b", peer::v1::MEMBER_ALIVE),
+       joining, Entry("d", peer::v1::MEMBER_DEAD)},
+      "a", 4, absl::Seconds(65), absl::Seconds(5));
+  EXPECT_EQ(line,
+            "waiting for 4 members (--min_members) for 1m05s: 2 ready (a, b); "
+            "not ready: c still joining at c:7000, d dead at d:7000; giving "
+            "up in 5s (--connect_timeout)");
 }
 
 }  // namespace

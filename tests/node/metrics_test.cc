@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -42,8 +43,6 @@ namespace {
 using ::starling::testing::HttpGet;
 using ::starling::testing::WaitFor;
 using ::testing::HasSubstr;
-using ::testing::Key;
-using ::testing::Not;
 
 BuildInfo TestInfo() {
   return BuildInfo{.version = "0.1.0",
@@ -100,21 +99,55 @@ TEST(NodeMetricsTest, FreshEndpointHasEveryMetricWithHelp) {
   std::unique_ptr<NodeMetrics> m = StartOrDie();
   ASSERT_NE(m, nullptr);
   const std::string text = absl::StrCat("\n", Scrape(*m));
-  for (const char* name :
-       {"starling_build_info", "starling_inner_steps_total",
-        "starling_tokens_total", "starling_step_duration_seconds",
-        "starling_train_loss", "starling_rounds_total",
-        "starling_round_duration_seconds", "starling_sync_duration_seconds",
-        "starling_outer_learning_rate", "starling_inner_learning_rate",
-        "starling_pseudo_gradient_norm", "starling_sent_bytes_total",
-        "starling_received_bytes_total", "starling_pseudo_gradient_bytes_total",
-        "starling_peers_known", "starling_peers_connected",
-        "starling_checkpoint_duration_seconds",
-        "starling_last_checkpoint_timestamp_seconds"}) {
+  for (const char* name : {"starling_build_info",
+                           "starling_inner_steps_total",
+                           "starling_tokens_total",
+                           "starling_step_duration_seconds",
+                           "starling_train_loss",
+                           "starling_rounds_total",
+                           "starling_round_duration_seconds",
+                           "starling_sync_duration_seconds",
+                           "starling_outer_learning_rate",
+                           "starling_inner_learning_rate",
+                           "starling_pseudo_gradient_norm",
+                           "starling_sent_bytes_total",
+                           "starling_received_bytes_total",
+                           "starling_pseudo_gradient_bytes_total",
+                           "starling_peers_known",
+                           "starling_peers_connected",
+                           "starling_checkpoint_duration_seconds",
+                           "starling_last_checkpoint_timestamp_seconds",
+                           "starling_val_loss",
+                           "starling_val_accuracy",
+                           "starling_rpc_errors_total",
+                           "starling_peer_refusals_total"}) {
     EXPECT_THAT(text, HasSubstr(absl::StrCat("\n# HELP ", name, " "))) << name;
   }
   std::map<std::string, double> s = Samples(text);
   EXPECT_EQ(s["starling_inner_steps_total"], 0);
+  // No evaluation yet: NaN, not a perfect 0.
+  EXPECT_TRUE(std::isnan(s["starling_val_loss"]));
+  EXPECT_TRUE(std::isnan(s["starling_val_accuracy"]));
+  // Every error counter exists at 0 from the start, so that rate() and
+  // alerts see the first error.
+  for (const char* code :
+       {"CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+        "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED",
+        "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+        "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+        "UNAUTHENTICATED"}) {
+    const std::string key =
+        absl::StrCat("starling_rpc_errors_total{code=\"", code, "\"}");
+    ASSERT_EQ(s.count(key), 1u) << key;
+    EXPECT_EQ(s[key], 0) << key;
+  }
+  for (const char* reason :
+       {"rate_limit", "stream_limit", "stream_cancelled"}) {
+    const std::string key =
+        absl::StrCat("starling_peer_refusals_total{reason=\"", reason, "\"}");
+    ASSERT_EQ(s.count(key), 1u) << key;
+    EXPECT_EQ(s[key], 0) << key;
+  }
   // Every round result is exported from the start, at 0.
   for (const char* result : {"committed", "stale", "aborted", "stopped"}) {
     EXPECT_EQ(
@@ -249,8 +282,21 @@ TEST(NodeMetricsTest, RpcErrorsByCode) {
   std::map<std::string, double> s = ScrapeSamples(*m);
   EXPECT_EQ(s["starling_rpc_errors_total{code=\"UNAVAILABLE\"}"], 5);
   EXPECT_EQ(s["starling_rpc_errors_total{code=\"DEADLINE_EXCEEDED\"}"], 2);
-  EXPECT_THAT(s, Not(::testing::Contains(
-                     Key("starling_rpc_errors_total{code=\"INTERNAL\"}"))));
+  EXPECT_EQ(s["starling_rpc_errors_total{code=\"INTERNAL\"}"], 0);
+}
+
+TEST(NodeMetricsTest, ValidationGauges) {
+  std::unique_ptr<NodeMetrics> m = StartOrDie();
+  ASSERT_NE(m, nullptr);
+  m->SetValidation(1.75, 0.8125);
+  std::map<std::string, double> s = ScrapeSamples(*m);
+  EXPECT_EQ(s["starling_val_loss"], 1.75);
+  EXPECT_EQ(s["starling_val_accuracy"], 0.8125);
+  // A language model has no accuracy: the gauge keeps its value.
+  m->SetValidation(1.5, -1);
+  s = ScrapeSamples(*m);
+  EXPECT_EQ(s["starling_val_loss"], 1.5);
+  EXPECT_EQ(s["starling_val_accuracy"], 0.8125);
 }
 
 TEST(NodeMetricsTest, ConcurrentUpdatesAreAllCounted) {
@@ -397,8 +443,15 @@ TEST(NodeMetricsTest, PromtoolAcceptsTheExposition) {
   }
   std::unique_ptr<NodeMetrics> m = StartOrDie();
   ASSERT_NE(m, nullptr);
+  // Fresh: the NaN gauges and the zero counters pass too.
+  absl::StatusOr<starling::testing::PromtoolResult> fresh =
+      starling::testing::PromtoolCheckMetrics(Scrape(*m));
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_TRUE(fresh->ok) << fresh->output;
+  EXPECT_EQ(fresh->output, "");
   // Every metric has samples, including the labelled families.
   m->InnerStep(0.01, 64, 3.0);
+  m->SetValidation(2.5, 0.5);
   m->Round(kRoundCommitted, 20, 2);
   m->SetOuterLr(0.7);
   m->SetInnerLr(0.001);

@@ -3,8 +3,11 @@
 // installed; either way the page names each chart.
 #include "node/report.h"
 
+#include <cstdlib>
 #include <string>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "core/file_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -62,6 +65,55 @@ TEST(ReportTest, ThePageHoldsTheFactsEveryChartAndTheData) {
   EXPECT_EQ(Read(dir + "/report/val_loss.csv"),
             "wall_seconds,val_loss\n10.500,2.500000\n");
   EXPECT_FALSE(FileExists(dir + "/report/faults.csv"));
+}
+
+// The page stands alone: every chart is inlined as a data: URI (the PNG
+// gnuplot drew, in base64), none is linked from report/.
+TEST(ReportTest, ChartsAreInlinedAsDataUris) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "gnuplot is not installed";
+  }
+  const std::string dir = TempDir();
+  ASSERT_TRUE(WriteReport(dir, Data()).ok());
+  const std::string html = Read(dir + "/report.html");
+  EXPECT_THAT(html, Not(HasSubstr("<img src=\"report/")));
+  const std::string png = Read(dir + "/report/membership.png");
+  ASSERT_FALSE(png.empty());
+  EXPECT_THAT(html, HasSubstr(absl::StrCat("<img src=\"data:image/png;base64,",
+                                           absl::Base64Escape(png), "\"")));
+  size_t charts = 0;
+  for (size_t at = html.find("data:image/png;base64,"); at != std::string::npos;
+       at = html.find("data:image/png;base64,", at + 1)) {
+    ++charts;
+  }
+  EXPECT_EQ(charts, 6u);
+}
+
+// A classifier's accuracy gets its data file and its chart; the members
+// charts end one above the most members, so that a constant membership is
+// not drawn on the top border.
+TEST(ReportTest, AccuracyChartAndMembersInsideTheFrame) {
+  const std::string dir = TempDir();
+  ReportData d = Data();
+  (void)WriteReport(dir, d);
+  EXPECT_THAT(Read(dir + "/report/charts.gp"), Not(HasSubstr("val_accuracy")));
+  d.accuracy_vs_time = {{10.5, 0.8125}, {20, 0.875}};
+  const std::string dir2 = TempDir();
+  (void)WriteReport(dir2, d);
+  EXPECT_EQ(Read(dir2 + "/report/val_accuracy.csv"),
+            "wall_seconds,val_accuracy\n10.500,0.812500\n20.000,0.875000\n");
+  EXPECT_THAT(Read(dir2 + "/report.html"),
+              HasSubstr("<h2>Validation accuracy vs wall time</h2>"));
+  const std::string gp = Read(dir2 + "/report/charts.gp");
+  EXPECT_THAT(gp, HasSubstr("'val_accuracy.csv' using 1:($2*100)"));
+  // Two members at most: the y axis runs to 3, on both members charts.
+  EXPECT_THAT(gp, Not(HasSubstr("set yrange [0:*]; set offsets")));
+  size_t axes = 0;
+  for (size_t at = gp.find("set yrange [0:3];"); at != std::string::npos;
+       at = gp.find("set yrange [0:3];", at + 1)) {
+    ++axes;
+  }
+  EXPECT_EQ(axes, 2u) << gp;
 }
 
 TEST(ReportTest, FaultsGetATableAndMarksOnTheMembershipChart) {

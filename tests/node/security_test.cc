@@ -139,10 +139,16 @@ TEST_F(TlsTest, OneSwarmCertificateWithServerName) {
   nodes_.Start("n0", absl::StrCat("--steps=60 --min_members=2 --shard=0/2", tls,
                                   " --tls_server_name=starling-peers"));
   ASSERT_FALSE(nodes_.Address("n0").empty());
+  // Without --tls_server_name the certificate does not cover the node's
+  // own --listen host (127.0.0.1), which peers would check: refused at
+  // start, naming both.
   auto unnamed = nodes_.Run(
       "unnamed",
       absl::StrCat("--steps=60 --shard=1/2 --connect_timeout=3", tls), "n0");
-  EXPECT_NE(unnamed.exit_code, 0) << unnamed.err;
+  EXPECT_EQ(unnamed.exit_code, 2) << unnamed.err;
+  EXPECT_NE(unnamed.err.find("this node's --listen host 127.0.0.1"),
+            std::string::npos)
+      << unnamed.err;
   auto n1 = nodes_.Run("n1",
                        absl::StrCat("--steps=60 --shard=1/2", tls,
                                     " --tls_server_name=starling-peers"),
@@ -307,6 +313,151 @@ TEST_F(BoundIdsTest, IdsAreBoundByDefaultWithMutualTls) {
   auto one_way = nodes_.Run(
       "n4", absl::StrCat("--steps=20", TlsFlags(dir_, "n2", "swarm-ca.pem")));
   EXPECT_EQ(one_way.exit_code, 0) << one_way.err;
+}
+
+// A certificate for another host: SAN DNS:node-b.example only, from the
+// swarm's CA (ELSEWHERE.pem and .key in `dir`).
+bool MakeElsewhereCert(const std::string& dir) {
+  return WriteFileAtomic(dir + "/elsewhere.ext",
+                         "subjectAltName=DNS:node-b.example\n")
+             .ok() &&
+         Sh(dir,
+            "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+            "-nodes -subj /CN=elsewhere -keyout elsewhere.key -out "
+            "elsewhere.csr") &&
+         Sh(dir,
+            "openssl x509 -req -days 2 -in elsewhere.csr -CA swarm-ca.pem "
+            "-CAkey swarm-ca.key -CAcreateserial -extfile elsewhere.ext -out "
+            "elsewhere.pem");
+}
+
+// A node whose certificate does not cover the host of its --listen address
+// (which every peer checks it against) stops at start-up, exit 2, naming
+// the certificate, the host and the names the certificate has. Given the
+// name it covers as --tls_server_name, it starts.
+TEST_F(TlsTest, ACertificateThatDoesNotCoverTheListenHostIsRefused) {
+  ASSERT_TRUE(MakeElsewhereCert(dir_));
+  const std::string tls = TlsFlags(dir_, "elsewhere", "swarm-ca.pem");
+  auto r = nodes_.Run("b", absl::StrCat("--steps=10", tls));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  for (const std::string& want :
+       {absl::StrCat("--tls_cert=", dir_, "/elsewhere.pem"),
+        std::string("does not cover this node's --listen host 127.0.0.1"),
+        std::string("it names CN=elsewhere, DNS:node-b.example"),
+        std::string("subjectAltName holds IP:127.0.0.1")}) {
+    EXPECT_NE(r.err.find(want), std::string::npos) << want << "\n" << r.err;
+  }
+  r = nodes_.Run("b", absl::StrCat("--steps=10 --listen=localhost:0", tls));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("subjectAltName holds DNS:localhost"), std::string::npos)
+      << r.err;
+  r = nodes_.Run("b", absl::StrCat("--steps=10 --tls_server_name=other", tls));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("does not cover --tls_server_name=other"),
+            std::string::npos)
+      << r.err;
+  r = nodes_.Run(
+      "b", absl::StrCat("--steps=10 --tls_server_name=node-b.example", tls));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// A joiner that cannot get in says, every 5 s, whom it tries and the last
+// error, instead of waiting --connect_timeout in silence: here a peer whose
+// certificate names another host (it listens on 0.0.0.0, whose name is not
+// checked at its start), then nobody at all (connection refused).
+TEST_F(TlsTest, AJoinerSaysWhomItTriesAndWhy) {
+  ASSERT_TRUE(MakeElsewhereCert(dir_));
+  nodes_.Start("n0", absl::StrCat("--steps=100000 --listen=0.0.0.0:0",
+                                  TlsFlags(dir_, "elsewhere", "swarm-ca.pem")));
+  const std::string address = nodes_.Address("n0");
+  ASSERT_FALSE(address.empty());
+  const std::string port = address.substr(address.rfind(':') + 1);
+  auto joiner = nodes_.Run(
+      "n1", absl::StrCat("--steps=10 --connect_timeout=16 --peers=127.0.0.1:",
+                         port, TlsFlags(dir_, "n1", "swarm-ca.pem")));
+  EXPECT_NE(joiner.exit_code, 0) << joiner.err;
+  const std::string trying =
+      absl::StrCat("joining the swarm through --peers=127.0.0.1:", port);
+  size_t lines = 0;
+  for (size_t at = joiner.err.find(trying); at != std::string::npos;
+       at = joiner.err.find(trying, at + 1)) {
+    ++lines;
+  }
+  // At 5 s and 10 s: the join itself has the time left after start-up.
+  EXPECT_GE(lines, 2u) << joiner.err;
+  EXPECT_NE(joiner.err.find("last error: 127.0.0.1:" + port + ": UNAVAILABLE"),
+            std::string::npos)
+      << joiner.err;
+  // The reason, as gRPC gives it: the peer's certificate names another host.
+  EXPECT_NE(joiner.err.find("Peer name 127.0.0.1 is not in peer certificate"),
+            std::string::npos)
+      << joiner.err;
+  // Nobody listening.
+  const int closed = testing::FreePort();
+  auto alone = nodes_.Run(
+      "n2", absl::StrCat("--steps=10 --connect_timeout=6 --peers=127.0.0.1:",
+                         closed, TlsFlags(dir_, "n1", "swarm-ca.pem")));
+  EXPECT_NE(alone.exit_code, 0) << alone.err;
+  EXPECT_NE(alone.err.find("onnection refused"), std::string::npos)
+      << alone.err;
+  EXPECT_NE(alone.err.find(absl::StrCat(
+                "joining the swarm through --peers=127.0.0.1:", closed)),
+            std::string::npos)
+      << alone.err;
+}
+
+// The README's certificate recipe, as written there and in
+// docs/security.md, for several hosts: a CA, then one certificate per node
+// whose subjectAltName is its host (an IP address or a DNS name). Each
+// verifies against the CA and covers its host, and a node starts with its
+// own certificate and is refused with another host's.
+TEST_F(TlsTest, TheDocumentedCertificateRecipeWorksForSeveralHosts) {
+  for (const char* doc : {"README.md", "docs/security.md"}) {
+    const std::string text =
+        ReadFile(absl::StrCat(STARLING_SOURCE_DIR, "/", doc)).value_or("");
+    const size_t begin = text.find("    mkdir -p certs && cd certs\n");
+    ASSERT_NE(begin, std::string::npos) << doc << " has no recipe";
+    const size_t end = text.find("\n    cd ..\n", begin);
+    ASSERT_NE(end, std::string::npos) << doc;
+    std::string script;
+    for (absl::string_view line :
+         absl::StrSplit(text.substr(begin, end + 11 - begin), '\n')) {
+      if (line.substr(0, 4) == "    ") line.remove_prefix(4);
+      absl::StrAppend(&script, line, "\n");
+    }
+    const std::string hosts = "a=127.0.0.1 b=127.0.0.1";
+    ASSERT_NE(script.find(hosts), std::string::npos) << doc << "\n" << script;
+    script.replace(script.find(hosts), hosts.size(),
+                   "a=127.0.0.1 b=node-b.example c=10.1.2.3");
+    const std::string dir =
+        absl::StrCat(dir_, "/recipe-", doc[0] == 'R' ? 1 : 2);
+    ASSERT_TRUE(MakeDirs(dir).ok());
+    ASSERT_TRUE(WriteFileAtomic(dir + "/recipe.sh", script).ok());
+    ASSERT_TRUE(Sh(dir, "bash -euo pipefail recipe.sh")) << script;
+    const std::string certs = dir + "/certs";
+    for (const char* id : {"a", "b", "c"}) {
+      ASSERT_TRUE(Sh(
+          certs, absl::StrCat("openssl verify -CAfile ca.pem ", id, ".pem")));
+    }
+    ASSERT_TRUE(Sh(certs,
+                   "openssl x509 -in a.pem -noout -checkip 127.0.0.1 "
+                   "| grep 'does match'"));
+    ASSERT_TRUE(Sh(certs,
+                   "openssl x509 -in b.pem -noout -checkhost "
+                   "node-b.example | grep 'does match'"));
+    ASSERT_TRUE(Sh(certs,
+                   "openssl x509 -in c.pem -noout -checkip 10.1.2.3 "
+                   "| grep 'does match'"));
+    // Node ids of their own per document: each run needs a fresh --out.
+    auto a =
+        nodes_.Run(absl::StrCat("a", doc[0] == 'R' ? 1 : 2),
+                   absl::StrCat("--steps=5", TlsFlags(certs, "a", "ca.pem")));
+    EXPECT_EQ(a.exit_code, 0) << doc << "\n" << a.err;
+    auto b =
+        nodes_.Run(absl::StrCat("b", doc[0] == 'R' ? 1 : 2),
+                   absl::StrCat("--steps=5", TlsFlags(certs, "b", "ca.pem")));
+    EXPECT_EQ(b.exit_code, 2) << doc << "\n" << b.err;
+  }
 }
 
 // Ways to get the TLS flags wrong, made from the certificates in `d`, each

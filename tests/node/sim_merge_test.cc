@@ -324,6 +324,13 @@ TEST(SimMergeTest, TheDoneLineReadsTheMergedSummary) {
   EXPECT_THAT(DoneLine(s, "gossip", 40, "/runs/a"),
               ::testing::HasSubstr(
                   "hashes agree: n/a (gossip: each node keeps its own model)"));
+  const Struct classifier =
+      Json(R"({"final":{"val_loss":0.35,"val_accuracy":0.8765,)"
+           R"("total_bytes":1,"allreduce_equivalent_bytes":2,)"
+           R"("comm_reduction":2,"split_rounds":[],)"
+           R"("final_models_agree":true}})");
+  EXPECT_THAT(DoneLine(classifier, "diloco", 40, "/runs/a"),
+              ::testing::HasSubstr("done: val_loss 0.35 | val_acc 87.65% |"));
 }
 
 }  // namespace

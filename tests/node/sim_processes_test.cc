@@ -73,6 +73,22 @@ TEST(SimProcessesTest, PerNodeFlagsGoToTheirNodeOnly) {
   EXPECT_THAT(n0, Not(Contains(HasSubstr("--node_id"))));
 }
 
+// --metrics_port=P and --health_port=P of the sim: node K serves on P+K
+// (joiners too), so that the nodes on one host do not collide; 0 stays 0
+// (each node any free port) and -1 gives no flag.
+TEST(SimProcessesTest, NodeKGetsMetricsAndHealthPortPlusK) {
+  NodeLaunch l = Launch();
+  l.metrics_port = 9100;
+  l.health_port = 0;
+  EXPECT_THAT(NodeArgs(l, 0, false, false), Contains("--metrics_port=9100"));
+  EXPECT_THAT(NodeArgs(l, 2, false, false), Contains("--metrics_port=9102"));
+  EXPECT_THAT(NodeArgs(l, 3, false, false), Contains("--metrics_port=9103"));
+  EXPECT_THAT(NodeArgs(l, 2, false, false), Contains("--health_port=0"));
+  l.health_port = -1;
+  EXPECT_THAT(NodeArgs(l, 1, false, false),
+              Not(Contains(HasSubstr("--health_port"))));
+}
+
 TEST(SimProcessesTest, ShapedLinksNameEachPeerByAddress) {
   NodeLaunch l = Launch();
   absl::StatusOr<SimLinks> links = ParseSimLinks("100,n1=10", "", l.ids);

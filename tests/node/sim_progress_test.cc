@@ -69,6 +69,30 @@ TEST(SimProgressTest, RoundsFromEveryNodeMakeTheLine) {
             "19.9 MB | 15s | eta 25s");
 }
 
+// A classifier's evaluations carry val_accuracy: the line shows it after
+// the validation loss (DiLoCo: the latest; gossip: the nodes' mean).
+TEST(SimProgressTest, AClassifiersAccuracyFollowsItsLoss) {
+  SimProgress p = Progress(2);
+  p.Observe(0, Round(2, 100, 0.5, 1000, R"(["n0","n1"])"), kT0);
+  p.Observe(1, Round(2, 100, 0.5, 1000, R"(["n0","n1"])"), kT0);
+  EXPECT_THAT(p.Line(5, kT0), Not(HasSubstr("acc")));
+  p.Observe(0,
+            Event(R"({"event":"eval","step":100,"val_loss":0.41,)"
+                  R"("val_accuracy":0.8512})"),
+            kT0);
+  EXPECT_THAT(p.Line(5, kT0), HasSubstr("| val 0.4100 | acc 85.12% | sent"));
+  SimProgress g = Progress(2, false, /*gossip=*/true);
+  g.Observe(0,
+            Event(R"({"event":"eval","step":10,"val_loss":1,)"
+                  R"("val_accuracy":0.5})"),
+            kT0);
+  g.Observe(1,
+            Event(R"({"event":"eval","step":10,"val_loss":1,)"
+                  R"("val_accuracy":0.7})"),
+            kT0);
+  EXPECT_THAT(g.Line(5, kT0), HasSubstr("| acc 60.00% |"));
+}
+
 TEST(SimProgressTest, TheSlowestCountedNodeSetsTheStep) {
   SimProgress p = Progress(3, /*show_members=*/true);
   p.Observe(0, Round(3, 200, 1, 0, R"(["n0","n1","n2"])"), kT0);
