@@ -741,8 +741,7 @@ absl::Status Trainer::SaveCheckpoint(const std::string& path,
   sections.insert_or_assign("trainer_state", st.SerializeAsString());
   sections.insert_or_assign("architecture", model_->Architecture());
   sections.insert_or_assign(kTensorSignature,
-                            absl::StrJoin(TensorSignature(*model_), "
-"));
+                            absl::StrJoin(TensorSignature(*model_), "\n"));
   try {
     STARLING_ASSIGN_OR_RETURN(CheckpointSection model,
                               TensorsSection(ModelTensors(*model_)));
