@@ -122,6 +122,22 @@ TEST(LateMemberTest, AMemberFrozenThroughTheLastRoundsCatchesUpFromTheLinger) {
 // The same freeze with lingering off: the others leave as they finish, and
 // n2 wakes to find nobody. It runs no round alone and stops with exit code
 // 3, saying it was cut off and on which round it stopped.
+// SIGTERM ends a linger at once: n0, lingering for the frozen n2 with
+// --linger_seconds=3000, leaves when told to; the wait below would give up
+// (-1) long before the linger ran out. Its model is still the swarm's.
+TEST(LateMemberTest, SigtermEndsALingerAtOnce) {
+  LateSwarm s("late-sigterm");
+  s.StartFour("--linger_seconds=3000", "--test_crash_at=freeze:ready@7");
+  ASSERT_TRUE(s.WaitStopped("n2", absl::Seconds(60))) << s.LogText("n2");
+  ASSERT_TRUE(s.WaitForEvent("n0", "\"linger\"", absl::Seconds(90)))
+      << s.LogText("n0");
+  s.Signal("n0", SIGTERM);
+  EXPECT_NE(s.Wait("n0", absl::Seconds(120)), -1) << s.LogText("n0");
+  EXPECT_TRUE(Field(s.Final("n0"), "model_is_swarms").bool_value());
+  EXPECT_EQ(s.RoundHashes("n0").count(9), 1u) << s.LogText("n0");
+  s.Signal("n2", SIGCONT);
+}
+
 TEST(LateMemberTest, WithoutALingerAFrozenMemberStopsApartWithExitCode3) {
   LateSwarm s("late-no-linger");
   s.StartFour("--linger_seconds=0", "--test_crash_at=freeze:ready@7");
