@@ -794,78 +794,79 @@ TEST(TrainerTest, GradientsLiveOnlyInsideAStep) {
   EXPECT_TRUE(absl::IsAborted(failed.status()));
   EXPECT_TRUE(no_grads());
   EXPECT_EQ(ModelHash(t->Parameters()), before);
+}
 
-  // --precision=bf16 on the CPU (LibTorch's CPU autocast): the default stays
-  // fp32, bf16 learns about as fp32 does, and autocast really ran.
-  TEST(PrecisionTest, Bf16TrainsCloseToFp32) {
-    const TrainConfig fp32 = TinyText();
-    EXPECT_EQ(fp32.precision(), "fp32");
-    TrainConfig bf16 = fp32;
-    bf16.set_precision("bf16");
-    auto a = MustCreate(fp32), b = MustCreate(bf16);
-    const std::vector<double> la = RunSteps(*a, 40), lb = RunSteps(*b, 40);
-    ASSERT_EQ(lb.size(), 40u);
-    double worst = 0;
-    for (size_t i = 0; i < la.size(); ++i) {
-      worst = std::max(worst, std::abs(la[i] - lb[i]) / la[i]);
-    }
-    std::cerr << "bf16 vs fp32 loss: worst relative gap " << worst << ", final "
-              << lb.back() << " vs " << la.back() << "\n";
-    // bf16 keeps 8 bits of mantissa (a relative error of 2^-9 per value);
-    // over 40 steps the two runs part a little, and stay within 5%.
-    EXPECT_LT(worst, 0.05);
-    EXPECT_LT(lb.back(), lb.front() - 1.0);  // it learns
-    EXPECT_NE(ModelHash(a->Parameters()), ModelHash(b->Parameters()));
-    for (const torch::Tensor& p : b->Parameters()) {
-      EXPECT_EQ(p.scalar_type(), torch::kFloat32);  // master weights stay fp32
-    }
+// --precision=bf16 on the CPU (LibTorch's CPU autocast): the default stays
+// fp32, bf16 learns about as fp32 does, and autocast really ran.
+TEST(PrecisionTest, Bf16TrainsCloseToFp32) {
+  const TrainConfig fp32 = TinyText();
+  EXPECT_EQ(fp32.precision(), "fp32");
+  TrainConfig bf16 = fp32;
+  bf16.set_precision("bf16");
+  auto a = MustCreate(fp32), b = MustCreate(bf16);
+  const std::vector<double> la = RunSteps(*a, 40), lb = RunSteps(*b, 40);
+  ASSERT_EQ(lb.size(), 40u);
+  double worst = 0;
+  for (size_t i = 0; i < la.size(); ++i) {
+    worst = std::max(worst, std::abs(la[i] - lb[i]) / la[i]);
   }
+  std::cerr << "bf16 vs fp32 loss: worst relative gap " << worst << ", final "
+            << lb.back() << " vs " << la.back() << "\n";
+  // bf16 keeps 8 bits of mantissa (a relative error of 2^-9 per value);
+  // over 40 steps the two runs part a little, and stay within 5%.
+  EXPECT_LT(worst, 0.05);
+  EXPECT_LT(lb.back(), lb.front() - 1.0);  // it learns
+  EXPECT_NE(ModelHash(a->Parameters()), ModelHash(b->Parameters()));
+  for (const torch::Tensor& p : b->Parameters()) {
+    EXPECT_EQ(p.scalar_type(), torch::kFloat32);  // master weights stay fp32
+  }
+}
 
-  TEST(PrecisionTest, Bf16ResumesExactly) {
-    TrainConfig c = TinyText();
-    c.set_precision("bf16");
-    ExpectExactResume(c, 20, 9);
-  }
+TEST(PrecisionTest, Bf16ResumesExactly) {
+  TrainConfig c = TinyText();
+  c.set_precision("bf16");
+  ExpectExactResume(c, 20, 9);
+}
 
-  // A model whose step LibTorch's CPU autocast cannot run (det has no bf16
-  // kernel in LibTorch 1.13's CPU) is refused before training, naming the
-  // flag and the cause; in fp32 the same model trains.
-  TEST(PrecisionTest, Bf16WhereAutocastCannotRunIsRefused) {
-    TrainConfig c = TinyImages("torchscript:" + Fixture("no_bf16.pt"));
-    ASSERT_NE(MustCreate(c), nullptr);
-    c.set_precision("bf16");
-    auto t = Trainer::Create(c);
-    EXPECT_TRUE(absl::IsInvalidArgument(t.status())) << t.status();
-    EXPECT_NE(t.status().message().find("--precision=bf16"), std::string::npos)
-        << t.status();
-    EXPECT_NE(t.status().message().find("BFloat16"), std::string::npos)
-        << t.status();
-  }
+// A model whose step LibTorch's CPU autocast cannot run (det has no bf16
+// kernel in LibTorch 1.13's CPU) is refused before training, naming the
+// flag and the cause; in fp32 the same model trains.
+TEST(PrecisionTest, Bf16WhereAutocastCannotRunIsRefused) {
+  TrainConfig c = TinyImages("torchscript:" + Fixture("no_bf16.pt"));
+  ASSERT_NE(MustCreate(c), nullptr);
+  c.set_precision("bf16");
+  auto t = Trainer::Create(c);
+  EXPECT_TRUE(absl::IsInvalidArgument(t.status())) << t.status();
+  EXPECT_NE(t.status().message().find("--precision=bf16"), std::string::npos)
+      << t.status();
+  EXPECT_NE(t.status().message().find("BFloat16"), std::string::npos)
+      << t.status();
+}
 
-  TEST(PrecisionTest, BadValuesNameTheFlag) {
-    TrainConfig c = TinyText();
-    c.set_precision("fp16");
-    absl::Status s = ResolveTrainConfig(&c);
-    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
-    EXPECT_NE(s.message().find("--precision=fp16"), std::string::npos) << s;
-    c = TinyText();
-    c.set_gpu_memory_fraction(1.5);
-    s = ResolveTrainConfig(&c);
-    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
-    EXPECT_NE(s.message().find("--gpu_memory_fraction=1.5"), std::string::npos);
-  }
+TEST(PrecisionTest, BadValuesNameTheFlag) {
+  TrainConfig c = TinyText();
+  c.set_precision("fp16");
+  absl::Status s = ResolveTrainConfig(&c);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("--precision=fp16"), std::string::npos) << s;
+  c = TinyText();
+  c.set_gpu_memory_fraction(1.5);
+  s = ResolveTrainConfig(&c);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("--gpu_memory_fraction=1.5"), std::string::npos);
+}
 
-  // A checkpoint from before --precision counts as fp32; a change of
-  // precision is named, a change of the GPU memory cap is not.
-  TEST(PrecisionTest, ResumeDifferencesCountPrecisionNotTheCap) {
-    TrainConfig was = TinyText();
-    was.clear_precision();
-    TrainConfig now = TinyText();
-    now.set_gpu_memory_fraction(0.5);
-    EXPECT_EQ(ResumeDifferences(was, now), "");
-    now.set_precision("bf16");
-    EXPECT_EQ(ResumeDifferences(was, now), "--precision=bf16 (was fp32)");
-  }
+// A checkpoint from before --precision counts as fp32; a change of
+// precision is named, a change of the GPU memory cap is not.
+TEST(PrecisionTest, ResumeDifferencesCountPrecisionNotTheCap) {
+  TrainConfig was = TinyText();
+  was.clear_precision();
+  TrainConfig now = TinyText();
+  now.set_gpu_memory_fraction(0.5);
+  EXPECT_EQ(ResumeDifferences(was, now), "");
+  now.set_precision("bf16");
+  EXPECT_EQ(ResumeDifferences(was, now), "--precision=bf16 (was fp32)");
+}
 
 }  // namespace
 }  // namespace starling
