@@ -49,9 +49,13 @@ bool Pending(pid_t pid, int sig) {
 const char* StarlingBinary() { return STARLING_BINARY; }
 
 RunResult RunStarling(const std::string& args) {
+  return RunCommand(absl::StrCat(StarlingBinary(), " ", args));
+}
+
+RunResult RunCommand(const std::string& command) {
   const std::string dir = TempDir();
-  const std::string cmd = absl::StrCat(StarlingBinary(), " ", args, " >", dir,
-                                       "/out 2>", dir, "/err </dev/null");
+  const std::string cmd =
+      absl::StrCat(command, " >", dir, "/out 2>", dir, "/err </dev/null");
   const int status = std::system(cmd.c_str());
   RunResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;

@@ -31,6 +31,10 @@ struct RunResult {
 // Runs `starling ARGS` (a shell word list) to its end, capturing its output.
 RunResult RunStarling(const std::string& args);
 
+// Runs a shell command line to its end, capturing its output (e.g. a
+// Python script a test checks Starling's results with).
+RunResult RunCommand(const std::string& command);
+
 // Runs `starling ARGS --out=OUT` to its end, expecting exit 0 (a failure
 // shows ARGS and stderr), and returns OUT/summary.json.
 google::protobuf::Struct RunToSummary(const std::string& args,

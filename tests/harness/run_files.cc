@@ -14,8 +14,14 @@ google::protobuf::Struct ReadJson(const std::string& path) {
   absl::StatusOr<std::string> text = ReadFile(path);
   EXPECT_TRUE(text.ok()) << text.status();
   if (!text.ok()) return s;
-  auto st = google::protobuf::util::JsonStringToMessage(*text, &s);
-  EXPECT_TRUE(st.ok()) << path << ": " << st.ToString();
+  SCOPED_TRACE(path);
+  return ParseJson(*text);
+}
+
+google::protobuf::Struct ParseJson(const std::string& text) {
+  google::protobuf::Struct s;
+  auto st = google::protobuf::util::JsonStringToMessage(text, &s);
+  EXPECT_TRUE(st.ok()) << st.ToString() << " in\n" << text;
   return s;
 }
 

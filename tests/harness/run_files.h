@@ -18,6 +18,9 @@ namespace starling::testing {
 // Parses a JSON file (e.g. summary.json).
 google::protobuf::Struct ReadJson(const std::string& path);
 
+// Parses JSON text (e.g. the object a command printed).
+google::protobuf::Struct ParseJson(const std::string& text);
+
 // The field `key` of `s`; a null value when it is missing.
 const google::protobuf::Value& Field(const google::protobuf::Struct& s,
                                      const std::string& key);

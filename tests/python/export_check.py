@@ -3,12 +3,17 @@
 model `starling export` wrote loads and computes what Starling computed.
 
     export_check.py eval --model=FILE [--architecture=ARCH]
-                         --text=PATH --context=N [--val_fraction=F]
+                         (--text=PATH | --tokens=PATH [--token_dtype=T]
+                          [--val_tokens=PATH])
+                         --context=N [--val_fraction=F]
         Loads FILE (a TorchScript file, or with --architecture a state_dict
         for python/starling_models.py, loaded with strict=True) and prints
         {"val_loss": L, "examples": N}: the mean cross-entropy over the
-        validation windows Starling holds out of text:PATH (the last
-        val_fraction of its bytes, windows of `context` bytes), in eval mode.
+        validation windows Starling holds out (core/data.cc), in eval mode:
+        of text:PATH, the last val_fraction of its bytes; of tokens:PATH
+        (little-endian uint16 or uint32 ids, as `starling tokenize` writes
+        them), the last val_fraction of its tokens, or with --val_tokens
+        that file's tokens (--val_data=tokens:PATH). Windows of `context`.
     export_check.py buffers FILE...
         TorchScript files: prints {"names": [...], "max_diff": D,
         "moved": M}: the largest difference of any buffer between the files,
@@ -43,12 +48,34 @@ def load(path, architecture):
     return model.eval()
 
 
-def text_val_windows(path, context, val_fraction):
-    """Starling's validation windows of text:PATH (core/data.cc)."""
+def read_tokens(path, dtype):
+    """A token file's ids: little-endian `dtype` integers."""
     with open(path, "rb") as f:
-        tokens = torch.tensor(list(f.read()), dtype=torch.int64)
+        raw = f.read()
+    width = {"uint16": 2, "uint32": 4}[dtype]
+    if len(raw) % width != 0:
+        raise SystemExit(f"{path}: not a whole number of {dtype} tokens")
+    return torch.tensor([int.from_bytes(raw[i:i + width], "little")
+                         for i in range(0, len(raw), width)],
+                        dtype=torch.int64)
+
+
+def val_windows(args):
+    """Starling's validation windows (core/data.cc's TokenDataset): the
+    inputs and their next-token targets."""
+    context = args.context
+    if args.text:
+        with open(args.text, "rb") as f:
+            tokens = torch.tensor(list(f.read()), dtype=torch.int64)
+    else:
+        tokens = read_tokens(args.tokens, args.token_dtype)
     n = tokens.numel()
-    split = int(float(n) * (1.0 - val_fraction))
+    split = int(float(n) * (1.0 - args.val_fraction))
+    if args.val_tokens:
+        split = n
+        tokens = torch.cat([tokens,
+                            read_tokens(args.val_tokens, args.token_dtype)])
+        n = tokens.numel()
     count = (n - split - 1) // context
     starts = [split + i * context for i in range(count)]
     x = torch.stack([tokens[s:s + context] for s in starts])
@@ -58,7 +85,7 @@ def text_val_windows(path, context, val_fraction):
 
 def cmd_eval(args):
     model = load(args.model, args.architecture)
-    x, y = text_val_windows(args.text, args.context, args.val_fraction)
+    x, y = val_windows(args)
     loss_sum, targets = 0.0, 0
     with torch.no_grad():
         # Batches of 64, as Starling's Trainer::Evaluate sums them.
@@ -108,7 +135,12 @@ def main():
     e = sub.add_parser("eval")
     e.add_argument("--model", required=True)
     e.add_argument("--architecture", default="")
-    e.add_argument("--text", required=True)
+    data = e.add_mutually_exclusive_group(required=True)
+    data.add_argument("--text")
+    data.add_argument("--tokens")
+    e.add_argument("--token_dtype", default="uint16",
+                   choices=["uint16", "uint32"])
+    e.add_argument("--val_tokens", default="")
     e.add_argument("--context", type=int, required=True)
     e.add_argument("--val_fraction", type=float, default=0.05)
     b = sub.add_parser("buffers")
