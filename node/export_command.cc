@@ -107,8 +107,16 @@ absl::StatusOr<ExportSource> FromRunDir(const std::string& from,
   ExportSource src;
   src.checkpoint = CheckpointPathInRunDir(from);
   src.summary_val_loss = NAN;
-  absl::StatusOr<Struct> summary = ReadJsonFile(from + "/summary.json");
-  if (!summary.ok()) return src;  // a run still going, or one that crashed
+  const std::string summary_path = from + "/summary.json";
+  // None: a run still going, or one that crashed. One that cannot be read
+  // may hide model_is_swarms: false, so it stops the export.
+  if (!FileExists(summary_path)) return src;
+  absl::StatusOr<Struct> summary = ReadJsonFile(summary_path);
+  if (!summary.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--from=", from, ": cannot read ", summary_path, ": ",
+                     summary.status().message()));
+  }
   if (!ModelIsSwarms(*summary) && !allow_apart) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--from=", from,
