@@ -747,7 +747,8 @@ TEST(TrainerTest, CallerSectionsStreamInAndOut) {
   std::vector<std::string> names;
   for (const auto& [name, bytes] : sections) names.push_back(name);
   EXPECT_EQ(names, (std::vector<std::string>{"architecture", "outer", "round",
-                                             "torch_rng", "trainer_state"}));
+                                             "tensor_signature", "torch_rng",
+                                             "trainer_state"}));
 }
 
 // A checkpoint adds no copy of the model to what the trainer holds: the

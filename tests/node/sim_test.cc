@@ -6,6 +6,7 @@
 #include <cmath>
 #include <tuple>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/file_util.h"
@@ -101,11 +102,17 @@ TEST(SimTest, FourNodeDilocoAgreesEveryRoundAndCountsBytes) {
     EXPECT_LT(Field(split, "copy_seconds").number_value(),
               Field(split, "inner_seconds").number_value());
   }
+  // report.html is self-contained: each chart is inlined as a data: URI.
   std::string html = *ReadFile(out + "/report.html");
   for (const char* chart : {"val_loss_vs_time.png", "loss_vs_bytes.png",
                             "bytes_per_node.png", "hash_agreement.png"}) {
-    EXPECT_NE(html.find(chart), std::string::npos) << chart;
-    EXPECT_TRUE(FileExists(absl::StrCat(out, "/report/", chart))) << chart;
+    absl::StatusOr<std::string> png =
+        ReadFile(absl::StrCat(out, "/report/", chart));
+    ASSERT_TRUE(png.ok()) << chart << ": " << png.status();
+    EXPECT_NE(html.find(absl::StrCat("data:image/png;base64,",
+                                     absl::Base64Escape(*png))),
+              std::string::npos)
+        << chart;
   }
 }
 
