@@ -278,11 +278,13 @@ TEST(CheckpointTest, AFailedProducerLeavesThePreviousFile) {
   ASSERT_TRUE(WriteCheckpoint(path, Make(1, 100)).ok());
   const std::string before = *ReadFile(path);
   // Too few bytes, too many, and the producer's own error.
-  for (const auto& [announced, error] :
+  for (const auto& [announced, produced] :
        std::vector<std::pair<uint64_t, absl::Status>>{
            {5, absl::OkStatus()},
            {3, absl::OkStatus()},
            {4, absl::UnavailableError("no bytes today")}}) {
+    // A copy: C++17 lambdas cannot capture a structured binding.
+    const absl::Status error = produced;
     CheckpointSections s;
     s.emplace("x", CheckpointSection(announced, [&](ByteSink& sink) {
                 STARLING_RETURN_IF_ERROR(sink.Write("four"));
