@@ -2,8 +2,8 @@
 // DecodeSwarmState), which a joiner runs on the state a donor sent.
 // Input: the encoded state, as is.
 // Invariants: errors are DataLoss or InvalidArgument; a decoded state is
-// consistent (finite theta whose FlatHash is the lineage, round and step
-// >= 0) and EncodeSwarmState gives back exactly the input bytes (the layout
+// consistent (finite theta, NaN-free buffers, FlatHash(theta, buffers) is
+// the lineage, round and step >= 0) and EncodeSwarmState gives back exactly the input bytes (the layout
 // is canonical).
 #include <cmath>
 #include <cstdint>
@@ -25,7 +25,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   FUZZ_CHECK(s->round >= 0 && s->step >= 0, "round or step < 0");
   for (float v : s->theta) FUZZ_CHECK(std::isfinite(v), "theta %f", v);
-  FUZZ_CHECK(s->lineage == FlatHash(s->theta), "lineage != FlatHash(theta)");
+  for (float v : s->buffers) FUZZ_CHECK(!std::isnan(v), "buffer NaN");
+  FUZZ_CHECK(s->lineage == FlatHash(s->theta, s->buffers),
+             "lineage != FlatHash(theta, buffers)");
   FUZZ_CHECK(EncodeSwarmState(*s) == bytes,
              "decoded state does not re-encode to the same bytes");
   return 0;
