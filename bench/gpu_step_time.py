@@ -110,28 +110,11 @@ def pytorch_worker(cfg):
     import torch.nn as nn
     import torch.nn.functional as F
 
-    class Block(nn.Module):
-        def __init__(self, width, heads):
-            super().__init__()
-            self.heads = heads
-            self.ln1 = nn.LayerNorm(width)
-            self.qkv = nn.Linear(width, 3 * width)
-            self.proj = nn.Linear(width, width)
-            self.ln2 = nn.LayerNorm(width)
-            self.fc1 = nn.Linear(width, 4 * width)
-            self.fc2 = nn.Linear(4 * width, width)
-
-        def forward(self, x, mask):
-            b, t, c = x.shape
-            hd = c // self.heads
-            q, k, v = self.qkv(self.ln1(x)).chunk(3, -1)
-            q, k, v = (z.view(b, t, self.heads, hd).transpose(1, 2)
-                       for z in (q, k, v))
-            att = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(hd)
-            att = torch.softmax(att.masked_fill(mask, float("-inf")), -1)
-            y = torch.matmul(att, v).transpose(1, 2).reshape(b, t, c)
-            h = x + self.proj(y)
-            return h + self.fc2(F.gelu(self.fc1(self.ln2(h))))
+    # The block is Starling's own gpt block's PyTorch twin, shared with
+    # `starling export`; only the model around it differs, caching its mask.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    os.pardir, "python"))
+    from starling_models import Block
 
     class Gpt(nn.Module):
         def __init__(self, vocab, context, width, heads, layers):
