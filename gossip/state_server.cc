@@ -13,20 +13,73 @@ namespace {
 using peer::v1::StateChunk;
 using peer::v1::StateRequest;
 
-// Streams the served blob from the requested offset (or from 0 when the
-// requester's digest is not the one served any more).
-class StateWriter : public grpc::ServerWriteReactor<StateChunk> {
+// A request refused before any chunk.
+class Refusal : public grpc::ServerWriteReactor<StateChunk> {
  public:
-  StateWriter(std::shared_ptr<const StateBlob> blob, int64_t offset,
-              int64_t chunk_bytes,
-              std::unique_ptr<StreamDeadlines::Watched> watch)
-      : blob_(std::move(blob)),
-        offset_(offset),
+  Refusal(grpc::StatusCode code, const std::string& why) {
+    Finish(grpc::Status(code, why));
+  }
+  void OnDone() override { delete this; }
+};
+
+// Why a joiner asking for `req` would throw away the state at (round,
+// lineage, member_rounds), or empty when it would not: that state is
+// behind the round it asks for (its next one is still being committed, or
+// this node is behind), or of the same round on a lineage that lost (a
+// partition's other side).
+std::string BehindRequest(const StateRequest& req, int64_t round,
+                          const std::string& lineage, int64_t member_rounds) {
+  if (!LineageAhead({req.round(), req.lineage(), req.member_rounds()},
+                    {round, lineage, member_rounds})) {
+    return "";
+  }
+  return req.round() > round
+             ? absl::StrCat("this node serves round ", round,
+                            ", not yet round ", req.round())
+             : absl::StrCat("this node serves round ", round, " of lineage ",
+                            lineage, ", not ", req.lineage());
+}
+
+}  // namespace
+
+// Streams a blob from the requested offset (or from 0 when the requester's
+// digest is not the blob's). Created before its blob exists when the state
+// is still to be encoded: the state thread then calls Begin.
+class StateServer::Writer : public grpc::ServerWriteReactor<StateChunk> {
+ public:
+  Writer(const StateRequest& req, int64_t chunk_bytes,
+         std::unique_ptr<StreamDeadlines::Watched> watch)
+      : req_(req),
         chunk_bytes_(std::max<int64_t>(1024, chunk_bytes)),
-        watch_(std::move(watch)) {
-    half_ = static_cast<int64_t>(blob_->bytes().size()) / 2;
+        watch_(std::move(watch)) {}
+
+  // Streams `blob`, or refuses the request when `blob` is null (the server
+  // is closing) or behind what the request asks for. Called once.
+  void Begin(std::shared_ptr<const StateBlob> blob) {
+    if (blob == nullptr) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "this node is leaving; ask another donor"));
+      return;
+    }
+    // A state newer than the one the request was checked against may have
+    // been encoded since; an older one only when the request came first.
+    if (std::string behind = BehindRequest(req_, blob->round(), blob->lineage(),
+                                           blob->member_rounds());
+        !behind.empty()) {
+      Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, behind));
+      return;
+    }
+    blob_ = std::move(blob);
+    const int64_t size = static_cast<int64_t>(blob_->bytes().size());
+    // The joiner resumes from where a cancelled transfer stopped.
+    if (req_.digest() == blob_->digest() && req_.offset() > 0 &&
+        req_.offset() < size) {
+      offset_ = req_.offset();
+    }
+    half_ = size / 2;
     Next();
   }
+
   void OnWriteDone(bool ok) override {
     if (!ok) {
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
@@ -68,8 +121,9 @@ class StateWriter : public grpc::ServerWriteReactor<StateChunk> {
     StartWrite(&chunk_);
   }
 
+  const StateRequest req_;
   std::shared_ptr<const StateBlob> blob_;
-  int64_t offset_;
+  int64_t offset_ = 0;
   const int64_t chunk_bytes_;
   int64_t len_ = 0;
   int64_t half_ = 0;
@@ -77,17 +131,6 @@ class StateWriter : public grpc::ServerWriteReactor<StateChunk> {
   bool crashed_checked_ = false;
   StateChunk chunk_;
 };
-
-// A request refused before any chunk.
-class Refusal : public grpc::ServerWriteReactor<StateChunk> {
- public:
-  Refusal(grpc::StatusCode code, const std::string& why) {
-    Finish(grpc::Status(code, why));
-  }
-  void OnDone() override { delete this; }
-};
-
-}  // namespace
 
 StateServer::StateServer(std::string run_id, int64_t chunk_bytes,
                          PeerCredentials credentials,
@@ -112,48 +155,59 @@ void StateServer::Join() {
 }
 
 void StateServer::Serve(SwarmState state) {
-  auto handed = std::make_unique<SwarmState>(std::move(state));
+  std::shared_ptr<const SwarmState> handed =
+      std::make_shared<const SwarmState>(std::move(state));
+  std::shared_ptr<const StateBlob> old_blob;
   {
     absl::MutexLock lock(&mu_);
-    to_serve_.swap(handed);
+    latest_.swap(handed);
+    served_.swap(old_blob);
   }
-  // `handed` now holds the state it replaced, if one was still waiting:
-  // freed with the lock released.
+  // `handed` and `old_blob` now hold what they replaced (a transfer in
+  // flight keeps its own reference): freed with the lock released.
 }
 
 int64_t StateServer::ServedRound() const {
   absl::MutexLock lock(&mu_);
-  return served_ == nullptr ? -1 : served_->round();
+  return latest_ == nullptr ? -1 : latest_->round;
 }
 
 void StateServer::Loop() {
   while (true) {
-    std::unique_ptr<SwarmState> state;
+    std::shared_ptr<const SwarmState> state;
     {
       absl::MutexLock lock(&mu_);
       auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return to_serve_ != nullptr || stopping_->load();
+        return !waiting_.empty() || stopping_->load();
       };
       mu_.Await(absl::Condition(&woken));
-      if (stopping_->load()) return;
-      state = std::move(to_serve_);
+      if (stopping_->load()) {
+        closed_ = true;
+        break;
+      }
+      state = latest_;
     }
     std::shared_ptr<const StateBlob> blob = StateBlob::Make(*state);
     {
       absl::MutexLock lock(&mu_);
-      served_.swap(blob);
+      if (latest_ == state) served_ = blob;
     }
-    // The blob served until now goes when its last transfer ends, or here.
+    StartWaiting(blob);
   }
+  StartWaiting(nullptr);
+}
+
+void StateServer::StartWaiting(const std::shared_ptr<const StateBlob>& blob) {
+  std::vector<Writer*> waiting;
+  {
+    absl::MutexLock lock(&mu_);
+    waiting.swap(waiting_);
+  }
+  for (Writer* w : waiting) w->Begin(blob);
 }
 
 grpc::ServerWriteReactor<StateChunk>* StateServer::Open(
     grpc::CallbackServerContext* ctx, const StateRequest* req) {
-  std::shared_ptr<const StateBlob> blob;
-  {
-    absl::MutexLock lock(&mu_);
-    blob = served_;
-  }
   if (grpc::Status a = credentials_.Admit(ctx, "FetchState"); !a.ok()) {
     return new Refusal(a.error_code(), a.error_message());
   }
@@ -162,28 +216,19 @@ grpc::ServerWriteReactor<StateChunk>* StateServer::Open(
                        absl::StrCat("state request for run '", req->run_id(),
                                     "'; this node is in run '", run_id_, "'"));
   }
-  if (blob == nullptr) {
+  std::shared_ptr<const SwarmState> state;
+  {
+    absl::MutexLock lock(&mu_);
+    state = latest_;
+  }
+  if (state == nullptr) {
     return new Refusal(grpc::StatusCode::UNAVAILABLE,
                        "this node has no committed state to serve yet");
   }
-  if (LineageAhead({req->round(), req->lineage(), req->member_rounds()},
-                   {blob->round(), blob->lineage(), blob->member_rounds()})) {
-    // The joiner would throw this state away: its next one is still being
-    // encoded (or this node is behind), or it is of the same round on a
-    // lineage that lost (a partition's other side).
-    return new Refusal(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        req->round() > blob->round()
-            ? absl::StrCat("this node serves round ", blob->round(),
-                           ", not yet round ", req->round())
-            : absl::StrCat("this node serves round ", blob->round(),
-                           " of lineage ", blob->lineage(), ", not ",
-                           req->lineage()));
-  }
-  int64_t offset = 0;
-  if (req->digest() == blob->digest() && req->offset() > 0 &&
-      req->offset() < static_cast<int64_t>(blob->bytes().size())) {
-    offset = req->offset();
+  if (std::string behind = BehindRequest(*req, state->round, state->lineage,
+                                         state->member_rounds);
+      !behind.empty()) {
+    return new Refusal(grpc::StatusCode::FAILED_PRECONDITION, behind);
   }
   absl::StatusOr<std::unique_ptr<StreamDeadlines::Watched>> watch =
       deadlines_->Watch(ctx, "FetchState", absl::Minutes(10));
@@ -191,9 +236,21 @@ grpc::ServerWriteReactor<StateChunk>* StateServer::Open(
     return new Refusal(grpc::StatusCode::RESOURCE_EXHAUSTED,
                        std::string(watch.status().message()));
   }
-  // The joiner resumes from where a cancelled transfer stopped.
-  return new StateWriter(std::move(blob), offset, chunk_bytes_,
-                         *std::move(watch));
+  auto* writer = new Writer(*req, chunk_bytes_, *std::move(watch));
+  std::shared_ptr<const StateBlob> blob;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) {
+      // Begin(nullptr) below refuses it.
+    } else if (served_ != nullptr) {
+      blob = served_;
+    } else {
+      waiting_.push_back(writer);  // the state thread encodes latest_
+      return writer;
+    }
+  }
+  writer->Begin(std::move(blob));
+  return writer;
 }
 
 }  // namespace starling

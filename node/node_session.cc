@@ -251,8 +251,8 @@ absl::Status NodeSession::Checkpoint(int64_t next_round) {
   return shared_model_([&]() -> absl::Status {
     NodeState& state = run_.state;
     run_.trainer.set_wall_seconds(wall);
+    // Model-sized sections are moved in: an initializer list would copy.
     std::map<std::string, std::string> extra = {
-        {"outer", state.outer->SaveState()},
         {"round", absl::StrCat(next_round)},
         {"member_rounds", absl::StrCat(state.member_rounds)},
         {"comm", absl::StrCat(sent, ",", received, ",",
@@ -261,6 +261,7 @@ absl::Status NodeSession::Checkpoint(int64_t next_round) {
                               ",",
                               state.prior.after_compression +
                                   state.pseudo_gradient_bytes.wire_bytes)}};
+    extra["outer"] = state.outer->SaveState();
     if (state.feedback) extra["error_feedback"] = state.feedback->SaveState();
     if (state.gossip_weight > 0) {
       extra["gossip_weight"] = absl::StrFormat("%.17g", state.gossip_weight);

@@ -237,8 +237,7 @@ TEST(SwarmTest, ServesItsNewestStateAndRefusesARoundItHasNotReachedOrLost) {
             std::string::npos)
       << none.status();
 
-  // Encoded in the background; the newer state wins, and the served round
-  // never goes back.
+  // The newer state wins, and the served round never goes back.
   donor->ServeState(StateAt(3, 1.5f));
   donor->ServeState(StateAt(4, 2.5f));
   int64_t seen = -1;
@@ -303,6 +302,44 @@ TEST(SwarmTest, ServesItsNewestStateAndRefusesARoundItHasNotReachedOrLost) {
                            nullptr);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->lineage, want.lineage);
+}
+
+// Each state is encoded only when a joiner asks for it: joiners that ask at
+// once all wait for the one encoding and get the same state, and a state
+// handed over later replaces it for the next joiner.
+TEST(SwarmTest, JoinersAskingAtOnceShareOneEncodingOfTheNewestState) {
+  std::unique_ptr<Swarm> donor = StartReady("n0", {}, 4);
+  ASSERT_NE(donor, nullptr);
+  std::vector<std::unique_ptr<Swarm>> joiners;
+  for (const char* id : {"n1", "n2", "n3"}) {
+    joiners.push_back(StartJoined(id, {donor->address()}));
+    ASSERT_NE(joiners.back(), nullptr);
+  }
+  donor->ServeState(StateAt(4, 2.5f));
+  EXPECT_EQ(donor->ServedRound(), 4);
+  std::vector<std::future<absl::StatusOr<SwarmState>>> got;
+  for (auto& j : joiners) {
+    Swarm* joiner = j.get();
+    got.push_back(std::async(std::launch::async, [joiner] {
+      return joiner->FetchState({"n0"}, nullptr,
+                                absl::Now() + absl::Seconds(30), nullptr);
+    }));
+  }
+  const SwarmState want = StateAt(4, 2.5f);
+  for (auto& f : got) {
+    absl::StatusOr<SwarmState> s = f.get();
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->round, 4);
+    EXPECT_EQ(s->theta, want.theta);
+    EXPECT_EQ(s->outer_state, want.outer_state);
+  }
+
+  donor->ServeState(StateAt(5, 3.5f));
+  absl::StatusOr<SwarmState> next = joiners[0]->FetchState(
+      {"n0"}, nullptr, absl::Now() + absl::Seconds(30), nullptr);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->round, 5);
+  EXPECT_EQ(next->theta, StateAt(5, 3.5f).theta);
 }
 
 // A donor that died (still listed as alive) is a failed donor; a caller
