@@ -3,8 +3,9 @@
 // others only once it is ready, and still counts after it leaves, so that a
 // slow joiner and a fast finisher cannot strand each other. And the state a
 // member serves to joiners (ServeState, FetchState). Also: the member
-// table's cap, control messages from strangers, and the copies of lossy
-// senders' pushes, dropped when a sender leaves.
+// table's cap, control messages from strangers, the copies of lossy
+// senders' pushes, dropped when a sender leaves, and the advertised address
+// (a member behind a port forward).
 #include "gossip/swarm.h"
 
 #include <grpcpp/grpcpp.h>
@@ -25,6 +26,8 @@
 #include "gossip/push_sum.h"
 #include "gtest/gtest.h"
 #include "starling/peer/v1/swarm.grpc.pb.h"
+#include "tests/harness/tcp_forward.h"
+#include "tests/harness/wait.h"
 
 namespace starling {
 namespace {
@@ -878,6 +881,39 @@ TEST(SwarmTest, ALeftSendersCopyIsDroppedSoItsRelativePushIsRefused) {
   EXPECT_NE(refused.message().find("holds no copy of it"), std::string::npos)
       << refused;
   EXPECT_TRUE(a->TakePushes().empty());
+}
+
+// The address in `s`'s table for member `id` ("" when unknown).
+std::string AddressSeen(const Swarm& s, const std::string& id) {
+  for (const peer::v1::MemberEntry& e : s.Members()) {
+    if (e.id() == id) return e.address();
+  }
+  return "";
+}
+
+// n1 listens on a port of its own but advertises a forwarded one: the
+// others learn the forwarded address, and their dials (gossip) reach n1
+// through the forward.
+TEST(SwarmTest, PeersDialTheAdvertisedAddress) {
+  testing::TcpForward forward;
+  ASSERT_GT(forward.port(), 0);
+  std::unique_ptr<Swarm> a = StartReady("n0", {}, 0);
+  ASSERT_NE(a, nullptr);
+  SwarmOptions o = TestOptions("n1", {a->address()});
+  o.advertise = forward.address();
+  std::unique_ptr<Swarm> b = Start(o);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->address(), forward.address());
+  EXPECT_NE(b->listen_address(), forward.address());
+  forward.SetTarget(b->listen_address());
+  ASSERT_TRUE(b->JoinSwarm(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_TRUE(testing::WaitFor(
+      [&] { return AddressSeen(*a, "n1") == forward.address(); },
+      absl::Seconds(20)))
+      << AddressSeen(*a, "n1");
+  EXPECT_TRUE(testing::WaitFor([&] { return forward.connections() > 0; },
+                               absl::Seconds(20)));
+  EXPECT_TRUE(SeenWithin(*a, "n1", "alive joining"));
 }
 
 }  // namespace
