@@ -24,6 +24,7 @@
 #include "compression/tensor_policy.h"
 #include "core/flat_params.h"
 #include "gossip/push_sum.h"
+#include "gossip/reachability.h"
 #include "gtest/gtest.h"
 #include "starling/peer/v1/swarm.grpc.pb.h"
 #include "tests/harness/tcp_forward.h"
@@ -889,6 +890,50 @@ std::string AddressSeen(const Swarm& s, const std::string& id) {
     if (e.id() == id) return e.address();
   }
   return "";
+}
+
+// The reachability n1's row says its join's dial-back found ("" while
+// `s` does not know n1).
+std::string ReachabilitySeen(const Swarm& s, const std::string& id) {
+  for (const peer::v1::MemberEntry& e : s.Members()) {
+    if (e.id() == id) return ReachabilityName(e.reachability());
+  }
+  return "";
+}
+
+// The member that admits a join dials the joiner back at the address it
+// advertises: one that listens there is reachable, one whose address
+// refuses connections (as behind NAT) is not, and both it and the others
+// learn so by gossip. The founder was never checked.
+TEST(SwarmTest, TheDialBackAtJoinRecordsReachability) {
+  std::unique_ptr<Swarm> a = StartReady("n0", {}, 0);
+  ASSERT_NE(a, nullptr);
+  std::unique_ptr<Swarm> b = StartJoined("n1", {a->address()});
+  ASSERT_NE(b, nullptr);
+  // n2 advertises a port nobody listens on (the forward's, before it has a
+  // target: it accepts nothing once closed).
+  std::string closed;
+  {
+    testing::TcpForward gone;
+    closed = gone.address();
+  }
+  SwarmOptions o = TestOptions("n2", {a->address()});
+  o.advertise = closed;
+  std::unique_ptr<Swarm> c = Start(o);
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->JoinSwarm(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_EQ(ReachabilitySeen(*b, "n1"), "reachable");
+  EXPECT_EQ(ReachabilitySeen(*c, "n2"), "unreachable");
+  EXPECT_EQ(ReachabilitySeen(*a, "n0"), "unknown");
+  for (const Swarm* s : {a.get(), b.get()}) {
+    EXPECT_TRUE(testing::WaitFor(
+        [&] { return ReachabilitySeen(*s, "n2") == "unreachable"; },
+        absl::Seconds(20)))
+        << s->id() << ": " << ReachabilitySeen(*s, "n2");
+  }
+  EXPECT_TRUE(testing::WaitFor(
+      [&] { return ReachabilitySeen(*a, "n1") == "reachable"; },
+      absl::Seconds(20)));
 }
 
 // n1 listens on a port of its own but advertises a forwarded one: the

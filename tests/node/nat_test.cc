@@ -1,19 +1,22 @@
 // Integration tests of members that peers cannot dial at their --listen
 // address, on real `starling node` processes over loopback: a member behind
-// a port forward (--advertise).
+// a port forward (--advertise), dialed back at its join.
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/harness/node_group.h"
 #include "tests/harness/process.h"
+#include "tests/harness/run_files.h"
 #include "tests/harness/tcp_forward.h"
 #include "tests/harness/wait.h"
 
 namespace starling {
 namespace {
 
+using ::starling::testing::Field;
 using ::starling::testing::NodeGroup;
+using ::starling::testing::ReadJson;
 using ::starling::testing::TcpForward;
 using ::starling::testing::TinyTextFlags;
 
@@ -51,6 +54,15 @@ TEST(NatTest, MemberBehindAPortForwardIsDialedThere) {
   EXPECT_EQ(g.RoundHashes("n0"), g.RoundHashes("n1"));
   EXPECT_GT(forward.connections(), 0);
   EXPECT_GT(forward.bytes(), 0);
+  // n0 dialed n1 back at its join, through the forward; nobody checked
+  // the founder n0.
+  const auto n0 = ReadJson(g.Out("n0") + "/summary.json");
+  const auto n1 = ReadJson(g.Out("n1") + "/summary.json");
+  EXPECT_EQ(Field(n1, "reachability").string_value(), "reachable");
+  EXPECT_EQ(Field(n0, "reachability").string_value(), "unknown");
+  const auto& seen = Field(n0, "members_reachability").struct_value();
+  EXPECT_EQ(Field(seen, "n1").string_value(), "reachable");
+  EXPECT_EQ(Field(seen, "n0").string_value(), "unknown");
 }
 
 }  // namespace
