@@ -43,6 +43,7 @@ void CopyProgress(const MemberEntry& from, MemberEntry* to) {
   to->set_member_rounds(from.member_rounds());
   to->set_joining(from.joining());
   to->set_early_sync(from.early_sync());
+  to->set_reachability(from.reachability());
 }
 
 // Printable ASCII, no spaces, at most `max` bytes; `what` names the field.
@@ -79,6 +80,10 @@ absl::Status Validate(const MemberEntry& e, absl::Time now) {
       !peer::v1::MemberState_IsValid(e.state())) {
     return absl::InvalidArgumentError(
         absl::StrCat("unspecified or unknown state ", e.state()));
+  }
+  if (!peer::v1::Reachability_IsValid(e.reachability())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown reachability ", e.reachability()));
   }
   if (e.incarnation() < 0) {
     return absl::InvalidArgumentError(
@@ -228,6 +233,14 @@ void Membership::SetProgress(int64_t round, const std::string& lineage,
   // News: fresher than any copy of the row out there, even before the next
   // Beat() (GossipToEveryone sends it at once).
   self.set_heartbeat(self.heartbeat() + 1);
+}
+
+void Membership::SetReachability(peer::v1::Reachability r) {
+  absl::MutexLock lock(&mu_);
+  MemberEntry& self = SelfLocked().entry;
+  if (self.reachability() == r) return;
+  self.set_reachability(r);
+  self.set_heartbeat(self.heartbeat() + 1);  // news, as in SetProgress
 }
 
 void Membership::RequestEarlySync(int64_t round) {

@@ -118,6 +118,9 @@ class Membership {
   void SetProgress(int64_t round, const std::string& lineage,
                    int64_t member_rounds, bool joining)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Records what the dial-back at this node's join found (see
+  // MemberEntry.reachability); a change raises the heartbeat.
+  void SetReachability(peer::v1::Reachability r) ABSL_LOCKS_EXCLUDED(mu_);
   // Asks the members (by gossip) to end `round` early: see
   // MemberEntry.early_sync.
   void RequestEarlySync(int64_t round) ABSL_LOCKS_EXCLUDED(mu_);

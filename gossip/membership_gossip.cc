@@ -275,6 +275,7 @@ std::optional<absl::Status> MembershipGossip::TryJoin(const std::string& seed,
     hooks_.report(changes);
     STARLING_LOG(INFO) << options_.node_id << " joined through " << seed << " ("
                        << resp.members_size() << " members known)";
+    RecordDialBack(seed, resp.dial_back());
     joined_ = true;
     return absl::OkStatus();
   }
@@ -296,6 +297,23 @@ std::optional<absl::Status> MembershipGossip::TryJoin(const std::string& seed,
         absl::StrCat("this node refused peer ", seed, ": ", it->second));
   }
   return std::nullopt;
+}
+
+void MembershipGossip::RecordDialBack(const std::string& seed,
+                                      peer::v1::Reachability verdict) {
+  if (verdict == peer::v1::REACHABILITY_UNKNOWN) return;  // not checked
+  membership_->SetReachability(verdict);
+  if (verdict == peer::v1::REACHABILITY_REACHABLE) {
+    STARLING_LOG(INFO) << seed << " dialed " << options_.node_id << " back at "
+                       << options_.address << ": reachable";
+    return;
+  }
+  LogEvent(LogLevel::kWarning, "unreachable",
+           absl::StrCat(seed, " could not dial ", options_.node_id, " back at ",
+                        options_.address,
+                        ": peers cannot reach this node there (behind NAT "
+                        "or a firewall?); give --advertise an address that "
+                        "forwards to --listen"));
 }
 
 absl::Status MembershipGossip::WaitForMembers(int n, absl::Time deadline) {
@@ -388,6 +406,12 @@ absl::Status MembershipGossip::OnJoin(const JoinRequest& req,
       membership_->Merge({req.self()}, absl::Now(), &changes));
   hooks_.report(changes);
   joined_ = true;
+  // The dial-back: can this node reach the joiner where it says the others
+  // should dial it? One connection attempt, with no lock held.
+  const std::string& joiner = req.self().address();
+  resp->set_dial_back(
+      DialBackVerdict(options_.probe ? options_.probe(joiner)
+                                     : ProbeAddress(joiner, kDialBackTimeout)));
   for (const MemberEntry& e : membership_->Snapshot()) {
     *resp->add_members() = e;
   }

@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "gossip/grpc_transport.h"
 #include "gossip/membership.h"
+#include "gossip/reachability.h"
 #include "gossip/swarm_client.h"
 #include "starling/peer/v1/swarm.pb.h"
 
@@ -42,6 +43,10 @@ std::vector<std::string> GossipTargets(
     const std::vector<std::string>& seeds,
     const std::function<bool(const std::string&)>& is_self_seed,
     std::mt19937_64& rng);
+
+// How long the dial-back at a join waits for the joiner's address to
+// accept a connection (within the joiner's 5 s join call).
+inline constexpr absl::Duration kDialBackTimeout = absl::Seconds(1);
 
 // How often a node that waits for its peers (joining, or for
 // --min_members) says what it waits for.
@@ -70,6 +75,9 @@ class MembershipGossip {
     absl::Duration found_after = absl::InfiniteDuration();
     absl::Duration gossip_interval = absl::Milliseconds(200);
     absl::Duration suspect_after = absl::Seconds(3);
+    // The dial-back at a join: probes a joiner's address (null:
+    // ProbeAddress, at most kDialBackTimeout).
+    std::function<Reachability(const std::string& address)> probe;
   };
   // Called with no lock held.
   struct Hooks {
@@ -121,6 +129,10 @@ class MembershipGossip {
   std::optional<absl::Status> TryJoin(const std::string& seed,
                                       absl::Time deadline,
                                       peer::v1::JoinRequest* req, Tries* tries)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Records the dial-back verdict a join answer from `seed` carries in this
+  // node's own row, and says what it means when peers cannot dial it.
+  void RecordDialBack(const std::string& seed, peer::v1::Reachability verdict)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The request JoinSwarm sends (its `self` is set per call).
   peer::v1::JoinRequest Hello() const;

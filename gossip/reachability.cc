@@ -70,4 +70,42 @@ Reachability ProbeAddress(const std::string& address, absl::Duration timeout) {
   return r;
 }
 
+peer::v1::Reachability DialBackVerdict(Reachability probe) {
+  return probe == Reachability::kListening ? peer::v1::REACHABILITY_REACHABLE
+                                           : peer::v1::REACHABILITY_UNREACHABLE;
+}
+
+const char* ReachabilityName(peer::v1::Reachability r) {
+  switch (r) {
+    case peer::v1::REACHABILITY_REACHABLE:
+      return "reachable";
+    case peer::v1::REACHABILITY_UNREACHABLE:
+      return "unreachable";
+    default:
+      return "unknown";
+  }
+}
+
+ReachabilityCounts CountReachability(
+    const std::vector<peer::v1::MemberEntry>& table) {
+  ReachabilityCounts c;
+  for (const peer::v1::MemberEntry& e : table) {
+    if (e.state() != peer::v1::MEMBER_ALIVE &&
+        e.state() != peer::v1::MEMBER_SUSPECT) {
+      continue;
+    }
+    switch (e.reachability()) {
+      case peer::v1::REACHABILITY_REACHABLE:
+        ++c.reachable;
+        break;
+      case peer::v1::REACHABILITY_UNREACHABLE:
+        ++c.unreachable;
+        break;
+      default:
+        ++c.unknown;
+    }
+  }
+  return c;
+}
+
 }  // namespace starling

@@ -179,7 +179,9 @@ absl::StatusOr<std::unique_ptr<Swarm>> Swarm::Start(
   STARLING_ASSIGN_OR_RETURN(s->transport_, GrpcTransport::Start(to, id));
   MembershipOptions mo;
   mo.self_id = options.node_id;
-  mo.self_address = s->transport_->address();
+  s->address_ =
+      options.advertise.empty() ? s->transport_->address() : options.advertise;
+  mo.self_address = s->address_;
   mo.suspect_after = options.suspect_after;
   mo.max_members = options.max_members;
   STARLING_ASSIGN_OR_RETURN(s->membership_,

@@ -182,6 +182,10 @@ class SwarmClient;
 struct SwarmOptions {
   std::string node_id;  // unique in the swarm
   std::string listen = "127.0.0.1:0";
+  // What the others are told to dial (join, membership table, round plans):
+  // a port forward or public name when `listen` is not reachable as such.
+  // Empty: the address the server bound (`listen` with its port).
+  std::string advertise;
   // Addresses of any live members. A node may list itself (under any name
   // that reaches it, such as its DNS name): see found_after.
   std::vector<std::string> seeds;
@@ -244,7 +248,10 @@ class Swarm {
   ~Swarm();
 
   const std::string& id() const { return options_.node_id; }
-  const std::string& address() const { return transport_->address(); }
+  // Where the others reach this node (SwarmOptions.advertise).
+  const std::string& address() const { return address_; }
+  // Where its server listens (`listen` with the port it bound).
+  const std::string& listen_address() const { return transport_->address(); }
 
   // Joins through the seeds, trying each until one admits this node. OK at
   // once without seeds, or after found_after when this node is a seed.
@@ -437,6 +444,7 @@ class Swarm {
   std::shared_ptr<StreamDeadlines> deadlines_;  // outlives the server
   std::unique_ptr<Service> service_;
   std::unique_ptr<GrpcTransport> transport_;
+  std::string address_;  // advertised: options_.advertise or the bound one
   std::unique_ptr<Membership> membership_;
   std::unique_ptr<SwarmClient> client_;
   std::unique_ptr<MembershipGossip> gossip_;

@@ -144,7 +144,7 @@ absl::Status DilocoLoop::Start() {
   swarm_->SetProgress(Here(), /*joining=*/false);
   session_.LogModel(absl::StrCat(config_.net.node_id,
                                  " (diloco, elastic) listening on ",
-                                 swarm_->address()));
+                                 ListenLine(*swarm_)));
   run_.ops.watchdog->Waiting(2 * config_.net.connect_timeout);
   session_.SetCompressionTraffic(run_.state.prior.before_compression,
                                  run_.state.prior.after_compression);

@@ -16,6 +16,7 @@ absl::StatusOr<SwarmOptions> ElasticSwarmOptions(const NodeRun& run,
   const NetworkConfig& net = run.config.net;
   SwarmOptions so;
   so.listen = net.listen;
+  so.advertise = net.advertise;
   so.node_id = net.node_id;
   if (!ValidHostPort(so.listen)) {
     return absl::InvalidArgumentError(
@@ -65,6 +66,12 @@ absl::StatusOr<std::unique_ptr<Swarm>> StartSwarm(const SwarmOptions& options) {
                         absl::IsInvalidArgument(started.status()) ? 2 : 1);
   }
   return started;
+}
+
+std::string ListenLine(const Swarm& swarm) {
+  if (swarm.address() == swarm.listen_address()) return swarm.address();
+  return absl::StrCat(swarm.listen_address(), ", advertised as ",
+                      swarm.address());
 }
 
 absl::Status JoinSwarm(const NodeRun& run, NodeSession& session, Swarm& swarm) {

@@ -27,6 +27,10 @@ absl::StatusOr<SwarmOptions> ElasticSwarmOptions(const NodeRun& run,
 // Swarm::Start; a bad option exits with 2.
 absl::StatusOr<std::unique_ptr<Swarm>> StartSwarm(const SwarmOptions& options);
 
+// "HOST:PORT" where `swarm` listens, with ", advertised as HOST:PORT" when
+// peers are told another address (--advertise): the node's start line.
+std::string ListenLine(const Swarm& swarm);
+
 // Joins through the seeds within --connect_timeout. A failure is written as
 // an "error" event; a seed's refusal (FailedPrecondition) exits with 2.
 absl::Status JoinSwarm(const NodeRun& run, NodeSession& session, Swarm& swarm);

@@ -102,6 +102,7 @@ constexpr PlacedFlag kTable[] = {
     // and the network between them (real or emulated).
     {"nodes", S::kSwarm},
     {"listen", S::kSwarm},
+    {"advertise", S::kSwarm},
     {"peers", S::kSwarm},
     {"node_id", S::kSwarm},
     {"run_id", S::kSwarm},

@@ -76,7 +76,7 @@ absl::Status GossipLoop::Start() {
   swarm_ = &session_.AttachSwarm(std::move(swarm));
   session_.LogModel(absl::StrCat(config_.net.node_id,
                                  " (gossip, push-sum) listening on ",
-                                 swarm_->address()));
+                                 ListenLine(*swarm_)));
   run_.ops.watchdog->Waiting(2 * config_.net.connect_timeout);
   session_.StartMetricsPoller();
   STARLING_RETURN_IF_ERROR(JoinSwarm(run_, session_, *swarm_));

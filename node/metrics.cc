@@ -314,6 +314,10 @@ struct NodeMetrics::Metrics {
   Counter* after_compression_bytes;
   Gauge* peers_known;
   Gauge* peers_connected;
+  Gauge* reachable;
+  Gauge* members_reachable;
+  Gauge* members_unreachable;
+  Gauge* members_unknown;
   Family<Counter>* rpc_errors;
   Family<Counter>* refusals;
   Gauge* early_bytes;
@@ -440,6 +444,19 @@ void NodeMetrics::RegisterNetwork(prometheus::Registry& r, Metrics& metrics) {
       &Register(BuildGauge(), "starling_peers_connected",
                 "Peers that answered this node's latest request.", r)
            .Add({});
+  m->reachable = &Register(BuildGauge(), "starling_reachable",
+                           "Whether a member dialed this node back at its "
+                           "join: 1 yes, 0 no (behind NAT?), -1 not checked.",
+                           r)
+                      .Add({});
+  m->reachable->Set(-1);
+  Family<Gauge>& by_reachability =
+      Register(BuildGauge(), "starling_members_reachability",
+               "Live members by what the dial-back at their join found.", r);
+  m->members_reachable = &by_reachability.Add({{"reachability", "reachable"}});
+  m->members_unreachable =
+      &by_reachability.Add({{"reachability", "unreachable"}});
+  m->members_unknown = &by_reachability.Add({{"reachability", "unknown"}});
   m->rpc_errors = &Register(BuildCounter(), "starling_rpc_errors_total",
                             "Failed outgoing RPCs, by gRPC status code.", r);
   // Every code but OK, at 0 from the start (absl and gRPC share the codes).
@@ -580,6 +597,14 @@ void NodeMetrics::SetTraffic(int64_t sent, int64_t received,
 void NodeMetrics::SetPeers(int known, int connected) {
   metrics_->peers_known->Set(known);
   metrics_->peers_connected->Set(connected);
+}
+
+void NodeMetrics::SetReachability(int self, int reachable, int unreachable,
+                                  int unknown) {
+  metrics_->reachable->Set(self);
+  metrics_->members_reachable->Set(reachable);
+  metrics_->members_unreachable->Set(unreachable);
+  metrics_->members_unknown->Set(unknown);
 }
 
 void NodeMetrics::SetEarlyBytes(int64_t bytes) {

@@ -100,6 +100,11 @@ class NodeMetrics {
 
   // Gauges starling_peers_known, starling_peers_connected.
   void SetPeers(int known, int connected);
+  // Gauges starling_reachable (this node's dial-back verdict at its join:
+  // 1 reachable, 0 unreachable, -1 not checked) and
+  // starling_members_reachability{reachability="reachable"|"unreachable"|
+  // "unknown"} (live members, this node included, by verdict).
+  void SetReachability(int self, int reachable, int unreachable, int unknown);
 
   // Running totals of failed RPCs by gRPC status code name ("UNAVAILABLE",
   // "DEADLINE_EXCEEDED", ...): starling_rpc_errors_total{code}, with the same

@@ -24,6 +24,12 @@
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "host:port this node serves peers on; with --peers it must name a "
           "fixed port that the peers list too");
+ABSL_FLAG(std::string, advertise, "",
+          "diloco and gossip: host:port (a fixed port) peers are told to "
+          "dial to reach this node, when that is not --listen: a port "
+          "forward, a load balancer, or a public name for a node listening "
+          "on 0.0.0.0; it travels in the join and the membership table. "
+          "Empty: the --listen address");
 ABSL_FLAG(std::string, peers, "",
           "comma-separated host:port of members to join through. diloco: "
           "any live members (empty: this node starts the swarm); ddp: "
@@ -568,6 +574,7 @@ absl::Status ParseCodecs(NodeConfig* c) {
 void ReadUncheckedFlags(NodeConfig* c) {
   NetworkConfig& net = c->net;
   net.listen = absl::GetFlag(FLAGS_listen);
+  net.advertise = absl::GetFlag(FLAGS_advertise);
   net.peers = absl::GetFlag(FLAGS_peers);
   net.node_id = NodeIdFromFlags();
   net.run_id = absl::GetFlag(FLAGS_run_id);
@@ -588,6 +595,26 @@ void ReadUncheckedFlags(NodeConfig* c) {
   g.momentum = absl::GetFlag(FLAGS_gossip_momentum);
   g.outer_lr = absl::GetFlag(FLAGS_gossip_outer_lr);
   g.snapshot_every = absl::GetFlag(FLAGS_snapshot_every);
+}
+
+// --advertise: empty, or host:port with a fixed port, for an algorithm
+// whose members learn addresses from each other (ddp ranks follow --peers).
+absl::Status CheckAdvertise(const std::string& advertise,
+                            const std::string& algo) {
+  if (advertise.empty()) return absl::OkStatus();
+  if (!ValidHostPort(advertise) || PortOf(advertise) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--advertise=", advertise,
+        ": expected host:port with a fixed port (1-65535) that peers can "
+        "dial"));
+  }
+  if (algo == "ddp") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--advertise=", advertise,
+        ": --algo=ddp has no membership to advertise in (ranks dial the "
+        "--peers list); use it with diloco or gossip"));
+  }
+  return absl::OkStatus();
 }
 
 // --test_poison, the link flags and the peer credentials.
@@ -619,7 +646,7 @@ absl::Status ParseNodeFlags(NodeConfig* config) {
   STARLING_RETURN_IF_ERROR(ParseLimits(config));
   STARLING_RETURN_IF_ERROR(ParseCodecs(config));
   ReadUncheckedFlags(config);
-  return absl::OkStatus();
+  return CheckAdvertise(config->net.advertise, config->algo);
 }
 
 absl::StatusOr<NodeConfig> NodeConfigFromFlags() {
@@ -661,6 +688,7 @@ PeerSecurityOptions PeerSecurityFromFlags() {
 const std::vector<std::string>& NodeFlagNames() {
   static const auto* names =
       new std::vector<std::string>{"listen",
+                                   "advertise",
                                    "peers",
                                    "tls_cert",
                                    "tls_key",

@@ -11,6 +11,8 @@
 #include "core/checkpoint.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "gossip/reachability.h"
+#include "node/swarm_end_report.h"
 
 namespace starling {
 namespace {
@@ -147,6 +149,17 @@ void NodeSession::RefreshMetrics() const {
     }
   }
   metrics.SetPeers(known, connected);
+  const std::vector<peer::v1::MemberEntry> table = swarm_->Members();
+  peer::v1::Reachability own = peer::v1::REACHABILITY_UNKNOWN;
+  for (const peer::v1::MemberEntry& e : table) {
+    if (e.id() == node_id_) own = e.reachability();
+  }
+  const ReachabilityCounts counts = CountReachability(table);
+  metrics.SetReachability(
+      own == peer::v1::REACHABILITY_UNKNOWN
+          ? -1
+          : (own == peer::v1::REACHABILITY_REACHABLE ? 1 : 0),
+      counts.reachable, counts.unreachable, counts.unknown);
   metrics.SetRpcErrors(swarm_->rpc_errors());
   metrics.SetRefusals(swarm_->refusals());
   metrics.SetEarlyBytes(swarm_->early_bytes());
@@ -339,6 +352,9 @@ int NodeSession::Finish(SessionEnd end) {
   // Only a member that evaluated the final step reports a final val_loss.
   EvalResult final_eval = state.eval;
   if (state.evaluated_step != trainer.state().step()) final_eval = EvalResult();
+  if (swarm_ != nullptr) {
+    end.summary.Merge(ReachabilityFields(swarm_->Members(), node_id_));
+  }
   if (absl::Status s = WriteNodeSummary(run_.out(), "node", trainer, final_eval,
                                         totals, state.rounds, end.stopped,
                                         end.summary, end.final_fields);

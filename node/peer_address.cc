@@ -17,6 +17,16 @@ bool ValidHostPort(absl::string_view a) {
          port < 65536;
 }
 
+int PortOf(absl::string_view a) {
+  const size_t colon = a.rfind(':');
+  int port = -1;
+  if (colon == absl::string_view::npos ||
+      !absl::SimpleAtoi(a.substr(colon + 1), &port)) {
+    return -1;
+  }
+  return port;
+}
+
 std::string HostOf(const std::string& address) {
   std::string host = address.substr(0, address.rfind(':'));
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {

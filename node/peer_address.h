@@ -16,6 +16,9 @@ namespace starling {
 // True for "host:port" with a port in [0, 65535] and a non-empty host.
 bool ValidHostPort(absl::string_view address);
 
+// The port of "host:port" (ValidHostPort), or -1 when it has none.
+int PortOf(absl::string_view address);
+
 // "host" of "host:port" ("[::1]:7070" -> "::1"); empty for ":port".
 std::string HostOf(const std::string& address);
 

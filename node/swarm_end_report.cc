@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "gossip/reachability.h"
 
 namespace starling {
 
@@ -49,6 +50,19 @@ JsonObject SwarmFinalFields(const SwarmView& v, bool apart,
       .Add("swarm_standing", SwarmStandingName(v.standing))
       .Add("model_is_swarms", !apart && !trained_alone && v.HoldsFurthest())
       .Add("trained_alone", trained_alone);
+}
+
+JsonObject ReachabilityFields(const std::vector<peer::v1::MemberEntry>& table,
+                              const std::string& self) {
+  JsonObject members;
+  peer::v1::Reachability own = peer::v1::REACHABILITY_UNKNOWN;
+  for (const peer::v1::MemberEntry& e : table) {
+    members.Add(e.id(), ReachabilityName(e.reachability()));
+    if (e.id() == self) own = e.reachability();
+  }
+  return JsonObject()
+      .Add("reachability", ReachabilityName(own))
+      .Add("members_reachability", members);
 }
 
 }  // namespace starling

@@ -1,13 +1,15 @@
 // What a DiLoCo node says about the swarm's end (gossip/swarm_end.h has the
 // judgement): the last stderr line of a node that ended apart from its
 // swarm, and the fields summary.json's "final" gets, so that an operator
-// (or `starling export`) can tell whether a node's model is the swarm's.
+// (or `starling export`) can tell whether a node's model is the swarm's;
+// and summary.json's reachability fields (each member's dial-back verdict).
 // Pure functions of their inputs; thread-safe.
 #ifndef STARLING_NODE_SWARM_END_REPORT_H_
 #define STARLING_NODE_SWARM_END_REPORT_H_
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "core/json.h"
@@ -33,6 +35,13 @@ std::string EndedApartMessage(const SwarmView& v, const ApartAt& at);
 // θ_global is the furthest the swarm reached, it did not end apart and did
 // not train alone) and trained_alone.
 JsonObject SwarmFinalFields(const SwarmView& v, bool apart, bool trained_alone);
+
+// summary.json's reachability fields, from the member table at the end:
+// "reachability" (this node's own dial-back verdict: "reachable",
+// "unreachable" or "unknown") and "members_reachability" (id -> verdict,
+// every member in the table).
+JsonObject ReachabilityFields(const std::vector<peer::v1::MemberEntry>& table,
+                              const std::string& self);
 
 }  // namespace starling
 

@@ -47,6 +47,9 @@ PACKAGES=(
   # report.html charts; pgrep for the tests; ip and tc for the real-network
   # test (namespaces, veth pairs, tc shaping)
   gnuplot-nox procps iproute2
+  # nft for the NAT test (tests/node/nat_netns_test.cc: a router namespace
+  # that masquerades and forwards a port)
+  nftables
   # deploy/ checks: YAML lint, the end-to-end test's YAML and gRPC health
   # client, Node.js for the manifest validator
   yamllint python3-yaml python3-grpcio nodejs

@@ -162,6 +162,24 @@ TEST(MembershipTest, ProgressIsNewsBeforeTheNextBeat) {
   EXPECT_EQ(Row(*a, "a").heartbeat(), beat);
 }
 
+// The dial-back verdict is the member's own news, like its progress; a
+// value outside the enum from a peer is refused.
+TEST(MembershipTest, ReachabilitySpreadsAsNewsAndBadValuesAreRefused) {
+  auto a = Make("a"), b = Make("b");
+  ASSERT_TRUE(b->Merge(a->Snapshot(), T(0)).ok());
+  EXPECT_EQ(Row(*b, "a").reachability(), peer::v1::REACHABILITY_UNKNOWN);
+  a->SetReachability(peer::v1::REACHABILITY_UNREACHABLE);
+  ASSERT_TRUE(b->Merge(a->Snapshot(), T(0.1)).ok());
+  EXPECT_EQ(Row(*b, "a").reachability(), peer::v1::REACHABILITY_UNREACHABLE);
+  const int64_t beat = Row(*a, "a").heartbeat();
+  a->SetReachability(peer::v1::REACHABILITY_UNREACHABLE);
+  EXPECT_EQ(Row(*a, "a").heartbeat(), beat);  // no news
+  MemberEntry bad = Entry("c", 100, peer::v1::MEMBER_ALIVE);
+  bad.set_reachability(static_cast<peer::v1::Reachability>(7));
+  EXPECT_FALSE(b->Merge({bad}, T(0.2)).ok());
+  EXPECT_FALSE(b->Get("c").ok());
+}
+
 TEST(MembershipTest, SuspectsThenDeclaresDeadAfterSilence) {
   auto a = Make("a"), b = Make("b");
   ASSERT_TRUE(a->Merge(b->Snapshot(), T(0)).ok());

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -44,6 +45,38 @@ class Listener {
   int fd_ = -1;
   int port_ = -1;
 };
+
+TEST(ReachabilityTest, DialBackVerdictsAndTheirNames) {
+  EXPECT_EQ(DialBackVerdict(Reachability::kListening),
+            peer::v1::REACHABILITY_REACHABLE);
+  EXPECT_EQ(DialBackVerdict(Reachability::kRefused),
+            peer::v1::REACHABILITY_UNREACHABLE);
+  EXPECT_EQ(DialBackVerdict(Reachability::kNoAnswer),
+            peer::v1::REACHABILITY_UNREACHABLE);
+  EXPECT_STREQ(ReachabilityName(peer::v1::REACHABILITY_REACHABLE), "reachable");
+  EXPECT_STREQ(ReachabilityName(peer::v1::REACHABILITY_UNREACHABLE),
+               "unreachable");
+  EXPECT_STREQ(ReachabilityName(peer::v1::REACHABILITY_UNKNOWN), "unknown");
+}
+
+TEST(ReachabilityTest, CountsOnlyLiveMembersByVerdict) {
+  std::vector<peer::v1::MemberEntry> table(5);
+  const peer::v1::MemberState states[] = {
+      peer::v1::MEMBER_ALIVE, peer::v1::MEMBER_SUSPECT, peer::v1::MEMBER_ALIVE,
+      peer::v1::MEMBER_DEAD, peer::v1::MEMBER_LEFT};
+  const peer::v1::Reachability verdicts[] = {
+      peer::v1::REACHABILITY_REACHABLE, peer::v1::REACHABILITY_UNREACHABLE,
+      peer::v1::REACHABILITY_UNKNOWN, peer::v1::REACHABILITY_REACHABLE,
+      peer::v1::REACHABILITY_UNREACHABLE};
+  for (int i = 0; i < 5; ++i) {
+    table[i].set_state(states[i]);
+    table[i].set_reachability(verdicts[i]);
+  }
+  const ReachabilityCounts c = CountReachability(table);
+  EXPECT_EQ(c.reachable, 1);
+  EXPECT_EQ(c.unreachable, 1);
+  EXPECT_EQ(c.unknown, 1);
+}
 
 TEST(ReachabilityTest, AListeningSocketAcceptsEvenIfNobodyAccepts) {
   // The way a stopped process's socket does: its kernel completes the

@@ -3,8 +3,9 @@
 // others only once it is ready, and still counts after it leaves, so that a
 // slow joiner and a fast finisher cannot strand each other. And the state a
 // member serves to joiners (ServeState, FetchState). Also: the member
-// table's cap, control messages from strangers, and the copies of lossy
-// senders' pushes, dropped when a sender leaves.
+// table's cap, control messages from strangers, the copies of lossy
+// senders' pushes, dropped when a sender leaves, and the advertised address
+// (a member behind a port forward).
 #include "gossip/swarm.h"
 
 #include <grpcpp/grpcpp.h>
@@ -23,8 +24,11 @@
 #include "compression/tensor_policy.h"
 #include "core/flat_params.h"
 #include "gossip/push_sum.h"
+#include "gossip/reachability.h"
 #include "gtest/gtest.h"
 #include "starling/peer/v1/swarm.grpc.pb.h"
+#include "tests/harness/tcp_forward.h"
+#include "tests/harness/wait.h"
 
 namespace starling {
 namespace {
@@ -915,6 +919,83 @@ TEST(SwarmTest, ALeftSendersCopyIsDroppedSoItsRelativePushIsRefused) {
   EXPECT_NE(refused.message().find("holds no copy of it"), std::string::npos)
       << refused;
   EXPECT_TRUE(a->TakePushes().empty());
+}
+
+// The address in `s`'s table for member `id` ("" when unknown).
+std::string AddressSeen(const Swarm& s, const std::string& id) {
+  for (const peer::v1::MemberEntry& e : s.Members()) {
+    if (e.id() == id) return e.address();
+  }
+  return "";
+}
+
+// The reachability n1's row says its join's dial-back found ("" while
+// `s` does not know n1).
+std::string ReachabilitySeen(const Swarm& s, const std::string& id) {
+  for (const peer::v1::MemberEntry& e : s.Members()) {
+    if (e.id() == id) return ReachabilityName(e.reachability());
+  }
+  return "";
+}
+
+// The member that admits a join dials the joiner back at the address it
+// advertises: one that listens there is reachable, one whose address
+// refuses connections (as behind NAT) is not, and both it and the others
+// learn so by gossip. The founder was never checked.
+TEST(SwarmTest, TheDialBackAtJoinRecordsReachability) {
+  std::unique_ptr<Swarm> a = StartReady("n0", {}, 0);
+  ASSERT_NE(a, nullptr);
+  std::unique_ptr<Swarm> b = StartJoined("n1", {a->address()});
+  ASSERT_NE(b, nullptr);
+  // n2 advertises a port nobody listens on (the forward's, before it has a
+  // target: it accepts nothing once closed).
+  std::string closed;
+  {
+    testing::TcpForward gone;
+    closed = gone.address();
+  }
+  SwarmOptions o = TestOptions("n2", {a->address()});
+  o.advertise = closed;
+  std::unique_ptr<Swarm> c = Start(o);
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->JoinSwarm(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_EQ(ReachabilitySeen(*b, "n1"), "reachable");
+  EXPECT_EQ(ReachabilitySeen(*c, "n2"), "unreachable");
+  EXPECT_EQ(ReachabilitySeen(*a, "n0"), "unknown");
+  for (const Swarm* s : {a.get(), b.get()}) {
+    EXPECT_TRUE(testing::WaitFor(
+        [&] { return ReachabilitySeen(*s, "n2") == "unreachable"; },
+        absl::Seconds(20)))
+        << s->id() << ": " << ReachabilitySeen(*s, "n2");
+  }
+  EXPECT_TRUE(testing::WaitFor(
+      [&] { return ReachabilitySeen(*a, "n1") == "reachable"; },
+      absl::Seconds(20)));
+}
+
+// n1 listens on a port of its own but advertises a forwarded one: the
+// others learn the forwarded address, and their dials (gossip) reach n1
+// through the forward.
+TEST(SwarmTest, PeersDialTheAdvertisedAddress) {
+  testing::TcpForward forward;
+  ASSERT_GT(forward.port(), 0);
+  std::unique_ptr<Swarm> a = StartReady("n0", {}, 0);
+  ASSERT_NE(a, nullptr);
+  SwarmOptions o = TestOptions("n1", {a->address()});
+  o.advertise = forward.address();
+  std::unique_ptr<Swarm> b = Start(o);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->address(), forward.address());
+  EXPECT_NE(b->listen_address(), forward.address());
+  forward.SetTarget(b->listen_address());
+  ASSERT_TRUE(b->JoinSwarm(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_TRUE(testing::WaitFor(
+      [&] { return AddressSeen(*a, "n1") == forward.address(); },
+      absl::Seconds(20)))
+      << AddressSeen(*a, "n1");
+  EXPECT_TRUE(testing::WaitFor([&] { return forward.connections() > 0; },
+                               absl::Seconds(20)));
+  EXPECT_TRUE(SeenWithin(*a, "n1", "alive joining"));
 }
 
 }  // namespace

@@ -115,6 +115,8 @@ TEST(NodeMetricsTest, FreshEndpointHasEveryMetricWithHelp) {
                            "starling_pseudo_gradient_bytes_total",
                            "starling_peers_known",
                            "starling_peers_connected",
+                           "starling_reachable",
+                           "starling_members_reachability",
                            "starling_checkpoint_duration_seconds",
                            "starling_last_checkpoint_timestamp_seconds",
                            "starling_val_loss",
@@ -128,6 +130,7 @@ TEST(NodeMetricsTest, FreshEndpointHasEveryMetricWithHelp) {
   // No evaluation yet: NaN, not a perfect 0.
   EXPECT_TRUE(std::isnan(s["starling_val_loss"]));
   EXPECT_TRUE(std::isnan(s["starling_val_accuracy"]));
+  EXPECT_EQ(s["starling_reachable"], -1);  // not checked yet
   // Every error counter exists at 0 from the start, so that rate() and
   // alerts see the first error.
   for (const char* code :
@@ -175,6 +178,7 @@ TEST(NodeMetricsTest, InnerStepsAndGauges) {
   m->SetInnerLr(0.0004);
   m->SetPseudoGradientNorm(3.5);
   m->SetPeers(4, 3);
+  m->SetReachability(0, 2, 1, 1);
   m->Checkpoint(0.02, absl::FromUnixSeconds(1700000000));
 
   std::map<std::string, double> s = ScrapeSamples(*m);
@@ -193,6 +197,11 @@ TEST(NodeMetricsTest, InnerStepsAndGauges) {
   EXPECT_EQ(s["starling_pseudo_gradient_norm"], 3.5);
   EXPECT_EQ(s["starling_peers_known"], 4);
   EXPECT_EQ(s["starling_peers_connected"], 3);
+  EXPECT_EQ(s["starling_reachable"], 0);
+  EXPECT_EQ(s["starling_members_reachability{reachability=\"reachable\"}"], 2);
+  EXPECT_EQ(s["starling_members_reachability{reachability=\"unreachable\"}"],
+            1);
+  EXPECT_EQ(s["starling_members_reachability{reachability=\"unknown\"}"], 1);
   EXPECT_EQ(s["starling_checkpoint_duration_seconds_count"], 1);
   EXPECT_EQ(s["starling_checkpoint_duration_seconds_bucket{le=\"0.01\"}"], 0);
   EXPECT_EQ(s["starling_checkpoint_duration_seconds_bucket{le=\"0.025\"}"], 1);

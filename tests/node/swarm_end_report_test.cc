@@ -19,6 +19,18 @@ SwarmView Finished() {
   return v;
 }
 
+TEST(SwarmEndReportTest, ReachabilityFieldsNameEachMembersVerdict) {
+  std::vector<peer::v1::MemberEntry> table(3);
+  table[0].set_id("n0");
+  table[1].set_id("n1");
+  table[1].set_reachability(peer::v1::REACHABILITY_REACHABLE);
+  table[2].set_id("n2");
+  table[2].set_reachability(peer::v1::REACHABILITY_UNREACHABLE);
+  EXPECT_EQ(ReachabilityFields(table, "n2").Dump(),
+            R"({"reachability":"unreachable","members_reachability":)"
+            R"({"n0":"unknown","n1":"reachable","n2":"unreachable"}})");
+}
+
 TEST(SwarmEndReportTest, TheSwarmFinishedWithoutThisNode) {
   EXPECT_EQ(EndedApartMessage(Finished(), {"n2", 7, 70, absl::ZeroDuration()}),
             "starling node: n2 ended apart from the swarm: it reached round 7 "
