@@ -44,6 +44,9 @@ PACKAGES=(
   dataset-fashion-mnist bible-kjv
   # TorchScript test fixtures and the PyTorch reference benchmark
   python3 python3-torch
+  # the `starling` Python module (python/: pybind11 and Python's headers,
+  # which python3-dev brings) and its tests (pytest, label python)
+  pybind11-dev python3-dev python3-pytest
   # report.html charts; pgrep for the tests; ip and tc for the real-network
   # test (namespaces, veth pairs, tc shaping)
   gnuplot-nox procps iproute2
