@@ -38,7 +38,13 @@ except ImportError as e:  # pragma: no cover - depends on the interpreter
         "it was built for (Debian's /usr/bin/python3 with python3-torch), or "
         "a virtual environment made with --system-site-packages" % e) from e
 
-from . import _build_info
+try:
+    from . import _build_info
+except ImportError as e:
+    raise ImportError(
+        "this is the source tree's starling package (%s), which has no "
+        "compiled module: import the built one from the build tree, "
+        "PYTHONPATH=build/python" % __file__) from e
 
 if torch.__version__ != _build_info.TORCH_VERSION:
     raise ImportError(
