@@ -109,13 +109,5 @@ def member(a):
     return 0
 
 
-def main():
-    a = parse_args()
-    if a.rank < 0:
-        return swarm_launch.launch(os.path.abspath(__file__), a.processes,
-                                   a.base_port)
-    return member(a)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(swarm_launch.main(__file__, parse_args(), member))

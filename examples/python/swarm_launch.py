@@ -1,5 +1,6 @@
 """What the examples share: one command starts N members of a swarm on this
 machine, each a copy of the example's own script with --rank and --ports."""
+import os
 import socket
 import subprocess
 import sys
@@ -30,6 +31,13 @@ def launch(script, processes, base_port=0):
         return max(p.wait() for p in procs)
     except KeyboardInterrupt:  # Ctrl-C reaches every member: each leaves
         return max(p.wait() for p in procs)
+
+
+def main(script, a, member):
+    """The launcher (no --rank), or member `a.rank` (run by the launcher)."""
+    if a.rank < 0:
+        return launch(os.path.abspath(script), a.processes, a.base_port)
+    return member(a)
 
 
 def add_member_args(ap):
