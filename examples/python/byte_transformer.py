@@ -11,7 +11,7 @@ shard of the text's bytes with its own AdamW, in its own ordinary PyTorch
 loop; every --inner_steps steps `d.step()` runs a DiLoCo round in C++ that
 averages the members' pseudo-gradients and applies the outer step. Each
 member prints its round results; the first also its validation loss on the
-text's last 10%.
+text's last 5%.
 """
 import argparse
 import math
@@ -40,7 +40,12 @@ def parse_args():
     ap.add_argument("--inner_steps", type=int, default=50)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--weight_decay", type=float, default=0.1)
+    ap.add_argument("--val_fraction", type=float, default=0.05,
+                    help="the text's last part, for the validation loss")
     ap.add_argument("--compression", default="fp32")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch's intra-op threads per member")
     return ap.parse_args()
 
 
@@ -54,20 +59,29 @@ def batches(data, batch, context, gen):
 
 
 @torch.no_grad()
-def evaluate(model, data, context, batches_max=20):
+def evaluate(model, data, context, batch=64):
+    """Mean loss over every non-overlapping window of the validation text
+    (as `starling train` evaluates it)."""
     model.eval()
-    losses = []
-    for i in range(0, min(len(data) - context - 1, batches_max * context * 16),
-                   context * 16):
-        starts = range(i, min(i + context * 16, len(data) - context - 1),
-                       context)
-        x = torch.stack([data[s:s + context] for s in starts]).long()
-        y = torch.stack([data[s + 1:s + context + 1] for s in starts]).long()
+    starts = list(range(0, len(data) - context, context))
+    total, count = 0.0, 0
+    for i in range(0, len(starts), batch):
+        s = starts[i:i + batch]
+        x = torch.stack([data[j:j + context] for j in s]).long()
+        y = torch.stack([data[j + 1:j + context + 1] for j in s]).long()
         logits = model(x)
-        losses.append(F.cross_entropy(logits.reshape(-1, logits.size(-1)),
-                                      y.reshape(-1)).item())
+        total += F.cross_entropy(logits.reshape(-1, logits.size(-1)),
+                                 y.reshape(-1), reduction="sum").item()
+        count += y.numel()
     model.train()
-    return sum(losses) / max(1, len(losses))
+    return total / max(1, count)
+
+
+def shard_of(train, rank, members, chunk=4096):
+    """Every members-th chunk of the training text from `rank` on."""
+    parts = [train[i:i + chunk]
+             for i in range(rank * chunk, len(train), members * chunk)]
+    return torch.cat(parts)
 
 
 def member(a):
@@ -76,14 +90,15 @@ def member(a):
 
     with open(a.text, "rb") as f:
         raw = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
-    split = int(len(raw) * 0.9)
+    split = int(len(raw) * (1 - a.val_fraction))
     train, val = raw[:split], raw[split:]
-    shard = len(train) // a.processes
-    mine = train[a.rank * shard:(a.rank + 1) * shard]
+    mine = shard_of(train, a.rank, a.processes)
+    torch.set_num_threads(a.threads)
     torch.manual_seed(0)  # every member starts from the same θ
     model = starling_models.build(ARCH)
     context = 64
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95),
+                            weight_decay=a.weight_decay)
     warmup = min(50, a.steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / warmup if s < warmup else
