@@ -99,6 +99,10 @@ class EmbeddedDiloco {
   void Abandon() { abandon_ = true; }
 
   const std::string& address() const { return address_; }
+  // The swarm's table as this member sees it (Swarm::Members).
+  std::vector<peer::v1::MemberEntry> Members() const {
+    return swarm_ ? swarm_->Members() : std::vector<peer::v1::MemberEntry>();
+  }
   int64_t round() const { return round_; }
   int64_t step() const { return step_; }
   const std::string& model_hash() const { return lineage_; }

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/flat_params.h"
 #include "core/model.h"
+#include "gossip/membership.h"
 #include "node/embedded_diloco.h"
 #include "node/flags.h"
 #include "node/node_command.h"
@@ -186,6 +187,21 @@ PYBIND11_MODULE(_starling, m) {
       .def("round", &PyDiloco::Round)
       .def("leave", &PyDiloco::Leave)
       .def("abandon", &PyDiloco::Abandon)
+      .def(
+          "members",
+          [](PyDiloco& d) {
+            py::list out;
+            for (const auto& e : d.Live().Members()) {
+              py::dict m;
+              m["id"] = e.id();
+              m["address"] = e.address();
+              m["state"] = starling::MemberStateName(e.state());
+              m["round"] = e.round();
+              out.append(m);
+            }
+            return out;
+          },
+          "The swarm's members as this one sees them.")
       .def_property_readonly("address",
                              [](PyDiloco& d) { return d.Live().address(); })
       .def_property_readonly("round_number",

@@ -208,6 +208,11 @@ class DiLoCo:
         it: equal on every member after a committed round."""
         return self._d.model_hash
 
+    def members(self):
+        """The swarm's members as this one sees them: dicts of id, address,
+        state (alive, suspect, dead, left) and round."""
+        return self._d.members()
+
     @property
     def address(self):
         return self._d.address

@@ -77,6 +77,7 @@ def main():
                 # What the model's own tensors hold now (θ_global and the
                 # averaged buffers, without error feedback's residual).
                 r["tensors_hash"] = starling.model_hash(model)
+                r["peers"] = {m["id"]: m["state"] for m in d.members()}
                 if r["outcome"] == "committed":
                     rounds += 1
                 print(json.dumps(r), flush=True)
@@ -86,4 +87,8 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the `with` block has left the swarm
+        print(json.dumps({"interrupted": True}), flush=True)
+        sys.exit(130)

@@ -2,6 +2,7 @@
 PYTHONPATH=build/python and STARLING_BINARY=build/starling)."""
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -244,6 +245,25 @@ def test_kill_9_of_a_python_member_mid_run_the_survivors_finish():
         assert committed[-1]["members"] == 2, lines
         by_round.append([l["model_hash"] for l in committed])
     assert by_round[0] == by_round[1]
+
+
+def test_ctrl_c_leaves_the_swarm_with_a_goodbye():
+    procs = start_members(2, rounds=4, extra=["--step_sleep=0.05"])
+    victim = procs[1]
+    for line in victim.stdout:  # its first round committed: now mid-run
+        if '"committed"' in line:
+            break
+    victim.send_signal(signal.SIGINT)
+    out, err = victim.communicate(timeout=120)
+    assert victim.returncode == 130, err
+    assert '"interrupted": true' in out
+    [(rc, lines, stderr)] = results(procs[:1])
+    assert rc == 0, stderr
+    committed = [l for l in lines if l.get("outcome") == "committed"]
+    assert [l["round"] for l in committed] == [1, 2, 3, 4], lines
+    assert committed[-1]["members"] == 1, lines
+    # A goodbye, not the failure detector's verdict.
+    assert committed[-1]["peers"]["p1"] == "left", lines
 
 
 def test_a_member_with_another_model_is_refused_naming_the_tensor():
