@@ -266,6 +266,42 @@ def test_ctrl_c_leaves_the_swarm_with_a_goodbye():
     assert committed[-1]["peers"]["p1"] == "left", lines
 
 
+def test_a_late_python_member_catches_up_and_joins_the_rounds():
+    ports = free_ports(3)
+    procs = start_members(2, rounds=6, extra=["--step_sleep=0.05"])
+    first = procs[0]
+    # procs[0] listens on the first port start_members chose; ask it.
+    for line in first.stdout:
+        if '"address"' in line:
+            seed = json.loads(line)["address"]
+            break
+    first_lines = []
+    for line in first.stdout:  # a round committed without the joiner
+        first_lines.append(json.loads(line))
+        if '"committed"' in line:
+            break
+    late = subprocess.Popen(
+        [sys.executable, MEMBER, "--node_id=p9",
+         "--listen=127.0.0.1:%d" % ports[2], "--peers=" + seed,
+         "--rounds=2", "--step_sleep=0.05"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    [(rc, lines, stderr)] = results([late])
+    assert rc == 0, stderr
+    rounds = [l for l in lines if "outcome" in l]
+    assert rounds[0]["outcome"] == "caught_up", lines
+    committed = [l for l in rounds if l["outcome"] == "committed"]
+    assert len(committed) == 2 and all(l["members"] == 3 for l in committed)
+    out, err = first.communicate(timeout=240)
+    assert first.returncode == 0, err
+    procs[1].communicate(timeout=240)
+    first_lines += [json.loads(l) for l in out.splitlines()
+                    if l.startswith("{")]
+    swarm = {l["round"]: l["model_hash"] for l in first_lines
+             if l.get("outcome") == "committed"}
+    for l in committed:  # the joiner's rounds are the swarm's
+        assert swarm[l["round"]] == l["model_hash"], (lines, first_lines)
+
+
 def test_a_member_with_another_model_is_refused_naming_the_tensor():
     procs = start_members(2, rounds=1, widths=[16, 12],
                           extra=["--inner_steps=2"])
