@@ -69,26 +69,6 @@ std::string DtypeName(torch::ScalarType t) {
   }
 }
 
-std::vector<std::string> SignatureLines(
-    const std::vector<std::string>& param_names,
-    const std::vector<torch::Tensor>& params,
-    const std::vector<std::string>& buffer_names,
-    const std::vector<torch::Tensor>& buffers) {
-  std::vector<std::string> lines;
-  auto add = [&](const char* kind, const std::vector<std::string>& names,
-                 const std::vector<torch::Tensor>& tensors) {
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      lines.push_back(absl::StrCat(
-          kind, " ", i < names.size() ? names[i] : absl::StrCat("#", i), " ",
-          DtypeName(tensors[i].scalar_type()), "[",
-          absl::StrJoin(tensors[i].sizes(), ","), "]"));
-    }
-  };
-  add("parameter", param_names, params);
-  add("buffer", buffer_names, buffers);
-  return lines;
-}
-
 // Writes `bytes` (what a LibTorch serializer made) to `path` atomically.
 absl::Status WriteExport(const std::string& path,
                          const std::function<std::string()>& serialize) {
@@ -375,6 +355,26 @@ class TorchScriptModel : public Model {
 };
 
 }  // namespace
+
+std::vector<std::string> SignatureLines(
+    const std::vector<std::string>& param_names,
+    const std::vector<torch::Tensor>& params,
+    const std::vector<std::string>& buffer_names,
+    const std::vector<torch::Tensor>& buffers) {
+  std::vector<std::string> lines;
+  auto add = [&](const char* kind, const std::vector<std::string>& names,
+                 const std::vector<torch::Tensor>& tensors) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      lines.push_back(absl::StrCat(
+          kind, " ", i < names.size() ? names[i] : absl::StrCat("#", i), " ",
+          DtypeName(tensors[i].scalar_type()), "[",
+          absl::StrJoin(tensors[i].sizes(), ","), "]"));
+    }
+  };
+  add("parameter", param_names, params);
+  add("buffer", buffer_names, buffers);
+  return lines;
+}
 
 std::vector<std::string> TensorSignature(Model& model) {
   return SignatureLines(model.ParameterNames(), model.Parameters(),

@@ -59,6 +59,13 @@ class Model {
 // Two models that can share weights have the same lines; the handshake and
 // checkpoints carry them, so that a mismatch names the tensor.
 std::vector<std::string> TensorSignature(Model& model);
+// The same lines for named tensors held elsewhere (a PyTorch model that the
+// Python module trains: python/starling_module.cc). A missing name is "#I".
+std::vector<std::string> SignatureLines(
+    const std::vector<std::string>& param_names,
+    const std::vector<torch::Tensor>& params,
+    const std::vector<std::string>& buffer_names,
+    const std::vector<torch::Tensor>& buffers);
 
 // The first line where two TensorSignature()s differ, as "parameter
 // conv.weight is float32[48,16,3] at A, float32[32,16,3] at B" (A and B are

@@ -30,32 +30,73 @@ bool SteadyMembers(const Swarm& swarm, std::vector<std::string> last,
 }
 
 ExchangeSettings ExchangeSettingsOf(const NodeRun& run) {
-  ExchangeSettings s;
-  s.rpc_timeout = run.config.net.round_timeout;
-  s.round_deadline = run.config.net.round_deadline;
-  s.ring_codec = run.codecs.ring_codec;
-  s.flush_codec = run.codecs.flush.get();
-  s.robust = run.config.diloco.robust;
-  s.sparse_gather = run.codecs.sparse_gather;
-  s.aggregate = run.config.diloco.aggregate;
-  s.norm_bound = run.config.diloco.norm_bound;
-  s.n_params = run.n_params;
-  s.n_buffers = NumElements(run.buffers);
-  s.watchdog = run.ops.watchdog.get();
-  s.leave_when_cut_off = !run.config.diloco.train_alone;
-  return s;
-}
-
-DilocoRoundOptions RoundOptionsOf(const NodeRun& run) {
-  DilocoRoundOptions o;
-  o.weighting = run.config.diloco.sync.weighting;
-  o.inner_steps = run.config.inner_steps;
-  o.ef_in_model = run.codecs.ef_in_model;
-  o.ef_decay = run.config.diloco.ef_decay;
-  return o;
+  return DilocoExchangeSettings(run.config, run.codecs, run.n_params,
+                                NumElements(run.buffers),
+                                run.ops.watchdog.get());
 }
 
 }  // namespace
+
+ExchangeSettings DilocoExchangeSettings(const NodeConfig& config,
+                                        const NodeCodecs& codecs,
+                                        int64_t n_params, int64_t n_buffers,
+                                        Watchdog* watchdog) {
+  ExchangeSettings s;
+  s.rpc_timeout = config.net.round_timeout;
+  s.round_deadline = config.net.round_deadline;
+  s.ring_codec = codecs.ring_codec;
+  s.flush_codec = codecs.flush.get();
+  s.robust = config.diloco.robust;
+  s.sparse_gather = codecs.sparse_gather;
+  s.aggregate = config.diloco.aggregate;
+  s.norm_bound = config.diloco.norm_bound;
+  s.n_params = n_params;
+  s.n_buffers = n_buffers;
+  s.watchdog = watchdog;
+  s.leave_when_cut_off = !config.diloco.train_alone;
+  return s;
+}
+
+DilocoRoundOptions DilocoRoundOptionsOf(const NodeConfig& config,
+                                        const NodeCodecs& codecs) {
+  DilocoRoundOptions o;
+  o.weighting = config.diloco.sync.weighting;
+  o.inner_steps = config.inner_steps;
+  o.ef_in_model = codecs.ef_in_model;
+  o.ef_decay = config.diloco.ef_decay;
+  return o;
+}
+
+SwarmOptions DilocoRoundSwarmOptions(SwarmOptions so, const NodeConfig& config,
+                                     const NodeCodecs& codecs, int64_t n_params,
+                                     int64_t n_buffers) {
+  const int64_t pack = n_params + kWeightingSlots + 1 + n_buffers;
+  so.identity.compression = codecs.ring->Name();
+  so.identity.aggregate = AggregateName(config.diloco.aggregate);
+  if (config.diloco.norm_bound > 0) {
+    absl::StrAppend(&so.identity.aggregate,
+                    ",norm_bound=", config.diloco.norm_bound);
+  }
+  so.round_deadline = config.net.round_deadline;
+  so.mailbox.run_id = so.identity.run_id;
+  so.mailbox.tensors = {{kPseudoGrad, pack}, {kPseudoGradWhole, pack}};
+  so.mailbox.whole_tensors = {kPseudoGradWhole};
+  if (codecs.ring_codec != nullptr) {
+    so.mailbox.compressed_bytes_per_element = {{kPseudoGrad, 8}};
+  }
+  if (codecs.sparse_gather) {
+    so.mailbox.tensors[kPseudoGradSparse] = pack;
+    so.mailbox.whole_tensors.insert(kPseudoGradSparse);
+    so.mailbox.compressed_bytes_per_element[kPseudoGradSparse] = 8;
+  }
+  if (codecs.ef_in_model) {
+    so.mailbox.tensors[kResidualFlush] = pack;
+    so.mailbox.compressed_bytes_per_element[kResidualFlush] = 8;
+    // Members that flush and members that do not cannot share rounds.
+    absl::StrAppend(&so.identity.compression, " with error feedback");
+  }
+  return so;
+}
 
 int RunDiloco(NodeRun& run) { return DilocoLoop(run).Run(); }
 
@@ -66,7 +107,7 @@ DilocoLoop::DilocoLoop(NodeRun& run)
       total_(run.config.train.steps()),
       n_rounds_((total_ + run.config.inner_steps - 1) / run.config.inner_steps +
                 (run.codecs.ef_in_model ? 1 : 0)),  // the flush
-      round_options_(RoundOptionsOf(run)),
+      round_options_(DilocoRoundOptionsOf(run.config, run.codecs)),
       exchange_settings_(ExchangeSettingsOf(run)),
       session_(run, run.config.net.node_id),
       sync_(run.config.diloco.sync) {
@@ -88,33 +129,8 @@ int DilocoLoop::Run() {
 // Start
 
 SwarmOptions DilocoLoop::DilocoSwarmOptions(SwarmOptions so) {
-  const NodeCodecs& codecs = run_.codecs;
-  const int64_t pack =
-      run_.n_params + kWeightingSlots + 1 + NumElements(run_.buffers);
-  so.identity.compression = codecs.ring->Name();
-  so.identity.aggregate = AggregateName(config_.diloco.aggregate);
-  if (config_.diloco.norm_bound > 0) {
-    absl::StrAppend(&so.identity.aggregate,
-                    ",norm_bound=", config_.diloco.norm_bound);
-  }
-  so.round_deadline = config_.net.round_deadline;
-  so.mailbox.run_id = so.identity.run_id;
-  so.mailbox.tensors = {{kPseudoGrad, pack}, {kPseudoGradWhole, pack}};
-  so.mailbox.whole_tensors = {kPseudoGradWhole};
-  if (codecs.ring_codec != nullptr) {
-    so.mailbox.compressed_bytes_per_element = {{kPseudoGrad, 8}};
-  }
-  if (codecs.sparse_gather) {
-    so.mailbox.tensors[kPseudoGradSparse] = pack;
-    so.mailbox.whole_tensors.insert(kPseudoGradSparse);
-    so.mailbox.compressed_bytes_per_element[kPseudoGradSparse] = 8;
-  }
-  if (codecs.ef_in_model) {
-    so.mailbox.tensors[kResidualFlush] = pack;
-    so.mailbox.compressed_bytes_per_element[kResidualFlush] = 8;
-    // Members that flush and members that do not cannot share rounds.
-    absl::StrAppend(&so.identity.compression, " with error feedback");
-  }
+  so = DilocoRoundSwarmOptions(std::move(so), config_, run_.codecs,
+                               run_.n_params, NumElements(run_.buffers));
   MemberChanges* changes = &session_.changes();
   so.on_member_change = [changes](const MembershipChange& c) {
     changes->Add(c);

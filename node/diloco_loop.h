@@ -47,6 +47,21 @@ namespace starling {
 // Runs `run` with DiLoCo: the process exit code (node_session.h).
 int RunDiloco(NodeRun& run);
 
+// What a round needs from the run's settings, for DilocoLoop and for
+// EmbeddedDiloco (embedded_diloco.h), whose model a Python loop trains:
+// the exchange's settings (`watchdog` may be null), the round unit's, and
+// the swarm's codec identity and mailbox for a model of `n_params`
+// parameters and `n_buffers` buffer values.
+ExchangeSettings DilocoExchangeSettings(const NodeConfig& config,
+                                        const NodeCodecs& codecs,
+                                        int64_t n_params, int64_t n_buffers,
+                                        Watchdog* watchdog);
+DilocoRoundOptions DilocoRoundOptionsOf(const NodeConfig& config,
+                                        const NodeCodecs& codecs);
+SwarmOptions DilocoRoundSwarmOptions(SwarmOptions so, const NodeConfig& config,
+                                     const NodeCodecs& codecs, int64_t n_params,
+                                     int64_t n_buffers);
+
 class DilocoLoop {
  public:
   explicit DilocoLoop(NodeRun& run);

@@ -13,7 +13,15 @@ namespace starling {
 
 absl::StatusOr<SwarmOptions> ElasticSwarmOptions(const NodeRun& run,
                                                  const std::string& algo) {
-  const NetworkConfig& net = run.config.net;
+  return ElasticSwarmOptions(
+      run.config.net, algo,
+      MakeFingerprint(run.trainer.model().Architecture(), run.n_params,
+                      run.init_hash, TensorSignature(run.trainer.model())));
+}
+
+absl::StatusOr<SwarmOptions> ElasticSwarmOptions(
+    const NetworkConfig& net, const std::string& algo,
+    const peer::v1::ModelFingerprint& model) {
   SwarmOptions so;
   so.listen = net.listen;
   so.advertise = net.advertise;
@@ -44,9 +52,7 @@ absl::StatusOr<SwarmOptions> ElasticSwarmOptions(const NodeRun& run,
   }
   so.identity.run_id = net.run_id;
   so.identity.algo = algo;  // a node of the other algorithm cannot join
-  so.identity.model =
-      MakeFingerprint(run.trainer.model().Architecture(), run.n_params,
-                      run.init_hash, TensorSignature(run.trainer.model()));
+  so.identity.model = model;
   so.chunk_bytes = net.chunk_bytes;
   so.rpc_timeout = net.round_timeout;
   so.suspect_after = net.suspect_timeout;

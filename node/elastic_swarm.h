@@ -23,6 +23,11 @@ namespace starling {
 // and arms --test_crash_at. InvalidArgument naming the flag.
 absl::StatusOr<SwarmOptions> ElasticSwarmOptions(const NodeRun& run,
                                                  const std::string& algo);
+// The same for a model held elsewhere (the Python module's), fingerprinted
+// by the caller.
+absl::StatusOr<SwarmOptions> ElasticSwarmOptions(
+    const NetworkConfig& net, const std::string& algo,
+    const peer::v1::ModelFingerprint& model);
 
 // Swarm::Start; a bad option exits with 2.
 absl::StatusOr<std::unique_ptr<Swarm>> StartSwarm(const SwarmOptions& options);

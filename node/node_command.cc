@@ -144,41 +144,6 @@ bool WantsErrorFeedback(const NodeConfig& config) {
          (ef == "auto" && ErrorFeedbackByDefault(config.compression));
 }
 
-// Pseudo-gradient compression: a per-tensor policy over the flat view
-// (params) and the same plus the fp32 averaging weights, stop vote and
-// `n_buffers` buffer values (the ring's tensor).
-absl::StatusOr<NodeCodecs> MakeCodecs(const NodeConfig& config,
-                                      const std::vector<torch::Tensor>& params,
-                                      int64_t n_buffers) {
-  NodeCodecs codecs;
-  std::vector<int64_t> tensor_sizes;
-  for (const auto& p : params) tensor_sizes.push_back(p.numel());
-  PolicyOptions po = config.policy;
-  STARLING_ASSIGN_OR_RETURN(codecs.params,
-                            PolicyCodec::Create(tensor_sizes, po));
-  po.trailing_fp32 = kWeightingSlots + 1 + n_buffers;
-  STARLING_ASSIGN_OR_RETURN(codecs.ring, PolicyCodec::Create(tensor_sizes, po));
-  const std::string& compression = config.compression;
-  codecs.ring_codec = compression == "fp32" ? nullptr : codecs.ring.get();
-  codecs.sparse_gather = IsSparseSpec(compression);
-  codecs.error_feedback =
-      !codecs.params->lossless() && WantsErrorFeedback(config);
-  codecs.ef_in_model = codecs.error_feedback && config.algo == "diloco" &&
-                       !config.diloco.overlap && config.diloco.ef_decay == 0;
-  if (codecs.ef_in_model) {
-    // The flush goes in the run's own codec when it is dense (int4's
-    // residual is its rounding, which int4 again keeps well), in int8 after
-    // top-k and sparse.
-    PolicyOptions fo = po;
-    if (absl::StartsWith(compression, "topk") || codecs.sparse_gather) {
-      fo.main = "int8";
-    }
-    STARLING_ASSIGN_OR_RETURN(codecs.flush,
-                              PolicyCodec::Create(tensor_sizes, fo));
-  }
-  return codecs;
-}
-
 // The checkpoint's "comm": sent, received, and the pseudo-gradient bytes
 // before and after compression.
 PriorTraffic ParseTraffic(const std::string& comm) {
@@ -253,6 +218,38 @@ absl::StatusOr<std::unique_ptr<NodeRun>> MakeRun(NodeConfig config,
 }
 
 }  // namespace
+
+absl::StatusOr<NodeCodecs> MakeCodecs(const NodeConfig& config,
+                                      const std::vector<torch::Tensor>& params,
+                                      int64_t n_buffers) {
+  NodeCodecs codecs;
+  std::vector<int64_t> tensor_sizes;
+  for (const auto& p : params) tensor_sizes.push_back(p.numel());
+  PolicyOptions po = config.policy;
+  STARLING_ASSIGN_OR_RETURN(codecs.params,
+                            PolicyCodec::Create(tensor_sizes, po));
+  po.trailing_fp32 = kWeightingSlots + 1 + n_buffers;
+  STARLING_ASSIGN_OR_RETURN(codecs.ring, PolicyCodec::Create(tensor_sizes, po));
+  const std::string& compression = config.compression;
+  codecs.ring_codec = compression == "fp32" ? nullptr : codecs.ring.get();
+  codecs.sparse_gather = IsSparseSpec(compression);
+  codecs.error_feedback =
+      !codecs.params->lossless() && WantsErrorFeedback(config);
+  codecs.ef_in_model = codecs.error_feedback && config.algo == "diloco" &&
+                       !config.diloco.overlap && config.diloco.ef_decay == 0;
+  if (codecs.ef_in_model) {
+    // The flush goes in the run's own codec when it is dense (int4's
+    // residual is its rounding, which int4 again keeps well), in int8 after
+    // top-k and sparse.
+    PolicyOptions fo = po;
+    if (absl::StartsWith(compression, "topk") || codecs.sparse_gather) {
+      fo.main = "int8";
+    }
+    STARLING_ASSIGN_OR_RETURN(codecs.flush,
+                              PolicyCodec::Create(tensor_sizes, fo));
+  }
+  return codecs;
+}
 
 const Subcommand& NodeSubcommand() {
   static const Subcommand* sub = [] {

@@ -15,9 +15,11 @@
 
 #include "absl/flags/declare.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/memory.h"
 #include "gossip/peer_credentials.h"
 #include "node/flags.h"
+#include "node/node_run.h"
 
 // Node flags that `starling sim` reads too.
 ABSL_DECLARE_FLAG(std::string, algo);
@@ -50,6 +52,14 @@ absl::Status CheckNodeFlags();
 // check (core/memory.h EstimateMemory): its algorithm, compression, error
 // feedback, --overlap, outer and gossip momentum, and checkpoints.
 MemoryPlanOptions NodeMemoryPlan(const NodeConfig& config);
+
+// Pseudo-gradient compression: a per-tensor policy over the flat view
+// (params) and the same plus the fp32 averaging weights, stop vote and
+// `n_buffers` buffer values (the ring's tensor). InvalidArgument from the
+// policy.
+absl::StatusOr<NodeCodecs> MakeCodecs(const NodeConfig& config,
+                                      const std::vector<torch::Tensor>& params,
+                                      int64_t n_buffers);
 
 // The peer-security flags (--tls_*, --insecure, --join_token_file,
 // --peer_rate_limit) as the node reads them.

@@ -134,4 +134,8 @@ def build(architecture: str) -> nn.Module:
     for item in filter(None, m.group(2).split(",")):
         key, _, value = item.partition("=")
         kwargs[key.strip()] = int(value)
-    return _CLASSES[m.group(1)](**kwargs)
+    model = _CLASSES[m.group(1)](**kwargs)
+    # Its name in a swarm's handshake (the `starling` module's DiLoCo reads
+    # it), so that it can join `starling node` members of this model.
+    model.starling_architecture = architecture.strip()
+    return model

@@ -44,6 +44,10 @@ PACKAGES=(
   dataset-fashion-mnist bible-kjv
   # TorchScript test fixtures and the PyTorch reference benchmark
   python3 python3-torch
+  # the `starling` Python module (python/: pybind11 and Python's headers,
+  # which python3-dev brings), its tests (pytest, label python) and the
+  # README's virtual environment for it (venv)
+  pybind11-dev python3-dev python3-pytest python3-venv
   # report.html charts; pgrep for the tests; ip and tc for the real-network
   # test (namespaces, veth pairs, tc shaping)
   gnuplot-nox procps iproute2

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the test suite: labels unit, integration and gpu (gpu tests skip
-# without CUDA). The long end-to-end quality runs (label scenario, about 28-33
+# Runs the test suite: labels unit, integration, python (the Python
+# module's pytest suite) and gpu (gpu tests skip without CUDA). The long end-to-end quality runs (label scenario, about 28-33
 # minutes on 2 cores) have their own command, `scripts/test.sh -L scenario`.
 # Extra arguments go to ctest. Arguments that choose tests (-L, -LE, -R, -E)
 # replace the default selection, e.g. -L unit, or -L . for every test.

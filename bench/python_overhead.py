@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""The Python module's overhead per DiLoCo round against `starling node`.
+
+Runs the same TorchScript model (python/starling_models.py's gpt, traced),
+batch, context, H and thread count twice over, alternating: N `starling
+node` members, then N Python members (the `starling` module's DiLoCo in a
+plain PyTorch loop with AdamW), and so on for --repeats. Per run it takes
+the mean wall time of the rounds after the first (the first holds the
+join), and of their non-training part (C++: the exchange, the copy and the
+outer step from summary.json's round split; Python: the time inside
+d.step() on a round). Prints one JSON object:
+{"cxx": {...}, "python": {...}, "ratio_round": python/cxx, ...}.
+
+    PYTHONPATH=build/python /usr/bin/python3 bench/python_overhead.py \\
+        --starling=build/starling --out=/tmp/py-overhead
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MEMBER_CODE = r'''
+import json, sys, time, torch, starling
+path, node_id, listen, peers, n, steps, h, batch, context, threads = sys.argv[1:]
+torch.set_num_threads(int(threads))
+steps, h, batch, context = int(steps), int(h), int(batch), int(context)
+model = torch.jit.load(path)
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+gen = torch.Generator().manual_seed(hash(node_id) % 1000)
+swarm = starling.Swarm(node_id=node_id, listen=listen, peers=peers or None,
+                       run_id="overhead", insecure=True, min_members=int(n))
+rounds = []
+with starling.DiLoCo(model, opt, swarm, inner_steps=h,
+                     architecture=starling.torchscript_architecture(path)) as d:
+    last = time.perf_counter()
+    for step in range(steps):
+        x = torch.randint(0, 256, (batch, context + 1), generator=gen)
+        logits = model(x[:, :-1])
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        t0 = time.perf_counter()
+        r = d.step(samples=batch)
+        if r is not None:
+            now = time.perf_counter()
+            rounds.append({"seconds": now - last, "round_call": now - t0,
+                           "outcome": r["outcome"]})
+            last = now
+print(json.dumps(rounds))
+'''
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def trace_model(path, context):
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    import torch
+    import starling_models
+    torch.manual_seed(0)
+    model = starling_models.build(
+        "gpt(layers=2,width=64,heads=4,context=%d,vocab=256)" % context)
+    traced = torch.jit.trace(model, torch.zeros(2, context, dtype=torch.long))
+    traced.save(path)
+
+
+def run_cxx(a, model, out):
+    ports = free_ports(a.members)
+    procs = []
+    for i in range(a.members):
+        args = [a.starling, "node", "--insecure", "--run_id=overhead",
+                "--node_id=c%d" % i, "--listen=127.0.0.1:%d" % ports[i],
+                "--model=torchscript:%s" % model, "--data=kjv",
+                "--context=%d" % a.context, "--batch=%d" % a.batch,
+                "--steps=%d" % a.steps, "--inner_steps=%d" % a.inner_steps,
+                "--min_members=%d" % a.members, "--linger_seconds=0",
+                "--eval_every=0", "--threads=%d" % a.threads,
+                "--shard=%d/%d" % (i, a.members), "--out=%s/c%d" % (out, i)]
+        if i:
+            args.append("--peers=127.0.0.1:%d" % ports[0])
+        procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))
+    for p in procs:
+        if p.wait() != 0:
+            sys.exit("starling node failed; see %s" % out)
+    rounds, rest = [], []
+    for i in range(a.members):
+        with open("%s/c%d/events.jsonl" % (out, i)) as f:
+            events = [json.loads(l) for l in f]
+        rs = [e for e in events if e.get("event") == "round"][1:]
+        rounds += [e["seconds"] for e in rs]
+        rest += [e["sync_seconds"] + e.get("copy_seconds", 0) +
+                 e.get("outer_seconds", 0) for e in rs]
+    return rounds, rest
+
+
+def run_python(a, model):
+    ports = free_ports(a.members)
+    env = dict(os.environ)
+    procs = [subprocess.Popen(
+        [sys.executable, "-c", MEMBER_CODE, model, "p%d" % i,
+         "127.0.0.1:%d" % ports[i],
+         "127.0.0.1:%d" % ports[0] if i else "", str(a.members),
+         str(a.steps), str(a.inner_steps), str(a.batch), str(a.context),
+         str(a.threads)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True, env=env) for i in range(a.members)]
+    rounds, rest = [], []
+    for p in procs:
+        stdout, _ = p.communicate()
+        if p.returncode != 0:
+            sys.exit("a Python member failed")
+        rs = json.loads(stdout.strip().splitlines()[-1])[1:]
+        rounds += [r["seconds"] for r in rs]
+        rest += [r["round_call"] for r in rs]
+    return rounds, rest
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--starling", default=os.path.join(ROOT, "build",
+                                                       "starling"))
+    ap.add_argument("--out", default="/tmp/starling-python-overhead")
+    ap.add_argument("--members", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=250)
+    ap.add_argument("--inner_steps", type=int, default=50)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--context", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=2)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    model = os.path.join(a.out, "gpt.pt")
+    trace_model(model, a.context)
+    res = {"cxx": {"round": [], "rest": []},
+           "python": {"round": [], "rest": []}}
+    for rep in range(a.repeats):
+        for side in ("cxx", "python"):
+            out = os.path.join(a.out, "%s%d" % (side, rep))
+            rounds, rest = (run_cxx(a, model, out) if side == "cxx"
+                            else run_python(a, model))
+            res[side]["round"].append(statistics.mean(rounds))
+            res[side]["rest"].append(statistics.mean(rest))
+    summary = {side: {"round_seconds": statistics.mean(v["round"]),
+                      "round_seconds_runs": v["round"],
+                      "non_training_seconds": statistics.mean(v["rest"]),
+                      "non_training_seconds_runs": v["rest"]}
+               for side, v in res.items()}
+    summary["ratio_round"] = (summary["python"]["round_seconds"] /
+                              summary["cxx"]["round_seconds"])
+    summary["settings"] = {k: getattr(a, k) for k in (
+        "members", "steps", "inner_steps", "batch", "context", "threads",
+        "repeats")}
+    summary["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

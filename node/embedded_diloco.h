@@ -1,0 +1,148 @@
+// DiLoCo rounds driven by a training loop outside Starling: the Python
+// module (python/starling_module.cc) hands over a PyTorch model's tensors
+// and calls Round() after every H inner steps that its own optimizer ran.
+// What a round does is the node's own: the swarm (gossip/swarm.h) with the
+// options of `starling node`'s flags (elastic_swarm.h), the round unit
+// (outer_opt/diloco_round.h: Δ against θ_global, error feedback, the outer
+// Nesterov step, the buffers' mean) and its exchange (round_exchange.h:
+// Swarm::SyncRound and the ring all-reduce). Members that commit a round
+// hold bit-identical θ_global whichever loop drives them, so a Python
+// member and `starling node` members with the same fingerprint share a run.
+//
+// Left to the caller (the node's loop does them; this driver does not):
+// the inner steps, their learning-rate schedule and data; --overlap,
+// adaptive sync, checkpoints, metrics and health; the residual flush after
+// the last round (with error feedback the members' residuals stay theirs);
+// staying on to serve members that are behind after this one leaves.
+//
+// Model identity in the handshake: `architecture` when given (a PyTorch
+// twin of a built-in model names the node's, e.g. "gpt(layers=2,...)"),
+// else "python(DIGEST)", 16 hex digits of a hash of the tensors' names,
+// shapes and dtypes (core/model.h's SignatureLines); with them the
+// parameter count, the initial model hash and the signature lines.
+//
+// Thread-safety: one thread calls Start, Round and Leave (the Python
+// module calls them without the GIL); Abandon may be called from any
+// thread. The model's tensors must not change while Round runs.
+#ifndef STARLING_NODE_EMBEDDED_DILOCO_H_
+#define STARLING_NODE_EMBEDDED_DILOCO_H_
+
+#include <torch/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gossip/swarm.h"
+#include "node/node_run.h"
+#include "node/round_exchange.h"
+#include "outer_opt/diloco_round.h"
+
+namespace starling {
+
+// The caller's model: its tensors are read and written in place.
+struct EmbeddedModel {
+  std::vector<std::string> param_names;
+  std::vector<torch::Tensor> params;  // float32, contiguous, on the CPU
+  std::vector<std::string> buffer_names;
+  std::vector<torch::Tensor> buffers;  // floating or integer, on the CPU
+  std::string architecture;            // "": python(DIGEST)
+};
+
+// The model's handshake identity, as above.
+std::string EmbeddedArchitecture(const EmbeddedModel& model);
+
+// What one call of Round did.
+struct EmbeddedRound {
+  // "committed": the outer step was applied; "caught_up": the swarm was
+  // ahead, so this node's steps were dropped and it adopted the swarm's
+  // state; "stopped": the round was abandoned (Abandon); "stale": the
+  // swarm committed the round without this node and no member could hand
+  // its state over yet (the next Round catches up).
+  std::string outcome;
+  int64_t round = 0;  // the next round after it
+  int members = 0;    // of the committed round
+  std::string model_hash;
+  double seconds = 0;  // of the whole call
+  int64_t wire_bytes = 0;
+};
+
+class EmbeddedDiloco {
+ public:
+  // Checks the model, builds the codecs and the outer optimizer from
+  // `config` (NodeConfigFromFlags), starts the swarm, joins it through
+  // config.net.peers within --connect_timeout and waits for
+  // --min_members. InvalidArgument naming the flag or the tensor for bad
+  // settings; FailedPrecondition for a refused handshake (naming what
+  // differs); Unavailable / DeadlineExceeded when nobody answered.
+  static absl::StatusOr<std::unique_ptr<EmbeddedDiloco>> Start(
+      NodeConfig config, EmbeddedModel model);
+  // Leaves, if Leave was not called.
+  ~EmbeddedDiloco();
+  EmbeddedDiloco(const EmbeddedDiloco&) = delete;
+  EmbeddedDiloco& operator=(const EmbeddedDiloco&) = delete;
+
+  // One round after `steps` inner steps over `samples` examples: Δ from
+  // where the model started, the exchange, and, on commit, the node's own
+  // model (θ_global, less the residual with error feedback in the model)
+  // and the shared buffers written into the caller's tensors. When the
+  // round does not commit, the model goes back to where it started.
+  absl::StatusOr<EmbeddedRound> Round(int steps, int64_t samples);
+
+  // Says goodbye and stops the swarm. Idempotent.
+  void Leave();
+  // Makes a round in flight give up at its next wait; Round then returns
+  // "stopped". Any thread.
+  void Abandon() { abandon_ = true; }
+
+  const std::string& address() const { return address_; }
+  // The swarm's table as this member sees it (Swarm::Members).
+  std::vector<peer::v1::MemberEntry> Members() const {
+    return swarm_ ? swarm_->Members() : std::vector<peer::v1::MemberEntry>();
+  }
+  int64_t round() const { return round_; }
+  int64_t step() const { return step_; }
+  const std::string& model_hash() const { return lineage_; }
+  const std::string& architecture() const { return architecture_; }
+  int64_t n_params() const { return n_params_; }
+
+ private:
+  EmbeddedDiloco(NodeConfig config, EmbeddedModel model);
+  absl::Status Init();
+  Swarm::Lineage Here() const;
+  void Serve();
+  // The node's own model and the shared buffers into the caller's tensors.
+  absl::Status LoadModel();
+  absl::Status CatchUp(const Swarm::Lineage& best);
+  // The swarm is ahead: catch up within a few seconds of gossip.
+  absl::StatusOr<std::string> CatchUpIfBehind(absl::Duration wait);
+
+  const NodeConfig config_;
+  EmbeddedModel model_;
+  int64_t n_params_ = 0;
+  int64_t n_buffers_ = 0;
+  std::string architecture_;
+  NodeCodecs codecs_;
+  DilocoRoundOptions round_options_;
+  ExchangeSettings exchange_settings_;
+  std::unique_ptr<OuterOptimizer> outer_;
+  std::unique_ptr<ErrorFeedback> feedback_;  // null without error feedback
+  std::vector<float> theta_global_;
+  std::vector<float> buffers_global_;
+  std::string lineage_;
+  int64_t round_ = 0;
+  int64_t member_rounds_ = 0;
+  int64_t step_ = 0;  // the inner steps the swarm's rounds stand for
+  std::string address_;
+  std::atomic<bool> abandon_{false};
+  bool left_ = false;
+  // Last: stopped first, its threads use nothing above but abandon_.
+  std::unique_ptr<Swarm> swarm_;
+};
+
+}  // namespace starling
+
+#endif  // STARLING_NODE_EMBEDDED_DILOCO_H_

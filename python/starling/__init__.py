@@ -1,0 +1,222 @@
+"""Starling from a PyTorch training loop: DiLoCo rounds over Starling's swarm.
+
+    import starling, torch
+    swarm = starling.Swarm(node_id="a", listen="127.0.0.1:7001",
+                           peers=["127.0.0.1:7002"], run_id="demo",
+                           insecure=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    with starling.DiLoCo(model, opt, swarm, inner_steps=50,
+                         compression="int8") as d:
+        for x, y in loader:
+            loss = loss_fn(model(x), y)
+            opt.zero_grad(); loss.backward(); opt.step()
+            d.step()   # every inner_steps-th call runs a round
+
+Keyword arguments are `starling node`'s flags (`starling node --help`):
+Swarm takes the swarm's (listen, peers, node_id, run_id, insecure, tls_cert,
+tls_key, tls_ca, join_token_file, connect_timeout, min_members, ...),
+DiLoCo the round's (inner_steps, compression, error_feedback, outer_lr,
+outer_momentum, weighting, aggregate, norm_bound, ...). A list is joined
+with commas, a bool is true/false. Bad values raise ValueError with the
+message the CLI prints.
+
+A round runs in C++ with the GIL released (node/embedded_diloco.h): the
+pseudo-gradient against θ_global, compression with error feedback, the
+exchange through the swarm's round protocol and ring all-reduce, the outer
+Nesterov step, and θ and the averaged buffers written back into the
+model's own tensors. Members whose rounds commit hold identical models, so
+Python members and `starling node` members with the same fingerprint share
+a run. Leaving the `with` block (also on Ctrl-C or SIGTERM, after the round
+in flight) says goodbye to the swarm.
+"""
+
+try:
+    import torch
+except ImportError as e:  # pragma: no cover - depends on the interpreter
+    raise ImportError(
+        "starling needs PyTorch: `import torch` failed (%s). Use the Python "
+        "it was built for (Debian's /usr/bin/python3 with python3-torch), or "
+        "a virtual environment made with --system-site-packages" % e) from e
+
+try:
+    from . import _build_info
+except ImportError as e:
+    raise ImportError(
+        "this is the source tree's starling package (%s), which has no "
+        "compiled module: import the built one from the build tree, "
+        "PYTHONPATH=build/python" % __file__) from e
+
+if torch.__version__ != _build_info.TORCH_VERSION:
+    raise ImportError(
+        "starling was built against torch %s (for %s), but this Python "
+        "imports torch %s from %s: use that Python, or rebuild Starling "
+        "(./scripts/build.sh) against this torch"
+        % (_build_info.TORCH_VERSION, _build_info.PYTHON, torch.__version__,
+           torch.__file__))
+
+import signal as _signal
+import threading as _threading
+
+from ._starling import SwarmError, _Diloco, _architecture, _check_flags
+from ._starling import _model_hash, _node_flag_names
+from ._starling import torchscript_architecture
+
+__all__ = ["Swarm", "DiLoCo", "SwarmError", "architecture_of",
+           "model_hash", "torchscript_architecture"]
+
+_NODE_FLAGS = frozenset(_node_flag_names())
+
+
+def _flag_args(flags, who):
+    args = []
+    for name, value in flags.items():
+        if value is None:
+            continue
+        if name not in _NODE_FLAGS:
+            raise ValueError(
+                "%s: unknown keyword %r (the keywords are `starling node`'s "
+                "flags: starling node --help)" % (who, name))
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        elif isinstance(value, (list, tuple)):
+            value = ",".join(str(v) for v in value)
+        args.append("--%s=%s" % (name, value))
+    return args
+
+
+class Swarm:
+    """Where a member joins: the node's swarm flags, checked at once.
+
+    The swarm starts when a DiLoCo built on it enters its `with` block,
+    since the handshake carries the model's fingerprint.
+    """
+
+    def __init__(self, node_id=None, listen=None, peers=None, run_id=None,
+                 **flags):
+        self.flags = dict(node_id=node_id, listen=listen, peers=peers,
+                          run_id=run_id, **flags)
+        _check_flags(_flag_args(self.flags, "starling.Swarm"))
+
+
+def _model_tensors(model):
+    params = [(n, p) for n, p in model.named_parameters()]
+    buffers = [(n, b) for n, b in model.named_buffers()]
+    return ([n for n, _ in params], [p.data for _, p in params],
+            [n for n, _ in buffers], [b.data for _, b in buffers])
+
+
+def architecture_of(model):
+    """The handshake's name for an eager model: python(DIGEST), a digest of
+    its parameters' and buffers' names, shapes and dtypes."""
+    return _architecture(*_model_tensors(model))
+
+
+def model_hash(model):
+    """The hash of the model's parameters and buffers as `starling node`
+    computes its model_hash (16 hex digits)."""
+    _, params, _, buffers = _model_tensors(model)
+    return _model_hash(params, buffers)
+
+
+class DiLoCo:
+    """DiLoCo over `swarm` for `model`, whose inner steps `inner_optimizer`
+    takes in the caller's loop. Call step() after each inner_optimizer.step().
+
+    architecture: the model's name in the handshake; by default the model's
+    `starling_architecture` attribute (python/starling_models.py's twins of
+    the built-in models set it, so they can join `starling node` members),
+    else architecture_of(model).
+    """
+
+    def __init__(self, model, inner_optimizer, swarm, inner_steps=50,
+                 compression=None, outer_lr=None, outer_momentum=None,
+                 overlap=False, architecture=None, **flags):
+        self.model = model
+        self.inner_optimizer = inner_optimizer
+        self.swarm = swarm
+        self.inner_steps = int(inner_steps)
+        merged = dict(swarm.flags)
+        merged.update(dict(inner_steps=self.inner_steps,
+                           compression=compression, outer_lr=outer_lr,
+                           outer_momentum=outer_momentum,
+                           overlap=overlap or None, **flags))
+        self._args = _flag_args(merged, "starling.DiLoCo")
+        _check_flags(self._args)
+        if architecture is None:
+            architecture = getattr(model, "starling_architecture", "")
+        self._architecture = architecture
+        self._d = None
+        self._steps = 0
+        self._samples = 0
+        self._old_sigterm = None
+        self.last_round = None
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def start(self):
+        """Starts the swarm, joins it and waits for --min_members."""
+        if self._d is not None:
+            return
+        self._d = _Diloco(self._args, *_model_tensors(self.model),
+                          self._architecture)
+        if (_threading.current_thread() is _threading.main_thread() and
+                _signal.getsignal(_signal.SIGTERM) == _signal.SIG_DFL):
+            # SIGTERM leaves like Ctrl-C: the `with` block exits, saying
+            # goodbye, once the round in flight is done.
+            def _on_term(signum, frame):
+                raise KeyboardInterrupt("SIGTERM")
+            self._old_sigterm = _signal.signal(_signal.SIGTERM, _on_term)
+
+    def step(self, samples=None):
+        """Counts one inner step (of `samples` examples, for the weighting);
+        at the inner_steps-th, runs the round and returns what it did (a
+        dict: outcome, round, members, model_hash, seconds, wire_bytes)."""
+        if self._d is None:
+            raise RuntimeError("DiLoCo.step() outside its `with` block "
+                               "(or before start())")
+        self._steps += 1
+        self._samples += 1 if samples is None else int(samples)
+        if self._steps < self.inner_steps:
+            return None
+        steps, samples_done = self._steps, self._samples
+        self._steps = self._samples = 0
+        with torch.no_grad():
+            self.last_round = self._d.round(steps, samples_done)
+        return self.last_round
+
+    def close(self):
+        """Says goodbye to the swarm. Idempotent."""
+        if self._d is not None:
+            self._d.leave()
+        if self._old_sigterm is not None:
+            _signal.signal(_signal.SIGTERM, self._old_sigterm)
+            self._old_sigterm = None
+
+    @property
+    def round(self):
+        return self._d.round_number
+
+    @property
+    def model_hash(self):
+        """The hash of θ_global and the buffers, as `starling node` logs
+        it: equal on every member after a committed round."""
+        return self._d.model_hash
+
+    def members(self):
+        """The swarm's members as this one sees them: dicts of id, address,
+        state (alive, suspect, dead, left) and round."""
+        return self._d.members()
+
+    @property
+    def address(self):
+        return self._d.address
+
+    @property
+    def architecture(self):
+        return self._d.architecture

@@ -1,0 +1,217 @@
+// The `starling._starling` extension: the C++ half of `import starling`
+// (python/starling/__init__.py holds the API a PyTorch user calls).
+//  - _check_flags / _Diloco take the node's flags as command-line
+//    arguments ("--name=value") and parse them with `starling node`'s own
+//    parser (node/flags.h, node/node_flags.h), so every check and message
+//    is the CLI's; InvalidArgument becomes ValueError.
+//  - _Diloco runs the node's DiLoCo round over the caller's tensors
+//    (node/embedded_diloco.h). The tensors cross through torch's pybind
+//    casters: the C++ side holds the very tensors of the model, no copy.
+//    Joining, each round and leaving release the GIL.
+// Other failures raise starling.SwarmError (a RuntimeError): a refused
+// handshake, nobody answering, a round that failed here.
+// Thread-safety: the flags are process-wide, so _check_flags and the
+// _Diloco constructor parse under the GIL, one at a time; one _Diloco per
+// process at once is what a node is (a second one listens elsewhere).
+#include <torch/extension.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/reflection.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/flat_params.h"
+#include "core/model.h"
+#include "gossip/membership.h"
+#include "node/embedded_diloco.h"
+#include "node/flags.h"
+#include "node/node_command.h"
+#include "node/node_flags.h"
+#include "node/node_run.h"
+
+namespace py = pybind11;
+
+namespace starling {
+namespace {
+
+PyObject* swarm_error = nullptr;
+
+[[noreturn]] void Raise(const absl::Status& s) {
+  if (absl::IsInvalidArgument(s))
+    throw py::value_error(std::string(s.message()));
+  PyErr_SetString(swarm_error, std::string(s.message()).c_str());
+  throw py::error_already_set();
+}
+
+// The flags as the node's parser leaves them: every call starts from the
+// flags' defaults, as a fresh `starling node` process does.
+absl::StatusOr<NodeConfig> ParseNodeArgs(const std::vector<std::string>& args) {
+  for (const std::string& name : NodeSubcommand().flags) {
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    std::string error;
+    if (flag != nullptr && !flag->ParseFrom(flag->DefaultValue(), &error)) {
+      return absl::InternalError(
+          absl::StrCat("the default of --", name, ": ", error));
+    }
+  }
+  HelpRequest help = HelpRequest::kNone;
+  absl::Status s = ParseSubcommandFlags(NodeSubcommand(), args, &help);
+  if (!s.ok()) return s;
+  if (help != HelpRequest::kNone) {
+    return absl::InvalidArgumentError(
+        "--help: see `starling node --help` for the flags");
+  }
+  return NodeConfigFromFlags();
+}
+
+class PyDiloco {
+ public:
+  PyDiloco(const std::vector<std::string>& args,
+           std::vector<std::string> param_names,
+           std::vector<torch::Tensor> params,
+           std::vector<std::string> buffer_names,
+           std::vector<torch::Tensor> buffers, std::string architecture) {
+    absl::StatusOr<NodeConfig> config = ParseNodeArgs(args);
+    if (!config.ok()) Raise(config.status());
+    EmbeddedModel model{std::move(param_names), std::move(params),
+                        std::move(buffer_names), std::move(buffers),
+                        std::move(architecture)};
+    absl::StatusOr<std::unique_ptr<EmbeddedDiloco>> d;
+    {
+      py::gil_scoped_release release;
+      d = EmbeddedDiloco::Start(*std::move(config), std::move(model));
+    }
+    if (!d.ok()) Raise(d.status());
+    d_ = *std::move(d);
+  }
+
+  py::dict Round(int steps, int64_t samples) {
+    absl::StatusOr<EmbeddedRound> r;
+    {
+      py::gil_scoped_release release;
+      r = Live().Round(steps, samples);
+    }
+    if (!r.ok()) Raise(r.status());
+    py::dict out;
+    out["outcome"] = r->outcome;
+    out["round"] = r->round;
+    out["members"] = r->members;
+    out["model_hash"] = r->model_hash;
+    out["seconds"] = r->seconds;
+    out["wire_bytes"] = r->wire_bytes;
+    return out;
+  }
+
+  void Leave() {
+    if (d_ == nullptr) return;
+    py::gil_scoped_release release;
+    d_->Leave();
+  }
+  void Abandon() {
+    if (d_ != nullptr) d_->Abandon();
+  }
+
+  EmbeddedDiloco& Live() {
+    if (d_ == nullptr) Raise(absl::FailedPreconditionError("not started"));
+    return *d_;
+  }
+
+ private:
+  std::unique_ptr<EmbeddedDiloco> d_;
+};
+
+}  // namespace
+}  // namespace starling
+
+PYBIND11_MODULE(_starling, m) {
+  using starling::PyDiloco;
+  m.doc() = "Starling's C++ core (see the starling package)";
+  starling::swarm_error = PyErr_NewExceptionWithDoc(
+      "starling.SwarmError",
+      "The swarm failed: a refused handshake (naming what differs), no "
+      "member answering, a round that failed on this node.",
+      PyExc_RuntimeError, nullptr);
+  m.attr("SwarmError") = py::handle(starling::swarm_error);
+  m.attr("TORCH_VERSION") = py::str(TORCH_VERSION);
+  m.def("_node_flag_names", &starling::NodeFlagNames,
+        "The flags of `starling node` that the Python API takes.");
+  m.def(
+      "_check_flags",
+      [](const std::vector<std::string>& args) {
+        absl::StatusOr<starling::NodeConfig> c = starling::ParseNodeArgs(args);
+        if (!c.ok()) starling::Raise(c.status());
+      },
+      "Parses node flags ('--name=value') as `starling node` does; "
+      "ValueError with its message.");
+  m.def(
+      "_architecture",
+      [](std::vector<std::string> param_names,
+         std::vector<torch::Tensor> params,
+         std::vector<std::string> buffer_names,
+         std::vector<torch::Tensor> buffers) {
+        return starling::EmbeddedArchitecture(
+            {std::move(param_names), std::move(params), std::move(buffer_names),
+             std::move(buffers), ""});
+      },
+      "The handshake's name for an eager model: python(DIGEST).");
+  m.def(
+      "_model_hash",
+      [](const std::vector<torch::Tensor>& params,
+         const std::vector<torch::Tensor>& buffers) {
+        return starling::ModelHash(params, buffers);
+      },
+      "ModelHash of the tensors (core/flat_params.h), as the node logs it.");
+  m.def(
+      "torchscript_architecture",
+      [](const std::string& path) {
+        starling::ModelOptions options;
+        options.spec = absl::StrCat("torchscript:", path);
+        absl::StatusOr<std::unique_ptr<starling::Model>> model;
+        {
+          py::gil_scoped_release release;
+          model = starling::CreateModel(options);
+        }
+        if (!model.ok()) starling::Raise(model.status());
+        return (*model)->Architecture();
+      },
+      "The handshake's name for the TorchScript file at `path`, as "
+      "`starling node --model=torchscript:PATH` gives it: pass it as "
+      "DiLoCo's architecture= for torch.jit.load(path), so that Python and "
+      "C++ members of that model share a swarm.");
+  py::class_<PyDiloco>(m, "_Diloco")
+      .def(py::init<const std::vector<std::string>&, std::vector<std::string>,
+                    std::vector<torch::Tensor>, std::vector<std::string>,
+                    std::vector<torch::Tensor>, std::string>())
+      .def("round", &PyDiloco::Round)
+      .def("leave", &PyDiloco::Leave)
+      .def("abandon", &PyDiloco::Abandon)
+      .def(
+          "members",
+          [](PyDiloco& d) {
+            py::list out;
+            for (const auto& e : d.Live().Members()) {
+              py::dict m;
+              m["id"] = e.id();
+              m["address"] = e.address();
+              m["state"] = starling::MemberStateName(e.state());
+              m["round"] = e.round();
+              out.append(m);
+            }
+            return out;
+          },
+          "The swarm's members as this one sees them.")
+      .def_property_readonly("address",
+                             [](PyDiloco& d) { return d.Live().address(); })
+      .def_property_readonly("round_number",
+                             [](PyDiloco& d) { return d.Live().round(); })
+      .def_property_readonly("step",
+                             [](PyDiloco& d) { return d.Live().step(); })
+      .def_property_readonly("model_hash",
+                             [](PyDiloco& d) { return d.Live().model_hash(); })
+      .def_property_readonly(
+          "architecture", [](PyDiloco& d) { return d.Live().architecture(); })
+      .def_property_readonly("n_params",
+                             [](PyDiloco& d) { return d.Live().n_params(); });
+}

@@ -1,0 +1,94 @@
+"""One Python member of a test swarm (tests/python/test_starling.py).
+
+Trains a small model with a BatchNorm (so that buffers are averaged too) on
+its own random data with its own AdamW, calls d.step() after each inner
+step, and prints one JSON line per round: {"round", "outcome", "members",
+"model_hash"}, then {"done": true, "model_hash"} after leaving.
+"""
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn as nn
+
+import starling
+
+
+def make_model(width):
+    torch.manual_seed(7)  # every member starts from the same θ
+    return nn.Sequential(nn.Linear(8, width), nn.BatchNorm1d(width),
+                         nn.ReLU(), nn.Linear(width, 2))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--node_id", required=True)
+    ap.add_argument("--listen", required=True)
+    ap.add_argument("--peers", default="")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--inner_steps", type=int, default=5)
+    ap.add_argument("--width", type=int, default=16)
+    ap.add_argument("--min_members", type=int, default=1)
+    ap.add_argument("--compression", default="fp32")
+    ap.add_argument("--data_seed", type=int, default=0)
+    ap.add_argument("--step_sleep", type=float, default=0)
+    ap.add_argument("--torchscript", default="",
+                    help="train this TorchScript byte LM (int64 [B,T] -> "
+                         "logits [B,T,256]) instead, named as `starling "
+                         "node --model=torchscript:PATH` names it")
+    a = ap.parse_args()
+    architecture = None
+    if a.torchscript:
+        model = torch.jit.load(a.torchscript)
+        architecture = starling.torchscript_architecture(a.torchscript)
+    else:
+        model = make_model(a.width)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(100 + a.data_seed)
+    swarm = starling.Swarm(node_id=a.node_id, listen=a.listen,
+                           peers=a.peers or None, run_id="pytest",
+                           insecure=True, min_members=a.min_members,
+                           connect_timeout=60)
+    with starling.DiLoCo(model, opt, swarm, inner_steps=a.inner_steps,
+                         compression=a.compression, outer_lr=0.7,
+                         outer_momentum=0.9, architecture=architecture) as d:
+        print(json.dumps({"address": d.address, "model_hash": d.model_hash,
+                          "architecture": d.architecture}), flush=True)
+        rounds = 0
+        while rounds < a.rounds:
+            if a.torchscript:
+                x = torch.randint(0, 256, (32, 17), generator=gen)
+                logits = model(x[:, :-1])
+                loss = nn.functional.cross_entropy(
+                    logits.reshape(-1, 256), x[:, 1:].reshape(-1))
+            else:
+                x = torch.randn(32, 8, generator=gen)
+                y = (x.sum(1) > 0).long()
+                loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if a.step_sleep:
+                import time
+                time.sleep(a.step_sleep)
+            r = d.step(samples=32)
+            if r is not None:
+                # What the model's own tensors hold now (θ_global and the
+                # averaged buffers, without error feedback's residual).
+                r["tensors_hash"] = starling.model_hash(model)
+                r["peers"] = {m["id"]: m["state"] for m in d.members()}
+                if r["outcome"] == "committed":
+                    rounds += 1
+                print(json.dumps(r), flush=True)
+        final = d.model_hash
+    print(json.dumps({"done": True, "model_hash": final}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the `with` block has left the swarm
+        print(json.dumps({"interrupted": True}), flush=True)
+        sys.exit(130)

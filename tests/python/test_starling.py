@@ -1,0 +1,376 @@
+"""Tests of the `starling` Python module (label python; run by ctest with
+PYTHONPATH=build/python and STARLING_BINARY=build/starling)."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import starling
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MEMBER = os.path.join(HERE, "swarm_member.py")
+BINARY = os.environ.get("STARLING_BINARY", "")
+
+
+def free_ports(n):
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def cli_error(*flags):
+    """What `starling node` prints for these flags (exit code 2)."""
+    if not BINARY:
+        pytest.skip("STARLING_BINARY is not set")
+    p = subprocess.run([BINARY, "node", *flags], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    return p.stderr
+
+
+# ---------------------------------------------------------------------------
+# API and errors
+
+def test_api_names():
+    for name in ("Swarm", "DiLoCo", "SwarmError", "architecture_of"):
+        assert hasattr(starling, name)
+    assert issubclass(starling.SwarmError, RuntimeError)
+
+
+def test_unknown_keyword_is_value_error():
+    with pytest.raises(ValueError, match="unknown keyword 'no_such_flag'"):
+        starling.Swarm(listen="127.0.0.1:7001", insecure=True,
+                       no_such_flag=1)
+
+
+def test_transport_security_required_like_the_cli():
+    with pytest.raises(ValueError) as e:
+        starling.Swarm(node_id="a", listen="127.0.0.1:7001")
+    assert "--insecure" in str(e.value)
+    assert str(e.value) in cli_error("--node_id=a", "--listen=127.0.0.1:7001")
+
+
+def test_bad_compression_carries_the_cli_message():
+    swarm = starling.Swarm(node_id="a", listen="127.0.0.1:7001",
+                           insecure=True)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError) as e:
+        starling.DiLoCo(model, opt, swarm, compression="int3")
+    assert "int3" in str(e.value)
+    assert str(e.value) in cli_error("--insecure", "--listen=127.0.0.1:7001",
+                                     "--compression=int3")
+
+
+def test_bad_inner_steps_names_the_flag():
+    swarm = starling.Swarm(listen="127.0.0.1:7001", insecure=True)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="--inner_steps"):
+        starling.DiLoCo(model, opt, swarm, inner_steps=0)
+
+
+def test_bad_listen_address_is_value_error():
+    swarm = starling.Swarm(listen="nonsense", insecure=True)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="--listen=nonsense"):
+        with starling.DiLoCo(model, opt, swarm):
+            pass
+
+
+def test_non_float32_parameters_are_refused():
+    swarm = starling.Swarm(listen="127.0.0.1:%d" % free_ports(1)[0],
+                           insecure=True)
+    model = torch.nn.Linear(4, 2).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="parameter weight is Double"):
+        with starling.DiLoCo(model, opt, swarm):
+            pass
+
+
+def test_architecture_is_a_digest_of_names_shapes_and_dtypes():
+    a = starling.architecture_of(torch.nn.Linear(4, 2))
+    assert a.startswith("python(") and len(a) == len("python()") + 16
+    assert a == starling.architecture_of(torch.nn.Linear(4, 2))
+    assert a != starling.architecture_of(torch.nn.Linear(4, 3))
+
+
+def test_step_outside_the_block_raises():
+    swarm = starling.Swarm(listen="127.0.0.1:7001", insecure=True)
+    model = torch.nn.Linear(4, 2)
+    d = starling.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                        swarm)
+    with pytest.raises(RuntimeError, match="outside its `with` block"):
+        d.step()
+
+
+def test_alone_a_round_is_the_outer_step_and_writes_the_model():
+    port = free_ports(1)[0]
+    swarm = starling.Swarm(node_id="solo", listen="127.0.0.1:%d" % port,
+                           insecure=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    start = model.weight.detach().clone()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    weight = model.weight  # the same tensor must be written in place
+    with starling.DiLoCo(model, opt, swarm, inner_steps=2, outer_lr=1.0,
+                         outer_momentum=0.0) as d:
+        h0 = d.model_hash
+        trained = None
+        for i in range(2):
+            loss = model(torch.ones(3, 4)).pow(2).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            trained = model.weight.detach().clone()
+            r = d.step()
+        assert r["outcome"] == "committed" and r["members"] == 1
+        assert r["round"] == 1 and d.round == 1
+        assert r["model_hash"] != h0
+    # Alone, with outer lr 1 and no momentum, θ_global becomes the trained θ
+    # (θ0 − (θ0 − θ1) in fp32: equal up to rounding).
+    assert model.weight is weight
+    assert torch.allclose(model.weight.detach(), trained, rtol=0, atol=1e-6)
+    assert not torch.equal(trained, start)
+
+
+# ---------------------------------------------------------------------------
+# Import errors
+
+def run_import(fake_torch_source):
+    """`import starling` with a fake torch package ahead on the path."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        os.makedirs(os.path.join(tmp, "torch"))
+        with open(os.path.join(tmp, "torch", "__init__.py"), "w") as f:
+            f.write(fake_torch_source)
+        build_python = os.path.dirname(os.path.dirname(starling.__file__))
+        env = dict(os.environ,
+                   PYTHONPATH=os.pathsep.join([tmp, build_python]))
+        return subprocess.run([sys.executable, "-c", "import starling"],
+                              env=env, capture_output=True, text=True,
+                              timeout=60)
+
+
+def test_import_without_torch_says_so():
+    p = run_import("raise ImportError('No module named torch')")
+    assert p.returncode != 0
+    assert "starling needs PyTorch" in p.stderr
+
+
+def test_import_with_another_torch_version_says_so():
+    p = run_import("__version__ = '0.0.1'\n__file__ = 'elsewhere'\n")
+    assert p.returncode != 0
+    assert "starling was built against torch %s" % torch.__version__ \
+        in p.stderr
+    assert "imports torch 0.0.1" in p.stderr
+
+
+# ---------------------------------------------------------------------------
+# Swarms of Python members
+
+def start_members(n, rounds, extra=(), widths=None):
+    ports = free_ports(n)
+    procs = []
+    for i in range(n):
+        args = [sys.executable, MEMBER, "--node_id=p%d" % i,
+                "--listen=127.0.0.1:%d" % ports[i],
+                "--rounds=%d" % rounds, "--min_members=%d" % n,
+                "--data_seed=%d" % i, *extra]
+        if widths:
+            args.append("--width=%d" % widths[i])
+        if i > 0:
+            args.append("--peers=127.0.0.1:%d" % ports[0])
+        procs.append(subprocess.Popen(args, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def results(procs, timeout=240):
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=timeout)
+        out.append((p.returncode, [json.loads(l) for l in stdout.splitlines()
+                                   if l.startswith("{")], stderr))
+    return out
+
+
+@pytest.mark.parametrize("compression", ["fp32", "int8"])
+def test_three_python_members_stay_identical(compression):
+    procs = start_members(3, rounds=3,
+                          extra=["--compression=%s" % compression])
+    res = results(procs)
+    by_round = []
+    for rc, lines, stderr in res:
+        assert rc == 0, stderr
+        committed = [l for l in lines if l.get("outcome") == "committed"]
+        assert [l["round"] for l in committed] == [1, 2, 3], lines
+        assert all(l["members"] == 3 for l in committed), lines
+        if compression == "fp32":  # no residual: the model is θ_global
+            assert all(l["tensors_hash"] == l["model_hash"]
+                       for l in committed), lines
+        by_round.append([l["model_hash"] for l in committed])
+        assert lines[-1]["done"]
+    assert by_round[0] == by_round[1] == by_round[2]
+    initial = res[0][1][0]["model_hash"]
+    assert by_round[0][0] != initial  # the rounds moved the model
+
+
+def test_kill_9_of_a_python_member_mid_run_the_survivors_finish():
+    procs = start_members(3, rounds=4, extra=["--step_sleep=0.05"])
+    victim = procs[2]
+    for line in victim.stdout:  # its first round committed: now mid-run
+        if '"committed"' in line:
+            break
+    victim.kill()
+    victim.communicate()
+    by_round = []
+    for rc, lines, stderr in results(procs[:2], timeout=300):
+        assert rc == 0, stderr
+        committed = [l for l in lines if l.get("outcome") == "committed"]
+        assert [l["round"] for l in committed] == [1, 2, 3, 4], lines
+        assert committed[-1]["members"] == 2, lines
+        by_round.append([l["model_hash"] for l in committed])
+    assert by_round[0] == by_round[1]
+
+
+def test_ctrl_c_leaves_the_swarm_with_a_goodbye():
+    procs = start_members(2, rounds=4, extra=["--step_sleep=0.05"])
+    victim = procs[1]
+    for line in victim.stdout:  # its first round committed: now mid-run
+        if '"committed"' in line:
+            break
+    victim.send_signal(signal.SIGINT)
+    out, err = victim.communicate(timeout=120)
+    assert victim.returncode == 130, err
+    assert '"interrupted": true' in out
+    [(rc, lines, stderr)] = results(procs[:1])
+    assert rc == 0, stderr
+    committed = [l for l in lines if l.get("outcome") == "committed"]
+    assert [l["round"] for l in committed] == [1, 2, 3, 4], lines
+    assert committed[-1]["members"] == 1, lines
+    # A goodbye, not the failure detector's verdict.
+    assert committed[-1]["peers"]["p1"] == "left", lines
+
+
+def test_a_late_python_member_catches_up_and_joins_the_rounds():
+    ports = free_ports(3)
+    procs = start_members(2, rounds=6, extra=["--step_sleep=0.05"])
+    first = procs[0]
+    # procs[0] listens on the first port start_members chose; ask it.
+    for line in first.stdout:
+        if '"address"' in line:
+            seed = json.loads(line)["address"]
+            break
+    first_lines = []
+    for line in first.stdout:  # a round committed without the joiner
+        first_lines.append(json.loads(line))
+        if '"committed"' in line:
+            break
+    late = subprocess.Popen(
+        [sys.executable, MEMBER, "--node_id=p9",
+         "--listen=127.0.0.1:%d" % ports[2], "--peers=" + seed,
+         "--rounds=2", "--step_sleep=0.05"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    [(rc, lines, stderr)] = results([late])
+    assert rc == 0, stderr
+    rounds = [l for l in lines if "outcome" in l]
+    assert rounds[0]["outcome"] == "caught_up", lines
+    committed = [l for l in rounds if l["outcome"] == "committed"]
+    assert len(committed) == 2 and all(l["members"] == 3 for l in committed)
+    out, err = first.communicate(timeout=240)
+    assert first.returncode == 0, err
+    procs[1].communicate(timeout=240)
+    first_lines += [json.loads(l) for l in out.splitlines()
+                    if l.startswith("{")]
+    swarm = {l["round"]: l["model_hash"] for l in first_lines
+             if l.get("outcome") == "committed"}
+    for l in committed:  # the joiner's rounds are the swarm's
+        assert swarm[l["round"]] == l["model_hash"], (lines, first_lines)
+
+
+def test_a_member_with_another_model_is_refused_naming_the_tensor():
+    procs = start_members(2, rounds=1, widths=[16, 12],
+                          extra=["--inner_steps=2"])
+    p0, p1 = procs
+    _, err1 = p1.communicate(timeout=120)
+    p0.kill()
+    p0.communicate()
+    assert p1.returncode != 0
+    assert "SwarmError" in err1
+    assert "0.weight" in err1 and "float32[16,8]" in err1 and \
+        "float32[12,8]" in err1, err1
+
+
+# ---------------------------------------------------------------------------
+# A mixed swarm: Python members and `starling node` members
+
+FIXTURES = os.environ.get("STARLING_FIXTURES", "")
+
+
+def test_python_and_cxx_members_share_rounds_bit_identically(tmp_path):
+    model = os.path.join(FIXTURES, "byte_bn.pt")  # has BatchNorm buffers
+    if not BINARY or not os.path.exists(model):
+        pytest.skip("needs STARLING_BINARY and STARLING_FIXTURES/byte_bn.pt")
+    ports = free_ports(4)
+    seed = "127.0.0.1:%d" % ports[0]
+    cxx = []
+    for i in range(2):
+        args = [BINARY, "node", "--insecure", "--run_id=pytest",
+                "--node_id=c%d" % i, "--listen=127.0.0.1:%d" % ports[i],
+                "--model=torchscript:%s" % model, "--data=kjv",
+                "--context=16", "--batch=4", "--steps=15",
+                "--inner_steps=5", "--min_members=4", "--outer_lr=0.7",
+                "--outer_momentum=0.9", "--linger_seconds=0",
+                "--shard=%d/2" % i, "--out=%s" % (tmp_path / ("c%d" % i))]
+        if i:
+            args.append("--peers=" + seed)
+        cxx.append(subprocess.Popen(args, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True))
+    py = []
+    for i in range(2):
+        py.append(subprocess.Popen(
+            [sys.executable, MEMBER, "--node_id=p%d" % i,
+             "--listen=127.0.0.1:%d" % ports[2 + i], "--peers=" + seed,
+             "--rounds=3", "--inner_steps=5", "--min_members=4",
+             "--data_seed=%d" % i, "--torchscript=%s" % model],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    hashes, tensors = [], []
+    py_results = results(py)
+    cxx_err = []
+    for p in cxx:
+        if py_results[0][0] != 0:
+            p.kill()
+        cxx_err.append(p.communicate(timeout=240)[1])
+    for rc, lines, stderr in py_results:
+        assert rc == 0, stderr + "\n".join(cxx_err)
+        committed = [l for l in lines if l.get("outcome") == "committed"]
+        assert all(l["members"] == 4 for l in committed), lines
+        tensors.append([l["tensors_hash"] for l in committed])
+        hashes.append([l["model_hash"] for l in committed])
+    for i, p in enumerate(cxx):
+        assert p.returncode == 0, cxx_err[i]
+        events = [json.loads(l) for l in
+                  (tmp_path / ("c%d" % i) / "events.jsonl").read_text()
+                  .splitlines()]
+        hashes.append([e["model_hash"] for e in events
+                       if e.get("event") == "round"])
+    assert len(hashes[0]) == 3
+    assert hashes[0] == hashes[1] == hashes[2] == hashes[3], hashes
+    # The Python members' own tensors agree too. (Not with model_hash: that
+    # hashes the buffers' exact mean, which the integer num_batches_tracked
+    # holds rounded, as in the C++ node.)
+    assert tensors[0] == tensors[1]
