@@ -32,7 +32,7 @@ export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)}
 build_start=$(date +%s)
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSTARLING_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ \
-  -DSTARLING_BUILD_TESTS=OFF -DSTARLING_BUILD_BENCH=OFF "$@"
+  -DSTARLING_BUILD_TESTS=OFF -DSTARLING_BUILD_BENCH=OFF -DSTARLING_PYTHON=OFF "$@"
 cmake --build "$BUILD_DIR" -j "$JOBS" --target starling_fuzz
 echo "fuzz: build took $(($(date +%s) - build_start)) s"
 

@@ -18,7 +18,7 @@ start=$(date +%s)
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_COMPILER=clang++ \
   -DSTARLING_SANITIZE="${SANITIZERS:-address,undefined}" \
-  -DSTARLING_BUILD_BENCH=OFF
+  -DSTARLING_BUILD_BENCH=OFF -DSTARLING_PYTHON=OFF
 # The unit-test binaries (and what they need: the starling binary and the
 # TorchScript fixtures); CMake lists their paths in unit_tests.txt.
 cmake --build "$BUILD_DIR" -j "$JOBS" --target unit_tests
