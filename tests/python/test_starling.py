@@ -268,7 +268,10 @@ def test_ctrl_c_leaves_the_swarm_with_a_goodbye():
 
 def test_a_late_python_member_catches_up_and_joins_the_rounds():
     ports = free_ports(3)
-    procs = start_members(2, rounds=6, extra=["--step_sleep=0.05"])
+    # The first two train far longer than the test needs (they are stopped
+    # with Ctrl-C once the late member is done), so that however slowly the
+    # late member starts and catches up, they are still there to meet it.
+    procs = start_members(2, rounds=400, extra=["--step_sleep=0.05"])
     first = procs[0]
     # procs[0] listens on the first port start_members chose; ask it.
     for line in first.stdout:
@@ -291,8 +294,10 @@ def test_a_late_python_member_catches_up_and_joins_the_rounds():
     assert rounds[0]["outcome"] == "caught_up", lines
     committed = [l for l in rounds if l["outcome"] == "committed"]
     assert len(committed) == 2 and all(l["members"] == 3 for l in committed)
+    for p in procs:
+        p.send_signal(signal.SIGINT)
     out, err = first.communicate(timeout=240)
-    assert first.returncode == 0, err
+    assert first.returncode in (0, 130), err  # 130: left on Ctrl-C
     procs[1].communicate(timeout=240)
     first_lines += [json.loads(l) for l in out.splitlines()
                     if l.startswith("{")]
