@@ -3,8 +3,8 @@
 // Input: the encoded state, as is.
 // Invariants: errors are DataLoss or InvalidArgument; a decoded state is
 // consistent (finite theta, NaN-free buffers, FlatHash(theta, buffers) is
-// the lineage, round and step >= 0) and EncodeSwarmState gives back exactly the input bytes (the layout
-// is canonical).
+// the lineage, round and step >= 0) and EncodeSwarmState gives back exactly the
+// input bytes (the layout is canonical).
 #include <cmath>
 #include <cstdint>
 #include <string>
