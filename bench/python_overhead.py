@@ -17,7 +17,6 @@ d.step() on a round). Prints one JSON object:
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,14 +57,9 @@ print(json.dumps(rounds))
 '''
 
 
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                os.pardir, "examples", "python"))
+from swarm_launch import free_ports  # noqa: E402  (the examples' launcher)
 
 
 def trace_model(path, context):
