@@ -163,6 +163,9 @@ def run_sim(starling, size, compression, args, run_dir):
                        "peak_anon_bytes": max(s[2] for s in series),
                        "steady_anon_bytes":
                            statistics.median(s[2] for s in late),
+                       # The mapped files' pages (VmRSS - RssAnon): the
+                       # code, shared between the nodes.
+                       "peak_file_bytes": max(s[1] - s[2] for s in series),
                        "plan_peak_bytes": planned_peak(run_dir, node),
                        "samples": len(series), "rss_trace": trace}
     return {
@@ -177,6 +180,10 @@ def run_sim(starling, size, compression, args, run_dir):
             statistics.mean(v["steady_anon_bytes"] for v in nodes.values()) / n,
         "plan_peak_bytes_per_param":
             max((v["plan_peak_bytes"] or 0) for v in nodes.values()) / n,
+        # The plan over each node's own peak: >= 1 where it bounds it.
+        "plan_over_peak_min":
+            min((v["plan_peak_bytes"] or 0) / v["peak_bytes"]
+                for v in nodes.values()),
         "nodes": nodes,
     }
 
@@ -196,16 +203,20 @@ def markdown(results):
           "every round, in bytes per parameter (peak: the largest node's "
           "VmHWM; steady: the nodes' mean of their median VmRSS over the "
           "second half of the run; plan: the largest peak the nodes' "
-          "start-up memory check planned for).", "",
+          "start-up memory check planned for; plan / peak: the smallest, over "
+          "the nodes, of a node's plan over its own VmHWM, >= 1 where the "
+          "plan bounds the peak).", "",
           "| build | model | parameters | compression | peak B/param | "
-          "steady B/param | plan B/param | peak GiB | sim seconds |",
-          "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+          "steady B/param | plan B/param | plan / peak | peak GiB | "
+          "sim seconds |",
+          "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for build, r in results["runs"]:
         peak = r["peak_bytes_per_param"] * r["parameters"] / 2**30
         md.append(f"| {build} | {r['size']} | {r['parameters']:,} | "
                   f"{r['compression']} | {r['peak_bytes_per_param']:.1f} | "
                   f"{r['steady_bytes_per_param']:.1f} | "
                   f"{r.get('plan_peak_bytes_per_param', 0):.1f} | "
+                  f"{r.get('plan_over_peak_min', 0):.2f} | "
                   f"{peak:.2f} | "
                   f"{r['seconds']:.0f} |")
     if results["checkpoints"]:

@@ -131,10 +131,24 @@ namespace {
 //   optimizer step's temporaries), per byte of activations;
 constexpr double kBackwardPerActivation = 0.5;
 // - the transport's buffers during a round's exchange (ring all-reduce
-//   segments, gRPC's messages, the allocator's arenas of its threads), in
-//   copies of the weights: fp32, and a compressed codec.
-constexpr double kTransportCopiesFp32 = 7.5;
-constexpr double kTransportCopiesCompressed = 3.0;
+//   segments, each hop's encoded and decoded partial sums, gRPC's
+//   messages, the allocator's arenas of the threads that hold them), in
+//   copies of the weights: a ring, whatever its dense codec (fp32 sends
+//   segments as they are, int8 re-encodes them at every hop: fitted at 4.3
+//   and 3.9 copies over the 3M and 19M runs), and the sparse codec's
+//   gather of every member's encoded contribution (2.9);
+// - a node's runtime beyond the process a trainer measures before its
+//   model: the gRPC server's and clients' threads and the swarm's own
+//   (their stacks, the allocator's arena per thread), gRPC's channels, and
+//   the code paged in once the node runs (RssFile grows from about 106 to
+//   135 MB), whatever the model's size: 20 to 56 MB over the other items,
+//   most of a node at 0.1M parameters.
+// Each is set above what was fitted, so that the plan bounds the peak of
+// every node in five runs of each configuration by 10% or more: one
+// configuration's peak varies by up to 5% (19M) and 7% (3M) between runs.
+constexpr double kTransportCopiesRing = 6.0;
+constexpr double kTransportCopiesSparse = 3.5;
+constexpr double kNodeRuntimeBytes = 96.0 * (1 << 20);
 // node/main.cc keeps up to this much freed heap for reuse
 // (M_TRIM_THRESHOLD): an inner step's transients stay resident through the
 // phases that follow it.
@@ -159,6 +173,10 @@ std::string MemoryEstimate::PeakPhase() const {
 
 double MemoryEstimate::Peak() const {
   return Held() + std::max({Sum(step), Sum(round), Sum(checkpoint)});
+}
+
+double RunPeak(const MemoryEstimate& each, int nodes, double launcher_bytes) {
+  return nodes * (each.Peak() - each.shared) + each.shared + launcher_bytes;
 }
 
 std::string MemoryEstimate::Describe() const {
@@ -198,7 +216,11 @@ MemoryEstimate EstimateMemory(const MemoryPlanOptions& o) {
   };
 
   // For the whole run.
-  add(e.held, "of the process itself (code, data, threads)", o.process_bytes);
+  add(e.held, "of the process itself (data, threads)", o.process_bytes);
+  add(e.held, "of code (shared by the processes of one binary)", o.code_bytes);
+  e.shared = o.code_bytes;
+  add(e.held, "of the node's runtime (gRPC, the swarm's threads)",
+      o.algo == "train" ? 0 : kNodeRuntimeBytes);
   add(e.held, "of weights", copy);
   if (o.optimizer == "sgd") {
     add(e.held, "of SGD momentum", o.sgd_momentum ? copy : 0);
@@ -233,7 +255,6 @@ MemoryEstimate EstimateMemory(const MemoryPlanOptions& o) {
   // What the allocator keeps of the last step through the phases after it.
   const double kept = std::min(
       kKeptFreeHeap, (1 + kBackwardPerActivation) * o.activation_bytes + copy);
-  const bool lossless = o.compression == "fp32";
   if (diloco) {
     add(e.round, "of freed step memory the allocator keeps", kept);
     // RunDiloco: Δ, the ring's input, and each attempt's working copy.
@@ -243,7 +264,7 @@ MemoryEstimate EstimateMemory(const MemoryPlanOptions& o) {
     add(e.round, "of the node's own model", ef_in_model ? copy : 0);
     add(e.round, "of the overlapped round's start", o.overlap ? copy : 0);
     add(e.round, "of transport buffers",
-        (lossless ? kTransportCopiesFp32 : kTransportCopiesCompressed) * copy);
+        (o.sparse ? kTransportCopiesSparse : kTransportCopiesRing) * copy);
   }
   if (gossip) {
     add(e.round, "of freed step memory the allocator keeps", kept);

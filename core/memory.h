@@ -50,23 +50,30 @@ ResidentMemory ResidentMemoryNow();
 
 // What one process of a run is, for its memory plan.
 struct MemoryPlanOptions {
-  std::string algo = "train";        // train | diloco | gossip | ddp
-  std::string optimizer = "adamw";   // adamw | adam | sgd
-  bool sgd_momentum = true;          // sgd with --momentum > 0
-  bool outer_momentum = true;        // diloco --outer=nesterov
-  std::string compression = "fp32";  // --compression
-  bool error_feedback = false;       // the node keeps a residual
-  bool overlap = false;              // diloco --overlap
-  bool checkpoints = true;           // a checkpoint is written at all
+  std::string algo = "train";       // train | diloco | gossip | ddp
+  std::string optimizer = "adamw";  // adamw | adam | sgd
+  bool sgd_momentum = true;         // sgd with --momentum > 0
+  bool outer_momentum = true;       // diloco --outer=nesterov
+  // --compression is the sparse codec (compression/codec.h IsSparseSpec):
+  // its rounds gather every member's encoded contribution, not a ring.
+  bool sparse = false;
+  bool error_feedback = false;  // the node keeps a residual
+  bool overlap = false;         // diloco --overlap
+  bool checkpoints = true;      // a checkpoint is written at all
   // Gossip's momentum (--gossip_momentum > 0): the anchor and its buffer.
   bool gossip_momentum = false;
   int64_t parameters = 0;  // trainable fp32 values
   // What an inner step's forward pass holds for the backward pass, at the
   // run's --batch (Trainer measures it); 0 when unknown.
   double activation_bytes = 0;
-  // The process without its model: code, data, threads (Trainer measures
-  // its own before it builds the model); 0 when unknown.
+  // The process without its model: its private memory (data, threads'
+  // heaps; Trainer measures its own RssAnon before it builds the model); 0
+  // when unknown.
   double process_bytes = 0;
+  // The pages of the binary and its libraries the process has mapped in
+  // (RssFile, measured with process_bytes): resident in every process, and
+  // shared between the processes of one binary.
+  double code_bytes = 0;
 };
 
 struct MemoryItem {
@@ -81,6 +88,9 @@ struct MemoryEstimate {
   std::vector<MemoryItem> step;        // an inner step
   std::vector<MemoryItem> round;       // a round's exchange
   std::vector<MemoryItem> checkpoint;  // a checkpoint being written
+  // The part of `held` that processes of one binary share (its code pages):
+  // counted once for several processes on one machine (RunPeak).
+  double shared = 0;
   double Held() const;
   // Held() plus the largest phase.
   double Peak() const;
@@ -95,6 +105,11 @@ struct MemoryEstimate {
 // code allocates (its owner named in memory.cc), or, for the transport and
 // the allocator, what bench/memory.py measured of them.
 MemoryEstimate EstimateMemory(const MemoryPlanOptions& o);
+
+// What `nodes` processes of `each` and a launcher holding `launcher_bytes`
+// of its own hold together at their peaks on one machine: the shared code
+// pages once, the rest per process.
+double RunPeak(const MemoryEstimate& each, int nodes, double launcher_bytes);
 
 }  // namespace starling
 

@@ -99,6 +99,7 @@ TrainConfig DefaultTrainConfig() {
   c.set_device("cpu");
   c.set_precision("fp32");
   c.set_gpu_memory_fraction(0);
+  c.set_memory_limit_mb(0);
   c.set_threads(0);
   c.set_seed(0);
   c.set_eval_every(200);
@@ -177,6 +178,9 @@ absl::Status ResolveTrainConfig(TrainConfig* c) {
     return bad("gpu_memory_fraction", c->gpu_memory_fraction(),
                "must be in [0, 1] (0: no cap)");
   }
+  if (c->memory_limit_mb() < 0) {
+    return bad("memory_limit_mb", c->memory_limit_mb(), "must be >= 0");
+  }
   if (!(c->slowdown() >= 1.0 && c->slowdown() <= kMaxSlowdown)) {
     return bad("slowdown", c->slowdown(),
                absl::StrCat("must be a factor in [1, ", kMaxSlowdown,
@@ -201,8 +205,8 @@ std::string ResumeDifferences(const TrainConfig& was_written,
   static constexpr absl::string_view kNotCounted[] = {
       "out", "resume", "cache_dir", "eval_every", "log_every",
       "checkpoint_every", "threads", "device", "slowdown",
-      // How much of a GPU the process may hold, not what it computes.
-      "gpu_memory_fraction"};
+      // How much memory the process may hold, not what it computes.
+      "gpu_memory_fraction", "memory_limit_mb"};
   const google::protobuf::Descriptor* d = TrainConfig::descriptor();
   const google::protobuf::Reflection* r = TrainConfig::GetReflection();
   std::vector<std::string> out;
@@ -270,7 +274,7 @@ absl::Status CheckTrainConfig(const TrainConfig& config, int processes,
   STARLING_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                             ProbeTrainer(config));
   if (config.device() != "cpu") return absl::OkStatus();
-  return trainer->CheckMemory(processes, plan);
+  return trainer->CheckMemory(processes, plan, /*launcher=*/true);
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
@@ -292,7 +296,9 @@ absl::Status Trainer::Init() {
   STARLING_ASSIGN_OR_RETURN(data.shard,
                             ParseShard(config_.shard(), config_.shard_mode()));
   STARLING_ASSIGN_OR_RETURN(dataset_, LoadDataset(data));
-  process_bytes_ = std::max<int64_t>(0, ResidentMemoryNow().anon);
+  const ResidentMemory resident = ResidentMemoryNow();
+  process_bytes_ = std::max<int64_t>(0, resident.anon);
+  code_bytes_ = std::max<int64_t>(0, resident.file);
 
   ModelOptions mo;
   mo.spec = config_.model();
@@ -447,7 +453,12 @@ void Trainer::MeasureActivations() {
 
 absl::Status Trainer::CheckMemory(int processes, int weight_copies) const {
   if (!device_.is_cpu()) return absl::OkStatus();
-  const AvailableMemory available = AvailableMemoryNow();
+  AvailableMemory available = AvailableMemoryNow();
+  const int64_t limit_bytes = config_.memory_limit_mb() * 1000000;
+  if (limit_bytes > 0 &&
+      (available.bytes < 0 || limit_bytes < available.bytes)) {
+    available = {limit_bytes, "--memory_limit_mb"};
+  }
   if (available.bytes < 0) return absl::OkStatus();
   const double limit = static_cast<double>(available.bytes);
   // Once the model exists, this process's weights are allocated already
@@ -519,29 +530,50 @@ MemoryPlanOptions Trainer::MemoryPlan(MemoryPlanOptions plan) const {
                 config_.batch() * activation_bytes_per_example_
           : 0;
   plan.process_bytes = process_bytes_;
+  plan.code_bytes = code_bytes_;
   return plan;
 }
 
-absl::Status Trainer::CheckMemory(int processes,
-                                  const MemoryPlanOptions& plan) const {
+absl::Status Trainer::CheckMemory(int processes, const MemoryPlanOptions& plan,
+                                  bool launcher) const {
   if (!device_.is_cpu()) return absl::OkStatus();
-  const AvailableMemory available = AvailableMemoryNow();
-  if (available.bytes < 0) return absl::OkStatus();
   const MemoryEstimate each = EstimateMemory(MemoryPlan(plan));
-  // This process holds its own cost and its weights already.
-  const double need = processes * each.Peak() -
-                      (model_ != nullptr ? process_bytes_ + weight_bytes_ : 0);
-  if (need <= static_cast<double>(available.bytes)) return absl::OkStatus();
+  // A launcher's own share is the memory it held before its probe model,
+  // which it frees before its nodes start.
+  const double total =
+      launcher ? RunPeak(each, processes, process_bytes_) : each.Peak();
+  // What is resident already is no longer in MemAvailable: a launcher's own
+  // memory and the code its nodes share, or all of this process so far.
+  const ResidentMemory now = ResidentMemoryNow();
+  const double resident = launcher ? process_bytes_ + code_bytes_
+                                   : std::max<int64_t>(0, now.anon) +
+                                         std::max<int64_t>(0, now.file);
+  const AvailableMemory available = AvailableMemoryNow();
+  const double limit_mb = static_cast<double>(config_.memory_limit_mb());
+  std::string over;
+  const bool over_limit = limit_mb > 0 && total > limit_mb * 1e6;
+  if (over_limit) {
+    over = absl::StrCat(
+        "more than --memory_limit_mb=", config_.memory_limit_mb(), " allows");
+  } else if (available.bytes >= 0 &&
+             total - resident > static_cast<double>(available.bytes)) {
+    over = absl::StrCat(
+        "more than the ", FormatBytes(static_cast<double>(available.bytes)),
+        " of memory available here (", available.source, ") and the ",
+        FormatBytes(resident), " resident already");
+  } else {
+    return absl::OkStatus();
+  }
   const bool several = processes > 1;
   return absl::InvalidArgumentError(absl::StrCat(
       "--model=", config_.model(), " with --batch=", config_.batch(), ": ",
-      several ? absl::StrCat(processes, " nodes hold about ",
-                             FormatBytes(processes * each.Peak()), ", each ")
-              : "a process holds ",
-      each.Describe(), "; more than the ",
-      FormatBytes(static_cast<double>(available.bytes)),
-      " of memory available here (", available.source,
-      "); use a smaller model or --batch", several ? " or fewer nodes" : ""));
+      launcher ? absl::StrCat(processes, several ? " nodes" : " node",
+                              " and this process need about ",
+                              FormatBytes(total), " at their peaks, each node ")
+               : "a process needs ",
+      each.Describe(), "; ", over, "; use a smaller model or --batch",
+      several ? " or fewer nodes" : "",
+      over_limit ? " (or a larger --memory_limit_mb)" : ""));
 }
 
 absl::StatusOr<StepResult> Trainer::Step(const GradientHook& hook) {

@@ -196,10 +196,15 @@ class Trainer {
   // `weight_copies` more fp32 copies of the weights per process (what a
   // node keeps besides the trainer) count with the state.
   absl::Status CheckMemory(int processes, int weight_copies = 0) const;
-  // CheckMemory against the peak of `processes` processes of `plan`
-  // (MemoryPlan's): InvalidArgument naming --model, --batch and --nodes,
-  // with what a process holds item by item. OK on a GPU.
-  absl::Status CheckMemory(int processes, const MemoryPlanOptions& plan) const;
+  // CheckMemory against the peak of `plan` (MemoryPlan's): of this process
+  // itself (`launcher` false, `processes` 1), or of the `processes` node
+  // processes this process launches, and its own memory (RunPeak). Refuses
+  // a plan above --memory_limit_mb, or whose memory not yet resident is
+  // more than the machine has available: InvalidArgument naming --model,
+  // --batch and --nodes, the need, the limit, and what a node holds item by
+  // item. OK on a GPU.
+  absl::Status CheckMemory(int processes, const MemoryPlanOptions& plan,
+                           bool launcher = false) const;
   // `plan` with this trainer's part filled in: its parameters, optimizer,
   // the activations of a step at --batch (where measured) and the memory
   // this process held before it built its model (code, data).
@@ -246,6 +251,7 @@ class Trainer {
   double weight_bytes_ = 0;
   double training_state_bytes_ = 0;
   double process_bytes_ = 0;  // RssAnon before the model, measured by Init
+  double code_bytes_ = 0;     // RssFile then
   std::vector<bool> had_gradient_;  // by parameter, see ZeroMissingGradients
 };
 

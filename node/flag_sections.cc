@@ -69,6 +69,7 @@ constexpr PlacedFlag kTable[] = {
     {"device", S::kTraining},
     {"precision", S::kTraining},
     {"gpu_memory_fraction", S::kTraining},
+    {"memory_limit_mb", S::kTraining},
     {"threads", S::kTraining},
     {"optimizer", S::kTraining},
     {"lr", S::kTraining},

@@ -315,7 +315,7 @@ const Subcommand& NodeSubcommand() {
 MemoryPlanOptions NodeMemoryPlan(const NodeConfig& config) {
   MemoryPlanOptions plan;
   plan.algo = config.algo;
-  plan.compression = config.compression;
+  plan.sparse = IsSparseSpec(config.compression);
   plan.error_feedback =
       config.compression != "fp32" && WantsErrorFeedback(config);
   plan.overlap = config.algo == "diloco" && config.diloco.overlap;

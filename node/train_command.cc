@@ -105,6 +105,13 @@ ABSL_FLAG(double, gpu_memory_fraction,
           "one GPU (an allocation past it is an out-of-memory error); 0 = no "
           "cap. `starling sim` gives each of N nodes 0.9/N by default. No "
           "effect with --device=cpu");
+ABSL_FLAG(int64_t, memory_limit_mb,
+          starling::DefaultTrainConfig().memory_limit_mb(),
+          "--device=cpu: the most memory, in MB (10^6 bytes), this process "
+          "may plan for at its peak; the start-up memory check refuses "
+          "(exit 2) a run whose plan is larger, naming what it holds. "
+          "`starling sim`: for its nodes and itself together. 0 = no limit "
+          "but the memory the machine has available");
 ABSL_FLAG(int, threads, starling::DefaultTrainConfig().threads(),
           "intra-op CPU threads, at most 4 per core; 0 = LibTorch's default");
 ABSL_FLAG(uint32_t, seed, starling::DefaultTrainConfig().seed(),
@@ -164,6 +171,7 @@ TrainConfig ConfigFromFlags() {
   c.set_device(absl::GetFlag(FLAGS_device));
   c.set_precision(absl::GetFlag(FLAGS_precision));
   c.set_gpu_memory_fraction(absl::GetFlag(FLAGS_gpu_memory_fraction));
+  c.set_memory_limit_mb(absl::GetFlag(FLAGS_memory_limit_mb));
   c.set_threads(absl::GetFlag(FLAGS_threads));
   c.set_seed(absl::GetFlag(FLAGS_seed));
   c.set_out(absl::GetFlag(FLAGS_out));
@@ -212,6 +220,7 @@ const std::vector<std::string>& TrainFlagNames() {
                                    "slowdown",
                                    "drift",
                                    "precision",
+                                   "memory_limit_mb",
                                    "gpu_memory_fraction"};
   return *names;
 }

@@ -221,10 +221,25 @@ TEST(MemoryTest, WhatCannotFitIsRefusedNamingTheFlag) {
   const absl::Status plan = CheckTrainConfig(small, 1000000000, diloco);
   EXPECT_TRUE(absl::IsInvalidArgument(plan)) << plan;
   for (absl::string_view want :
-       {"--model=cnn with --batch=4: 1000000000 nodes hold about",
+       {"--model=cnn with --batch=4: 1000000000 nodes and this process need "
+        "about",
         "at peak (a round's exchange): ", "of transport buffers",
         "of memory available here", "or fewer nodes"}) {
     EXPECT_NE(plan.message().find(want), std::string::npos) << plan;
+  }
+  // --memory_limit_mb caps the plan below what the machine has: 4 nodes of
+  // the small cnn need far more than 10 MB (their code and runtime alone),
+  // and far less than 100 GB.
+  TrainConfig limited = small;
+  limited.set_memory_limit_mb(100000);
+  EXPECT_TRUE(CheckTrainConfig(limited, 4, diloco).ok());
+  limited.set_memory_limit_mb(10);
+  const absl::Status capped = CheckTrainConfig(limited, 4, diloco);
+  EXPECT_TRUE(absl::IsInvalidArgument(capped)) << capped;
+  for (absl::string_view want :
+       {"4 nodes and this process need about", "each node ",
+        "more than --memory_limit_mb=10 allows"}) {
+    EXPECT_NE(capped.message().find(want), std::string::npos) << capped;
   }
   // A model whose weights alone cannot fit is refused before it is built:
   // a gpt of 10^15 parameters (4 PB) fails at once, not in an allocation.

@@ -235,6 +235,30 @@ TEST(SimTest, BadNodeFlagFailsBeforeAnyNodeStarts) {
   }
 }
 
+// The start-up memory check (core/memory.h) against --memory_limit_mb: a
+// node, or a sim's nodes and the sim together, planned above the limit are
+// refused before any work, naming the need, what a node holds and the
+// limit. The default model's node needs its code, its runtime and the
+// process (a few hundred MB) whatever its size.
+TEST(SimTest, AMemoryPlanAboveTheLimitIsRefusedBeforeAnyWork) {
+  const std::string out = TempDir() + "/memory_limit";
+  const testing::RunResult node = testing::ExpectRefused(
+      absl::StrCat("node --insecure --memory_limit_mb=100 --out=", out,
+                   "/node"),
+      "more than --memory_limit_mb=100 allows");
+  for (const char* want :
+       {"a process needs ", "at peak (a round's exchange)",
+        "of transport buffers", "of code", "a larger --memory_limit_mb"}) {
+    EXPECT_NE(node.err.find(want), std::string::npos) << node.err;
+  }
+  // 4 nodes of the same plan, and the sim itself, need more than 4 times
+  // what one node may hold alone.
+  testing::ExpectSimRefused("--nodes=4 --memory_limit_mb=400", out + "/sim",
+                            "4 nodes and this process need about");
+  testing::ExpectSimRefused("--nodes=4 --memory_limit_mb=400", out + "/sim",
+                            "more than --memory_limit_mb=400 allows");
+}
+
 // Starts a 3-node sim that would run for long into `out` and waits for its
 // first round.
 Process StartLongSim(const std::string& out) {
