@@ -14,6 +14,7 @@
 #include "node/diloco_loop.h"
 #include "node/elastic_swarm.h"
 #include "node/node_command.h"
+#include "node/run_output.h"
 
 namespace starling {
 namespace {
@@ -75,6 +76,13 @@ absl::StatusOr<std::unique_ptr<EmbeddedDiloco>> EmbeddedDiloco::Start(
         "--overlap and --overlap_steps: not available from Python (the "
         "exchange runs while d.step() waits)");
   }
+  // The node's run directory rules: --resume needs a checkpoint in --out,
+  // and a checkpoint there needs --resume (or --resume_if_exists). No
+  // --out: no checkpoints.
+  if (!config.train.out().empty() || config.train.resume()) {
+    ApplyResumeIfExists(&config.train);
+    STARLING_RETURN_IF_ERROR(PrepareRunDir(&config.train, "python"));
+  }
   auto d = std::unique_ptr<EmbeddedDiloco>(
       new EmbeddedDiloco(std::move(config), std::move(model)));
   STARLING_RETURN_IF_ERROR(d->Init());
@@ -102,6 +110,8 @@ absl::Status EmbeddedDiloco::Init() {
       MakeFingerprint(architecture_, n_params_, lineage_,
                       SignatureLines(model_.param_names, model_.params,
                                      model_.buffer_names, model_.buffers));
+  // After the fingerprint, which names the model every member starts from.
+  if (config_.train.resume()) STARLING_RETURN_IF_ERROR(Restore());
   STARLING_ASSIGN_OR_RETURN(
       SwarmOptions so, ElasticSwarmOptions(config_.net, "diloco", fingerprint));
   so = DilocoRoundSwarmOptions(std::move(so), config_, codecs_, n_params_,
@@ -175,7 +185,11 @@ absl::StatusOr<EmbeddedRound> EmbeddedDiloco::Round(int steps,
   member_rounds_ =
       std::min(kMaxMemberRounds,
                member_rounds_ + static_cast<int64_t>(res->members.size()));
+  const int64_t prev_step = step_;
   step_ += std::max<int64_t>(1, std::llround(update.effective_steps));
+  const int every = config_.train.checkpoint_every();
+  out.checkpoint_due =
+      checkpoints() && every > 0 && step_ / every > prev_step / every;
   ++round_;
   out.members = static_cast<int>(res->members.size());
   Serve();

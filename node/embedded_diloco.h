@@ -9,9 +9,21 @@
 // hold bit-identical θ_global whichever loop drives them, so a Python
 // member and `starling node` members with the same fingerprint share a run.
 //
+// Checkpoints are the node's (--out, --checkpoint_every, --resume,
+// --resume_if_exists): OUT/checkpoint.ckpt in core/checkpoint.h's format,
+// with the node's sections for what a DiLoCo member shares (architecture,
+// tensor_signature, model_tensors holding θ_global and the buffers, round,
+// member_rounds, outer, error_feedback) and, since no Trainer runs here,
+// step, lineage, buffers_global (the buffers' exact mean) and user_state
+// (the caller's bytes: the Python module keeps the inner optimizer's
+// state_dict there) instead of the trainer's. A resumed member starts from
+// the checkpoint's round and θ_global, then catches up if the swarm is
+// ahead. `starling node --resume` and `starling export` refuse such a file
+// (it has no trainer_state section).
+//
 // Left to the caller (the node's loop does them; this driver does not):
 // the inner steps, their learning-rate schedule and data; --overlap,
-// adaptive sync, checkpoints, metrics and health; the residual flush after
+// adaptive sync, metrics and health; the residual flush after
 // the last round (with error feedback the members' residuals stay theirs);
 // staying on to serve members that are behind after this one leaves.
 //
@@ -68,6 +80,9 @@ struct EmbeddedRound {
   std::string model_hash;
   double seconds = 0;  // of the whole call
   int64_t wire_bytes = 0;
+  // The committed round crossed a --checkpoint_every boundary of steps
+  // (with --out): the caller should call Checkpoint now.
+  bool checkpoint_due = false;
 };
 
 class EmbeddedDiloco {
@@ -92,6 +107,15 @@ class EmbeddedDiloco {
   // round does not commit, the model goes back to where it started.
   absl::StatusOr<EmbeddedRound> Round(int steps, int64_t samples);
 
+  // Writes OUT/checkpoint.ckpt (atomically) for the last committed round,
+  // with `user_state`. FailedPrecondition without --out.
+  absl::Status Checkpoint(const std::string& user_state);
+  // Whether there is an --out to checkpoint into.
+  bool checkpoints() const { return !config_.train.out().empty(); }
+  // The user_state of the checkpoint this member resumed from ("" if none).
+  const std::string& resumed_user_state() const { return user_state_; }
+  bool resumed() const { return config_.train.resume(); }
+
   // Says goodbye and stops the swarm. Idempotent.
   void Leave();
   // Makes a round in flight give up at its next wait; Round then returns
@@ -112,6 +136,8 @@ class EmbeddedDiloco {
  private:
   EmbeddedDiloco(NodeConfig config, EmbeddedModel model);
   absl::Status Init();
+  // --resume: the checkpoint in --out into the model and the round state.
+  absl::Status Restore();
   Swarm::Lineage Here() const;
   void Serve();
   // The node's own model and the shared buffers into the caller's tensors.
@@ -137,6 +163,7 @@ class EmbeddedDiloco {
   int64_t member_rounds_ = 0;
   int64_t step_ = 0;  // the inner steps the swarm's rounds stand for
   std::string address_;
+  std::string user_state_;
   std::atomic<bool> abandon_{false};
   bool left_ = false;
   // Last: stopped first, its threads use nothing above but abandon_.

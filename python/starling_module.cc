@@ -7,7 +7,7 @@
 //  - _Diloco runs the node's DiLoCo round over the caller's tensors
 //    (node/embedded_diloco.h). The tensors cross through torch's pybind
 //    casters: the C++ side holds the very tensors of the model, no copy.
-//    Joining, each round and leaving release the GIL.
+//    Joining, each round, checkpoints and leaving release the GIL.
 // Other failures raise starling.SwarmError (a RuntimeError): a refused
 // handshake, nobody answering, a round that failed here.
 // Thread-safety: the flags are process-wide, so _check_flags and the
@@ -101,7 +101,17 @@ class PyDiloco {
     out["model_hash"] = r->model_hash;
     out["seconds"] = r->seconds;
     out["wire_bytes"] = r->wire_bytes;
+    out["checkpoint_due"] = r->checkpoint_due;
     return out;
+  }
+
+  void Checkpoint(const std::string& user_state) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = Live().Checkpoint(user_state);
+    }
+    if (!s.ok()) Raise(s);
   }
 
   void Leave() {
@@ -135,8 +145,18 @@ PYBIND11_MODULE(_starling, m) {
       PyExc_RuntimeError, nullptr);
   m.attr("SwarmError") = py::handle(starling::swarm_error);
   m.attr("TORCH_VERSION") = py::str(TORCH_VERSION);
-  m.def("_node_flag_names", &starling::NodeFlagNames,
-        "The flags of `starling node` that the Python API takes.");
+  m.def(
+      "_node_flag_names",
+      [] {
+        // The node's own, and the run directory's among the trainer's:
+        // the others (model, data, steps, schedule) are the Python loop's.
+        std::vector<std::string> names = starling::NodeFlagNames();
+        for (const char* name : {"out", "checkpoint_every", "resume"}) {
+          names.push_back(name);
+        }
+        return names;
+      },
+      "The flags of `starling node` that the Python API takes.");
   m.def(
       "_check_flags",
       [](const std::vector<std::string>& args) {
@@ -186,6 +206,15 @@ PYBIND11_MODULE(_starling, m) {
                     std::vector<torch::Tensor>, std::string>())
       .def("round", &PyDiloco::Round)
       .def("leave", &PyDiloco::Leave)
+      .def("checkpoint", &PyDiloco::Checkpoint,
+           "Writes OUT/checkpoint.ckpt with these bytes as its user_state.")
+      .def_property_readonly("checkpoints",
+                             [](PyDiloco& d) { return d.Live().checkpoints(); })
+      .def_property_readonly("resumed",
+                             [](PyDiloco& d) { return d.Live().resumed(); })
+      .def_property_readonly(
+          "resumed_user_state",
+          [](PyDiloco& d) { return py::bytes(d.Live().resumed_user_state()); })
       .def("abandon", &PyDiloco::Abandon)
       .def(
           "members",

@@ -24,7 +24,17 @@ A round runs in C++ with the GIL released (node/embedded_diloco.h): the
 pseudo-gradient against θ_global, compression with error feedback, the
 exchange through the swarm's round protocol and ring all-reduce, the outer
 Nesterov step, and θ and the averaged buffers written back into the
-model's own tensors. Members whose rounds commit hold identical models, so
+model's own tensors.
+
+Checkpoints are the node's: with out=DIR, OUT/checkpoint.ckpt is written
+every checkpoint_every inner steps (after the round that crosses the
+boundary) and on leaving, holding θ_global, the outer optimizer's state, the
+error-feedback residual, the round and the inner optimizer's state_dict. A
+DiLoCo with resume=True (or resume_if_exists=True) and the same out starts
+from it: the model's tensors and the inner optimizer are loaded, the round
+goes on from the saved one (then catches up if the swarm is ahead). The
+data loader's position and learning-rate schedulers are the caller's to
+save. See docs/python.md. Members whose rounds commit hold identical models, so
 Python members and `starling node` members with the same fingerprint share
 a run. Leaving the `with` block (also on Ctrl-C or SIGTERM, after the round
 in flight) says goodbye to the swarm.
@@ -54,6 +64,7 @@ if torch.__version__ != _build_info.TORCH_VERSION:
         % (_build_info.TORCH_VERSION, _build_info.PYTHON, torch.__version__,
            torch.__file__))
 
+import io as _io
 import signal as _signal
 import threading as _threading
 
@@ -146,6 +157,7 @@ class DiLoCo:
             architecture = getattr(model, "starling_architecture", "")
         self._architecture = architecture
         self._d = None
+        self._closed = False
         self._steps = 0
         self._samples = 0
         self._old_sigterm = None
@@ -165,6 +177,10 @@ class DiLoCo:
             return
         self._d = _Diloco(self._args, *_model_tensors(self.model),
                           self._architecture)
+        state = self._d.resumed_user_state
+        if state:
+            self.inner_optimizer.load_state_dict(
+                torch.load(_io.BytesIO(state)))
         if (_threading.current_thread() is _threading.main_thread() and
                 _signal.getsignal(_signal.SIGTERM) == _signal.SIG_DFL):
             # SIGTERM leaves like Ctrl-C: the `with` block exits, saying
@@ -188,12 +204,28 @@ class DiLoCo:
         self._steps = self._samples = 0
         with torch.no_grad():
             self.last_round = self._d.round(steps, samples_done)
+        if self.last_round.pop("checkpoint_due"):
+            self.checkpoint()
         return self.last_round
 
+    def checkpoint(self):
+        """Writes OUT/checkpoint.ckpt now (the last committed round, and the
+        inner optimizer's state_dict); needs out=. step() and close() call
+        it as --checkpoint_every says."""
+        blob = _io.BytesIO()
+        torch.save(self.inner_optimizer.state_dict(), blob)
+        self._d.checkpoint(blob.getvalue())
+
     def close(self):
-        """Says goodbye to the swarm. Idempotent."""
+        """Checkpoints (with out=), then says goodbye to the swarm.
+        Idempotent."""
         if self._d is not None:
-            self._d.leave()
+            try:
+                if self._d.checkpoints and not self._closed:
+                    self.checkpoint()
+            finally:
+                self._closed = True
+                self._d.leave()
         if self._old_sigterm is not None:
             _signal.signal(_signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
@@ -201,6 +233,11 @@ class DiLoCo:
     @property
     def round(self):
         return self._d.round_number
+
+    @property
+    def resumed(self):
+        """Whether this member started from the checkpoint in out=."""
+        return self._d.resumed
 
     @property
     def model_hash(self):

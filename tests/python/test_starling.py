@@ -148,6 +148,128 @@ def test_alone_a_round_is_the_outer_step_and_writes_the_model():
 
 
 # ---------------------------------------------------------------------------
+# Checkpoints and resume: the node's --out, --checkpoint_every, --resume
+
+def train_alone(run_dir, rounds, model, opt, **flags):
+    """Trains `model` alone for `rounds` rounds of 2 steps, with out=run_dir;
+    returns (round, model_hash, resumed) as the `with` block left them."""
+    port = free_ports(1)[0]
+    swarm = starling.Swarm(node_id="solo", listen="127.0.0.1:%d" % port,
+                           insecure=True)
+    with starling.DiLoCo(model, opt, swarm, inner_steps=2, outer_lr=0.7,
+                         outer_momentum=0.9, compression="int8",
+                         out=str(run_dir), **flags) as d:
+        until = d.round + rounds
+        k = 0
+        while d.round < until:
+            # The data of step k of round r, whichever call trains it.
+            gen = torch.Generator().manual_seed(10 * d.round + k % 2)
+            k += 1
+            loss = model(torch.randn(8, 4, generator=gen)).pow(2).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            d.step()
+        return d.round, d.model_hash, d.resumed
+
+
+def linear(seed, out=2):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, out)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def test_a_member_resumes_where_its_checkpoint_left_it(tmp_path):
+    run = tmp_path / "run"
+    model, opt = linear(0)
+    assert train_alone(run, 2, model, opt)[::2] == (2, False)
+    saved = model.weight.detach().clone()  # θ_global less the int8 residual
+    model, opt = linear(0)
+    r, h, _ = train_alone(run, 0, model, opt, resume=True)
+    assert r == 2 and torch.equal(model.weight.detach(), saved)
+    exp_avg = opt.state_dict()["state"][0]["exp_avg"].clone()
+    assert exp_avg.abs().sum() > 0  # the inner optimizer's state came back
+    # A fresh model (another seed) and optimizer take all of it.
+    model, opt = linear(5)
+    assert not torch.equal(model.weight.detach(), saved)
+    r2, h2, resumed = train_alone(run, 1, model, opt, resume_if_exists=True)
+    assert resumed and r2 == 3 and h2 != h
+    # ... and went on from it: the same as a run never interrupted.
+    model, opt = linear(0)
+    assert train_alone(tmp_path / "straight", 3, model, opt)[1] == h2
+
+
+def test_checkpoint_errors_are_the_clis(tmp_path):
+    def start(model=None, **flags):
+        model = model or torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        swarm = starling.Swarm(node_id="a", insecure=True,
+                               listen="127.0.0.1:%d" % free_ports(1)[0])
+        with starling.DiLoCo(model, opt, swarm, **flags):
+            pass
+
+    with pytest.raises(ValueError, match="--resume needs --out=DIR") as e:
+        start(resume=True)
+    if BINARY:
+        assert str(e.value) in cli_error("--insecure", "--resume")
+    with pytest.raises(ValueError, match="--resume: no checkpoint at .*empty"):
+        start(resume=True, out=str(tmp_path / "empty"))
+    model, opt = linear(0)
+    train_alone(tmp_path / "run", 1, model, opt)
+    with pytest.raises(ValueError, match="already holds a run .*pass --resume"):
+        start(out=str(tmp_path / "run"))
+    with pytest.raises(starling.SwarmError,
+                       match="holds model python.*weight is float32\\[2,4\\] "
+                             "at the checkpoint, float32\\[3,4\\]"):
+        start(model=torch.nn.Linear(4, 3), out=str(tmp_path / "run"),
+              resume=True)
+    if BINARY:  # `starling export` cannot rebuild a Python program's model
+        p = subprocess.run([BINARY, "export", "--from=%s" % (tmp_path / "run"),
+                            "--out=%s" % (tmp_path / "x.pt")],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2, p.stderr
+        assert "written by the Python module" in p.stderr
+
+
+def test_kill_9_then_resume_from_the_checkpoint_rejoins_the_swarm(tmp_path):
+    out = tmp_path / "p2"
+    # The first two train until stopped, as in the late-member test.
+    procs = start_members(3, rounds=400, extra=["--step_sleep=0.05"],
+                          per_member=[[], [], ["--out=%s" % out]])
+    victim = procs[2]
+    seen = []
+    for line in victim.stdout:  # two rounds committed (and checkpointed)
+        seen.append(json.loads(line))
+        if seen[-1].get("outcome") == "committed" and seen[-1]["round"] == 2:
+            break
+    victim.kill()
+    victim.communicate()
+    listen = victim.args[3]  # the same --listen, --node_id and --out
+    seed = procs[0].args[3].replace("--listen=", "--peers=")
+    restarted = subprocess.Popen(
+        [sys.executable, MEMBER, "--node_id=p2", listen, seed, "--rounds=2", "--step_sleep=0.05", "--data_seed=2",
+         "--out=%s" % out],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    [(rc, lines, stderr)] = results([restarted])
+    for p in procs[:2]:
+        p.send_signal(signal.SIGINT)
+    survivors = results(procs[:2])
+    assert all(rc in (0, 130) for rc, _, _ in survivors), survivors
+    first = [l for _, l, _ in survivors]
+    assert rc == 0, stderr
+    assert lines[0]["resumed"] and lines[0]["round"] in (2, 3), lines
+    committed = [l for l in lines if l.get("outcome") == "committed"]
+    assert len(committed) == 2 and all(l["members"] == 3 for l in committed)
+    swarm = {l["round"]: l["model_hash"] for l in first[0]
+             if l.get("outcome") == "committed"}
+    # It resumed the swarm's model of that round, and its rounds since are
+    # the swarm's, bit for bit.
+    assert swarm[lines[0]["round"]] == lines[0]["model_hash"]
+    for l in committed:
+        assert swarm[l["round"]] == l["model_hash"], (lines, first[0])
+
+
+# ---------------------------------------------------------------------------
 # Import errors
 
 def run_import(fake_torch_source):
@@ -182,7 +304,7 @@ def test_import_with_another_torch_version_says_so():
 # ---------------------------------------------------------------------------
 # Swarms of Python members
 
-def start_members(n, rounds, extra=(), widths=None):
+def start_members(n, rounds, extra=(), widths=None, per_member=None):
     ports = free_ports(n)
     procs = []
     for i in range(n):
@@ -192,6 +314,8 @@ def start_members(n, rounds, extra=(), widths=None):
                 "--data_seed=%d" % i, *extra]
         if widths:
             args.append("--width=%d" % widths[i])
+        if per_member:
+            args += per_member[i]
         if i > 0:
             args.append("--peers=127.0.0.1:%d" % ports[0])
         procs.append(subprocess.Popen(args, stdout=subprocess.PIPE,
