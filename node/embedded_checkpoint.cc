@@ -77,7 +77,13 @@ absl::Status EmbeddedDiloco::Checkpoint(const std::string& user_state) {
   if (feedback_) sections.emplace("error_feedback", feedback_->SaveState());
   sections.emplace("buffers_global", FloatBytes(buffers_global_));
   sections.emplace("user_state", user_state);
-  return WriteCheckpoint(path, sections);
+  const absl::Time start = absl::Now();
+  STARLING_RETURN_IF_ERROR(WriteCheckpoint(path, sections));
+  if (ops_.metrics) {
+    ops_.metrics->Checkpoint(absl::ToDoubleSeconds(absl::Now() - start),
+                             absl::Now());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status EmbeddedDiloco::Restore() {

@@ -21,9 +21,15 @@
 // ahead. `starling node --resume` and `starling export` refuse such a file
 // (it has no trainer_state section).
 //
+// Health and metrics are the node's too (node_ops.h, from --health_port,
+// --metrics_port and --watchdog_*): readiness is SERVING once joined and
+// not catching up; liveness follows the watchdog, which InnerStep feeds and
+// a round's exchange arms; the metrics count the caller's inner steps
+// (InnerStep) and the rounds, traffic and peers as the node's do.
+//
 // Left to the caller (the node's loop does them; this driver does not):
 // the inner steps, their learning-rate schedule and data; --overlap,
-// adaptive sync, metrics and health; the residual flush after
+// adaptive sync; the residual flush after
 // the last round (with error feedback the members' residuals stay theirs);
 // staying on to serve members that are behind after this one leaves.
 //
@@ -49,8 +55,10 @@
 
 #include "absl/status/statusor.h"
 #include "gossip/swarm.h"
+#include "node/node_ops.h"
 #include "node/node_run.h"
 #include "node/round_exchange.h"
+#include "node/swarm_metrics.h"
 #include "outer_opt/diloco_round.h"
 
 namespace starling {
@@ -92,9 +100,10 @@ class EmbeddedDiloco {
   // config.net.peers within --connect_timeout and waits for
   // --min_members. InvalidArgument naming the flag or the tensor for bad
   // settings; FailedPrecondition for a refused handshake (naming what
-  // differs); Unavailable / DeadlineExceeded when nobody answered.
+  // differs); Unavailable / DeadlineExceeded when nobody answered. `ops`:
+  // the health and metrics servers StartOps started (none: both off).
   static absl::StatusOr<std::unique_ptr<EmbeddedDiloco>> Start(
-      NodeConfig config, EmbeddedModel model);
+      NodeConfig config, EmbeddedModel model, NodeOps ops = NodeOps());
   // Leaves, if Leave was not called.
   ~EmbeddedDiloco();
   EmbeddedDiloco(const EmbeddedDiloco&) = delete;
@@ -116,6 +125,17 @@ class EmbeddedDiloco {
   const std::string& resumed_user_state() const { return user_state_; }
   bool resumed() const { return config_.train.resume(); }
 
+  // One inner step of the caller's loop done: the watchdog and the step
+  // metrics (starling_inner_steps_total, _tokens_total, _train_loss, ...).
+  void InnerStep(const StepResult& step);
+  // "host:port" of the health and metrics servers; "" when off.
+  std::string health_address() const {
+    return ops_.health ? ops_.health->address() : "";
+  }
+  std::string metrics_address() const {
+    return ops_.metrics ? ops_.metrics->address() : "";
+  }
+
   // Says goodbye and stops the swarm. Idempotent.
   void Leave();
   // Makes a round in flight give up at its next wait; Round then returns
@@ -134,7 +154,9 @@ class EmbeddedDiloco {
   int64_t n_params() const { return n_params_; }
 
  private:
-  EmbeddedDiloco(NodeConfig config, EmbeddedModel model);
+  EmbeddedDiloco(NodeConfig config, EmbeddedModel model, NodeOps ops);
+  // The traffic and the swarm's side of the metrics, now.
+  void RefreshMetrics();
   absl::Status Init();
   // --resume: the checkpoint in --out into the model and the round state.
   absl::Status Restore();
@@ -164,6 +186,9 @@ class EmbeddedDiloco {
   int64_t step_ = 0;  // the inner steps the swarm's rounds stand for
   std::string address_;
   std::string user_state_;
+  RingStats pseudo_gradient_bytes_;  // this session's, for the metrics
+  // Before swarm_: its servers read the watchdog, which outlives them.
+  NodeOps ops_;
   std::atomic<bool> abandon_{false};
   bool left_ = false;
   // Last: stopped first, its threads use nothing above but abandon_.

@@ -29,6 +29,7 @@
 #include "node/flags.h"
 #include "node/node_command.h"
 #include "node/node_flags.h"
+#include "node/node_ops.h"
 #include "node/node_run.h"
 
 namespace py = pybind11;
@@ -75,13 +76,22 @@ class PyDiloco {
            std::vector<torch::Tensor> buffers, std::string architecture) {
     absl::StatusOr<NodeConfig> config = ParseNodeArgs(args);
     if (!config.ok()) Raise(config.status());
+    // What reads the process-wide flags, under the GIL (see above).
+    ApplyResumeIfExists(&config->train);
+    NodeOps ops;
+    if (absl::Status s =
+            StartOps(config->net.node_id, config->algo, "cpu", &ops);
+        !s.ok()) {
+      Raise(s);
+    }
     EmbeddedModel model{std::move(param_names), std::move(params),
                         std::move(buffer_names), std::move(buffers),
                         std::move(architecture)};
     absl::StatusOr<std::unique_ptr<EmbeddedDiloco>> d;
     {
       py::gil_scoped_release release;
-      d = EmbeddedDiloco::Start(*std::move(config), std::move(model));
+      d = EmbeddedDiloco::Start(*std::move(config), std::move(model),
+                                std::move(ops));
     }
     if (!d.ok()) Raise(d.status());
     d_ = *std::move(d);
@@ -112,6 +122,15 @@ class PyDiloco {
       s = Live().Checkpoint(user_state);
     }
     if (!s.ok()) Raise(s);
+  }
+
+  void InnerStep(double seconds, int64_t tokens, double loss, double lr) {
+    StepResult r;
+    r.seconds = seconds;
+    r.tokens = tokens;
+    r.loss = loss;
+    r.lr = lr;
+    Live().InnerStep(r);
   }
 
   void Leave() {
@@ -206,6 +225,15 @@ PYBIND11_MODULE(_starling, m) {
                     std::vector<torch::Tensor>, std::string>())
       .def("round", &PyDiloco::Round)
       .def("leave", &PyDiloco::Leave)
+      .def("inner_step", &PyDiloco::InnerStep,
+           "One inner step (seconds, tokens, loss, lr) for the watchdog "
+           "and the metrics.")
+      .def_property_readonly(
+          "health_address",
+          [](PyDiloco& d) { return d.Live().health_address(); })
+      .def_property_readonly(
+          "metrics_address",
+          [](PyDiloco& d) { return d.Live().metrics_address(); })
       .def("checkpoint", &PyDiloco::Checkpoint,
            "Writes OUT/checkpoint.ckpt with these bytes as its user_state.")
       .def_property_readonly("checkpoints",

@@ -65,8 +65,10 @@ if torch.__version__ != _build_info.TORCH_VERSION:
            torch.__file__))
 
 import io as _io
+import math as _math
 import signal as _signal
 import threading as _threading
+import time as _time
 
 from ._starling import SwarmError, _Diloco, _architecture, _check_flags
 from ._starling import _model_hash, _node_flag_names
@@ -188,17 +190,28 @@ class DiLoCo:
             def _on_term(signum, frame):
                 raise KeyboardInterrupt("SIGTERM")
             self._old_sigterm = _signal.signal(_signal.SIGTERM, _on_term)
+        self._mark = _time.perf_counter()
 
-    def step(self, samples=None):
+    def step(self, samples=None, loss=None, tokens=None):
         """Counts one inner step (of `samples` examples, for the weighting);
         at the inner_steps-th, runs the round and returns what it did (a
-        dict: outcome, round, members, model_hash, seconds, wire_bytes)."""
+        dict: outcome, round, members, model_hash, seconds, wire_bytes).
+        `loss` and `tokens` (default: samples) only feed the metrics
+        (starling_train_loss, starling_tokens_total); the step's time is
+        the time since the previous step() returned."""
         if self._d is None:
             raise RuntimeError("DiLoCo.step() outside its `with` block "
                                "(or before start())")
+        n = 1 if samples is None else int(samples)
+        lr = self.inner_optimizer.param_groups[0].get("lr", 0.0)
+        self._d.inner_step(_time.perf_counter() - self._mark,
+                           n if tokens is None else int(tokens),
+                           _math.nan if loss is None else float(loss),
+                           float(lr))
         self._steps += 1
-        self._samples += 1 if samples is None else int(samples)
+        self._samples += n
         if self._steps < self.inner_steps:
+            self._mark = _time.perf_counter()
             return None
         steps, samples_done = self._steps, self._samples
         self._steps = self._samples = 0
@@ -206,6 +219,7 @@ class DiLoCo:
             self.last_round = self._d.round(steps, samples_done)
         if self.last_round.pop("checkpoint_due"):
             self.checkpoint()
+        self._mark = _time.perf_counter()
         return self.last_round
 
     def checkpoint(self):
@@ -253,6 +267,16 @@ class DiLoCo:
     @property
     def address(self):
         return self._d.address
+
+    @property
+    def health_address(self):
+        """host:port of the gRPC health service (health_port=), or ""."""
+        return self._d.health_address
+
+    @property
+    def metrics_address(self):
+        """host:port serving /metrics (metrics_port=), or ""."""
+        return self._d.metrics_address
 
     @property
     def architecture(self):

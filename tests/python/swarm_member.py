@@ -63,7 +63,9 @@ def main():
                          health_port=a.health_port) as d:
         print(json.dumps({"address": d.address, "model_hash": d.model_hash,
                           "architecture": d.architecture, "round": d.round,
-                          "resumed": d.resumed}), flush=True)
+                          "resumed": d.resumed,
+                          "health": d.health_address,
+                          "metrics": d.metrics_address}), flush=True)
         rounds = 0
         while rounds < a.rounds:
             if a.torchscript:
@@ -81,7 +83,7 @@ def main():
             if a.step_sleep:
                 import time
                 time.sleep(a.step_sleep)
-            r = d.step(samples=32)
+            r = d.step(samples=32, loss=loss)
             if r is not None:
                 # What the model's own tensors hold now (θ_global and the
                 # averaged buffers, without error feedback's residual).

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -267,6 +268,84 @@ def test_kill_9_then_resume_from_the_checkpoint_rejoins_the_swarm(tmp_path):
     assert swarm[lines[0]["round"]] == lines[0]["model_hash"]
     for l in committed:
         assert swarm[l["round"]] == l["model_hash"], (lines, first[0])
+
+
+# ---------------------------------------------------------------------------
+# Metrics and health: the node's --metrics_port and --health_port
+
+def scrape(address):
+    import urllib.request
+    with urllib.request.urlopen("http://%s/metrics" % address,
+                                timeout=10) as r:
+        return r.read().decode()
+
+
+def sample(text, series):
+    """The value of `series` (name and labels, as exposed), or None."""
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return None
+
+
+def health(address, service):
+    """grpc.health.v1.Health/Check's status: 1 SERVING, 2 NOT_SERVING."""
+    import grpc
+    with grpc.insecure_channel(address) as channel:
+        check = channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=lambda s: b"\x0a" + bytes([len(s)]) +
+            s.encode(),
+            response_deserializer=lambda b: b)
+        reply = check(service, timeout=10)
+    return reply[1] if len(reply) == 2 and reply[0] == 0x08 else 0
+
+
+def test_metrics_and_health_of_a_running_python_member():
+    procs = start_members(2, rounds=400, extra=["--step_sleep=0.05"],
+                          per_member=[["--metrics_port=0", "--health_port=0"],
+                                      []])
+    try:
+        first = json.loads(procs[0].stdout.readline())
+        assert first["metrics"] and first["health"], first
+        assert health(first["health"], "readiness") == 1
+        assert health(first["health"], "liveness") == 1
+        committed = 'starling_rounds_total{result="committed"}'
+        before = sample(scrape(first["metrics"]), committed)
+        deadline = time.time() + 120
+        while True:  # rounds commit while we watch
+            text = scrape(first["metrics"])
+            now = sample(text, committed)
+            if now is not None and before is not None and now >= before + 2:
+                break
+            assert time.time() < deadline, text
+            time.sleep(0.2)
+        assert sample(text, "starling_inner_steps_total") >= 5 * now
+        assert sample(text, "starling_peers_connected") == 1
+        assert sample(text, "starling_sent_bytes_total") > 0
+        assert 0 < sample(text, "starling_train_loss") < 10
+        assert "starling_round_duration_seconds_bucket" in text
+        [info] = [l for l in text.splitlines()
+                  if l.startswith("starling_build_info{")]
+        assert 'algo="diloco"' in info and 'node="p0"' in info, info
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            p.communicate(timeout=120)
+
+
+def test_bad_health_port_is_the_clis_value_error():
+    model = torch.nn.Linear(4, 2)
+    swarm = starling.Swarm(node_id="a", insecure=True,
+                           listen="127.0.0.1:%d" % free_ports(1)[0])
+    d = starling.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                        swarm, health_port=70000)
+    with pytest.raises(ValueError) as e:
+        d.start()
+    assert "--health_port=70000: expected a port" in str(e.value)
+    if BINARY:
+        assert str(e.value) in cli_error("--insecure", "--health_port=70000")
 
 
 # ---------------------------------------------------------------------------
