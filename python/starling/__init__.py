@@ -24,7 +24,10 @@ A round runs in C++ with the GIL released (node/embedded_diloco.h): the
 pseudo-gradient against θ_global, compression with error feedback, the
 exchange through the swarm's round protocol and ring all-reduce, the outer
 Nesterov step, and θ and the averaged buffers written back into the
-model's own tensors.
+model's own tensors. Members whose rounds commit hold identical models, so
+Python members and `starling node` members with the same fingerprint share
+a run. Leaving the `with` block (also on Ctrl-C or SIGTERM, after the round
+in flight) says goodbye to the swarm.
 
 Checkpoints are the node's: with out=DIR, OUT/checkpoint.ckpt is written
 every checkpoint_every inner steps (after the round that crosses the
@@ -34,10 +37,8 @@ DiLoCo with resume=True (or resume_if_exists=True) and the same out starts
 from it: the model's tensors and the inner optimizer are loaded, the round
 goes on from the saved one (then catches up if the swarm is ahead). The
 data loader's position and learning-rate schedulers are the caller's to
-save. See docs/python.md. Members whose rounds commit hold identical models, so
-Python members and `starling node` members with the same fingerprint share
-a run. Leaving the `with` block (also on Ctrl-C or SIGTERM, after the round
-in flight) says goodbye to the swarm.
+save. metrics_port= and health_port= serve the node's Prometheus metrics
+and gRPC health checks. See docs/python.md.
 """
 
 try:
