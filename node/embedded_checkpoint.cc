@@ -90,8 +90,15 @@ absl::Status EmbeddedDiloco::Restore() {
   const std::string path = CheckpointPathInRunDir(config_.train.out());
   STARLING_ASSIGN_OR_RETURN(CheckpointReader reader,
                             CheckpointReader::Open(path));
-  for (const char* name :
-       {"architecture", kModelTensors, "round", "step", "outer"}) {
+  if (reader.Has("trainer_state") && !reader.Has("lineage")) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--resume: checkpoint ", path,
+        " is a starling node's (it has a trainer_state section): resume it "
+        "with starling node --resume; the Python module resumes only its "
+        "own checkpoints"));
+  }
+  for (const char* name : {"architecture", kModelTensors, "round", "step",
+                           "outer", "lineage", "buffers_global"}) {
     if (!reader.Has(name)) {
       return absl::DataLossError(
           absl::StrCat("checkpoint ", path, " has no '", name, "' section"));
@@ -141,19 +148,16 @@ absl::Status EmbeddedDiloco::Restore() {
                                             kModelTensors, ": ", s.message()));
   }
   theta_global_ = Flatten(theta);
-  // A node's checkpoint holds the buffers as its model does (integers
-  // rounded); this driver's also holds their exact mean.
-  buffers_global_ = Flatten(model_.buffers);
-  if (reader.Has("buffers_global")) {
-    STARLING_ASSIGN_OR_RETURN(std::string bytes,
-                              reader.ReadString("buffers_global"));
-    if (bytes.size() != buffers_global_.size() * sizeof(float)) {
-      return absl::DataLossError(absl::StrCat(
-          "checkpoint ", path, " section buffers_global holds ", bytes.size(),
-          " bytes, not the ", buffers_global_.size(), " floats of the model"));
-    }
-    std::memcpy(buffers_global_.data(), bytes.data(), bytes.size());
+  // The buffers' exact mean: model_tensors holds integer buffers rounded.
+  buffers_global_.assign(NumElements(model_.buffers), 0.0f);
+  STARLING_ASSIGN_OR_RETURN(std::string bytes,
+                            reader.ReadString("buffers_global"));
+  if (bytes.size() != buffers_global_.size() * sizeof(float)) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint ", path, " section buffers_global holds ", bytes.size(),
+        " bytes, not the ", buffers_global_.size(), " floats of the model"));
   }
+  std::memcpy(buffers_global_.data(), bytes.data(), bytes.size());
   STARLING_ASSIGN_OR_RETURN(std::string outer, reader.ReadString("outer"));
   STARLING_RETURN_IF_ERROR(outer_->LoadState(outer));
   if (feedback_) {
@@ -175,13 +179,11 @@ absl::Status EmbeddedDiloco::Restore() {
   STARLING_RETURN_IF_ERROR(integer("member_rounds", &member_rounds_));
   member_rounds_ = std::min(member_rounds_, kMaxMemberRounds);
   lineage_ = FlatHash(theta_global_, buffers_global_);
-  if (reader.Has("lineage")) {
-    STARLING_ASSIGN_OR_RETURN(std::string saved, reader.ReadString("lineage"));
-    if (saved != lineage_) {
-      return absl::DataLossError(
-          absl::StrCat("checkpoint ", path, ": its model hashes to ", lineage_,
-                       ", not to the ", saved, " it was written with"));
-    }
+  STARLING_ASSIGN_OR_RETURN(std::string saved, reader.ReadString("lineage"));
+  if (saved != lineage_) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", path, ": its model hashes to ", lineage_,
+                     ", not to the ", saved, " it was written with"));
   }
   if (reader.Has("user_state")) {
     STARLING_ASSIGN_OR_RETURN(user_state_, reader.ReadString("user_state"));

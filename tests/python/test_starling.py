@@ -582,3 +582,12 @@ def test_python_and_cxx_members_share_rounds_bit_identically(tmp_path):
     # hashes the buffers' exact mean, which the integer num_batches_tracked
     # holds rounded, as in the C++ node.)
     assert tensors[0] == tensors[1]
+    # A node's checkpoint is the node's to resume, not a Python member's.
+    m = torch.jit.load(model)
+    swarm = starling.Swarm(node_id="x", insecure=True,
+                           listen="127.0.0.1:%d" % free_ports(1)[0])
+    d = starling.DiLoCo(m, torch.optim.SGD(m.parameters(), lr=0.1), swarm,
+                        out=str(tmp_path / "c0"), resume=True,
+                        architecture=starling.torchscript_architecture(model))
+    with pytest.raises(starling.SwarmError, match="is a starling node's"):
+        d.start()
