@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "node/elastic_swarm.h"
 #include "node/swarm_end_report.h"
+#include "node/swarm_metrics.h"
 
 namespace starling {
 namespace {
@@ -601,17 +602,8 @@ absl::Status DilocoLoop::BackToCommit(const RoundInFlight& c) {
 
 void DilocoLoop::ReportRoundMetrics(const RoundInFlight& c,
                                     const Swarm::RoundResult& res) const {
-  NodeMetrics* metrics = run_.ops.metrics.get();
-  if (metrics == nullptr) return;
-  const bool committed = res.outcome == Swarm::Outcome::kCommitted;
-  for (int i = 0; i < c.exchange->attempts() - (committed ? 1 : 0); ++i) {
-    metrics->Round(kRoundAborted, 0, 0);
-  }
-  metrics->Round(committed                                 ? kRoundCommitted
-                 : res.outcome == Swarm::Outcome::kStopped ? kRoundStopped
-                                                           : kRoundStale,
-                 absl::ToDoubleSeconds(absl::Now() - c.inner.round_start),
-                 c.exchange->sync_seconds());
+  starling::ReportRoundMetrics(run_.ops.metrics.get(), *c.exchange, res.outcome,
+                               c.inner.round_start);
 }
 
 absl::StatusOr<DilocoLoop::RoundAction> DilocoLoop::MissedRound(

@@ -14,6 +14,7 @@
 #include "node/diloco_loop.h"
 #include "node/elastic_swarm.h"
 #include "node/node_command.h"
+#include "node/run_output.h"
 
 namespace starling {
 namespace {
@@ -58,13 +59,16 @@ std::string EmbeddedArchitecture(const EmbeddedModel& model) {
   return absl::StrFormat("python(%016x)", HashBytes(text.data(), text.size()));
 }
 
-EmbeddedDiloco::EmbeddedDiloco(NodeConfig config, EmbeddedModel model)
-    : config_(std::move(config)), model_(std::move(model)) {}
+EmbeddedDiloco::EmbeddedDiloco(NodeConfig config, EmbeddedModel model,
+                               NodeOps ops)
+    : config_(std::move(config)),
+      model_(std::move(model)),
+      ops_(std::move(ops)) {}
 
 EmbeddedDiloco::~EmbeddedDiloco() { Leave(); }
 
 absl::StatusOr<std::unique_ptr<EmbeddedDiloco>> EmbeddedDiloco::Start(
-    NodeConfig config, EmbeddedModel model) {
+    NodeConfig config, EmbeddedModel model, NodeOps ops) {
   STARLING_RETURN_IF_ERROR(CheckTensors(model));
   if (config.algo != "diloco") {
     return absl::InvalidArgumentError(
@@ -75,8 +79,14 @@ absl::StatusOr<std::unique_ptr<EmbeddedDiloco>> EmbeddedDiloco::Start(
         "--overlap and --overlap_steps: not available from Python (the "
         "exchange runs while d.step() waits)");
   }
+  // The node's run directory rules: --resume needs a checkpoint in --out,
+  // and a checkpoint there needs --resume (or --resume_if_exists, which the
+  // caller applied). No --out: no checkpoints.
+  if (!config.train.out().empty() || config.train.resume()) {
+    STARLING_RETURN_IF_ERROR(PrepareRunDir(&config.train, "python"));
+  }
   auto d = std::unique_ptr<EmbeddedDiloco>(
-      new EmbeddedDiloco(std::move(config), std::move(model)));
+      new EmbeddedDiloco(std::move(config), std::move(model), std::move(ops)));
   STARLING_RETURN_IF_ERROR(d->Init());
   return d;
 }
@@ -87,8 +97,8 @@ absl::Status EmbeddedDiloco::Init() {
   STARLING_ASSIGN_OR_RETURN(codecs_,
                             MakeCodecs(config_, model_.params, n_buffers_));
   round_options_ = DilocoRoundOptionsOf(config_, codecs_);
-  exchange_settings_ =
-      DilocoExchangeSettings(config_, codecs_, n_params_, n_buffers_, nullptr);
+  exchange_settings_ = DilocoExchangeSettings(config_, codecs_, n_params_,
+                                              n_buffers_, ops_.watchdog.get());
   STARLING_ASSIGN_OR_RETURN(
       outer_, OuterOptimizer::Create(config_.diloco.outer, n_params_));
   if (codecs_.error_feedback) {
@@ -102,6 +112,8 @@ absl::Status EmbeddedDiloco::Init() {
       MakeFingerprint(architecture_, n_params_, lineage_,
                       SignatureLines(model_.param_names, model_.params,
                                      model_.buffer_names, model_.buffers));
+  // After the fingerprint, which names the model every member starts from.
+  if (config_.train.resume()) STARLING_RETURN_IF_ERROR(Restore());
   STARLING_ASSIGN_OR_RETURN(
       SwarmOptions so, ElasticSwarmOptions(config_.net, "diloco", fingerprint));
   so = DilocoRoundSwarmOptions(std::move(so), config_, codecs_, n_params_,
@@ -115,6 +127,9 @@ absl::Status EmbeddedDiloco::Init() {
   STARLING_RETURN_IF_ERROR(swarm_->WaitForMembers(
       config_.net.min_members, absl::Now() + config_.net.connect_timeout));
   Serve();
+  if (ops_.metrics) ops_.metrics->SetOuterLr(config_.diloco.outer.lr);
+  RefreshMetrics();
+  ops_.SetReady(true);
   return absl::OkStatus();
 }
 
@@ -154,6 +169,12 @@ absl::StatusOr<EmbeddedRound> EmbeddedDiloco::Round(int steps,
   exchange.Launch(*swarm_, Here(), /*async=*/false, abandon_);
   absl::StatusOr<Swarm::RoundResult> res = exchange.Wait();
   out.wire_bytes = exchange.traffic().wire_bytes;
+  pseudo_gradient_bytes_.raw_bytes += exchange.traffic().raw_bytes;
+  pseudo_gradient_bytes_.wire_bytes += exchange.traffic().wire_bytes;
+  if (res.ok()) {
+    ReportRoundMetrics(ops_.metrics.get(), exchange, res->outcome, start);
+  }
+  RefreshMetrics();
   if (!res.ok() || res->outcome != Swarm::Outcome::kCommitted) {
     if (feedback_) (void)exchange.round().Restore(feedback_.get());
     STARLING_RETURN_IF_ERROR(LoadModel());
@@ -171,11 +192,16 @@ absl::StatusOr<EmbeddedRound> EmbeddedDiloco::Round(int steps,
       exchange.round().Commit(*exchange.sum(), &theta_global_, *outer_,
                               &buffers_global_));
   STARLING_RETURN_IF_ERROR(LoadModel());
+  if (ops_.metrics) ops_.metrics->SetPseudoGradientNorm(update.delta_norm);
   lineage_ = FlatHash(theta_global_, buffers_global_);
   member_rounds_ =
       std::min(kMaxMemberRounds,
                member_rounds_ + static_cast<int64_t>(res->members.size()));
+  const int64_t prev_step = step_;
   step_ += std::max<int64_t>(1, std::llround(update.effective_steps));
+  const int every = config_.train.checkpoint_every();
+  out.checkpoint_due =
+      checkpoints() && every > 0 && step_ / every > prev_step / every;
   ++round_;
   out.members = static_cast<int>(res->members.size());
   Serve();
@@ -198,6 +224,9 @@ absl::StatusOr<std::string> EmbeddedDiloco::CatchUpIfBehind(
 }
 
 absl::Status EmbeddedDiloco::CatchUp(const Swarm::Lineage& best) {
+  // Not ready while catching up, as the node.
+  ops_.SetReady(false);
+  if (ops_.watchdog) ops_.watchdog->Waiting(config_.net.round_timeout);
   swarm_->SetProgress(Here(), /*joining=*/true);
   Swarm::FetchStats stats;
   STARLING_ASSIGN_OR_RETURN(
@@ -216,12 +245,30 @@ absl::Status EmbeddedDiloco::CatchUp(const Swarm::Lineage& best) {
   STARLING_RETURN_IF_ERROR(LoadModel());
   Serve();
   swarm_->SetProgress(Here(), /*joining=*/false);
+  ops_.SetReady(true);
   return absl::OkStatus();
+}
+
+void EmbeddedDiloco::InnerStep(const StepResult& step) {
+  if (ops_.watchdog) ops_.watchdog->Step(absl::Seconds(step.seconds));
+  if (ops_.metrics) {
+    ops_.metrics->InnerStep(step.seconds, step.tokens, step.loss);
+    ops_.metrics->SetInnerLr(step.lr);
+  }
+}
+
+void EmbeddedDiloco::RefreshMetrics() {
+  if (!ops_.metrics || swarm_ == nullptr) return;
+  ops_.metrics->SetTraffic(swarm_->bytes_sent(), swarm_->bytes_received(),
+                           pseudo_gradient_bytes_.raw_bytes,
+                           pseudo_gradient_bytes_.wire_bytes);
+  RefreshSwarmMetrics(*swarm_, config_.net.node_id, *ops_.metrics);
 }
 
 void EmbeddedDiloco::Leave() {
   if (left_ || swarm_ == nullptr) return;
   left_ = true;
+  ops_.SetReady(false);
   swarm_->Leave();
   swarm_->Shutdown();
 }

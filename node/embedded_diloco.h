@@ -9,9 +9,27 @@
 // hold bit-identical θ_global whichever loop drives them, so a Python
 // member and `starling node` members with the same fingerprint share a run.
 //
+// Checkpoints are the node's (--out, --checkpoint_every, --resume,
+// --resume_if_exists): OUT/checkpoint.ckpt in core/checkpoint.h's format,
+// with the node's sections for what a DiLoCo member shares (architecture,
+// tensor_signature, model_tensors holding θ_global and the buffers, round,
+// member_rounds, outer, error_feedback) and, since no Trainer runs here,
+// step, lineage, buffers_global (the buffers' exact mean) and user_state
+// (the caller's bytes: the Python module keeps the inner optimizer's
+// state_dict there) instead of the trainer's. A resumed member starts from
+// the checkpoint's round and θ_global, then catches up if the swarm is
+// ahead. `starling node --resume` and `starling export` refuse such a file
+// (it has no trainer_state section), and Restore refuses a node's.
+//
+// Health and metrics are the node's too (node_ops.h, from --health_port,
+// --metrics_port and --watchdog_*): readiness is SERVING once joined and
+// not catching up; liveness follows the watchdog, which InnerStep feeds and
+// a round's exchange arms; the metrics count the caller's inner steps
+// (InnerStep) and the rounds, traffic and peers as the node's do.
+//
 // Left to the caller (the node's loop does them; this driver does not):
 // the inner steps, their learning-rate schedule and data; --overlap,
-// adaptive sync, checkpoints, metrics and health; the residual flush after
+// adaptive sync; the residual flush after
 // the last round (with error feedback the members' residuals stay theirs);
 // staying on to serve members that are behind after this one leaves.
 //
@@ -37,8 +55,10 @@
 
 #include "absl/status/statusor.h"
 #include "gossip/swarm.h"
+#include "node/node_ops.h"
 #include "node/node_run.h"
 #include "node/round_exchange.h"
+#include "node/swarm_metrics.h"
 #include "outer_opt/diloco_round.h"
 
 namespace starling {
@@ -68,6 +88,9 @@ struct EmbeddedRound {
   std::string model_hash;
   double seconds = 0;  // of the whole call
   int64_t wire_bytes = 0;
+  // The committed round crossed a --checkpoint_every boundary of steps
+  // (with --out): the caller should call Checkpoint now.
+  bool checkpoint_due = false;
 };
 
 class EmbeddedDiloco {
@@ -77,9 +100,10 @@ class EmbeddedDiloco {
   // config.net.peers within --connect_timeout and waits for
   // --min_members. InvalidArgument naming the flag or the tensor for bad
   // settings; FailedPrecondition for a refused handshake (naming what
-  // differs); Unavailable / DeadlineExceeded when nobody answered.
+  // differs); Unavailable / DeadlineExceeded when nobody answered. `ops`:
+  // the health and metrics servers StartOps started (none: both off).
   static absl::StatusOr<std::unique_ptr<EmbeddedDiloco>> Start(
-      NodeConfig config, EmbeddedModel model);
+      NodeConfig config, EmbeddedModel model, NodeOps ops = NodeOps());
   // Leaves, if Leave was not called.
   ~EmbeddedDiloco();
   EmbeddedDiloco(const EmbeddedDiloco&) = delete;
@@ -91,6 +115,26 @@ class EmbeddedDiloco {
   // and the shared buffers written into the caller's tensors. When the
   // round does not commit, the model goes back to where it started.
   absl::StatusOr<EmbeddedRound> Round(int steps, int64_t samples);
+
+  // Writes OUT/checkpoint.ckpt (atomically) for the last committed round,
+  // with `user_state`. FailedPrecondition without --out.
+  absl::Status Checkpoint(const std::string& user_state);
+  // Whether there is an --out to checkpoint into.
+  bool checkpoints() const { return !config_.train.out().empty(); }
+  // The user_state of the checkpoint this member resumed from ("" if none).
+  const std::string& resumed_user_state() const { return user_state_; }
+  bool resumed() const { return config_.train.resume(); }
+
+  // One inner step of the caller's loop done: the watchdog and the step
+  // metrics (starling_inner_steps_total, _tokens_total, _train_loss, ...).
+  void InnerStep(const StepResult& step);
+  // "host:port" of the health and metrics servers; "" when off.
+  std::string health_address() const {
+    return ops_.health ? ops_.health->address() : "";
+  }
+  std::string metrics_address() const {
+    return ops_.metrics ? ops_.metrics->address() : "";
+  }
 
   // Says goodbye and stops the swarm. Idempotent.
   void Leave();
@@ -110,8 +154,12 @@ class EmbeddedDiloco {
   int64_t n_params() const { return n_params_; }
 
  private:
-  EmbeddedDiloco(NodeConfig config, EmbeddedModel model);
+  EmbeddedDiloco(NodeConfig config, EmbeddedModel model, NodeOps ops);
+  // The traffic and the swarm's side of the metrics, now.
+  void RefreshMetrics();
   absl::Status Init();
+  // --resume: the checkpoint in --out into the model and the round state.
+  absl::Status Restore();
   Swarm::Lineage Here() const;
   void Serve();
   // The node's own model and the shared buffers into the caller's tensors.
@@ -137,6 +185,10 @@ class EmbeddedDiloco {
   int64_t member_rounds_ = 0;
   int64_t step_ = 0;  // the inner steps the swarm's rounds stand for
   std::string address_;
+  std::string user_state_;
+  RingStats pseudo_gradient_bytes_;  // this session's, for the metrics
+  // Before swarm_: its servers read the watchdog, which outlives them.
+  NodeOps ops_;
   std::atomic<bool> abandon_{false};
   bool left_ = false;
   // Last: stopped first, its threads use nothing above but abandon_.

@@ -294,6 +294,13 @@ absl::StatusOr<TrainConfig> ConfigOf(const std::string& path,
   STARLING_ASSIGN_OR_RETURN(Checkpoint ckpt, ReadCheckpoint(path));
   TrainerState st;
   auto it = ckpt.sections.find("trainer_state");
+  if (it == ckpt.sections.end() && ckpt.sections.count("user_state")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", path,
+        " was written by the Python module (starling.DiLoCo): its model is "
+        "the Python program's, with no trainer state to rebuild it from; "
+        "resume it with starling.DiLoCo(..., out=DIR, resume=True)"));
+  }
   if (it == ckpt.sections.end() || !st.ParseFromString(it->second)) {
     return absl::DataLossError(absl::StrCat(
         "checkpoint ", path, " holds no trainer state: not a Starling run's"));

@@ -111,13 +111,7 @@ void LogPeerSecurity(const NodeConfig& config) {
 // checks for this algorithm's copies of the weights.
 absl::StatusOr<std::unique_ptr<Trainer>> StartTrainer(NodeConfig* config) {
   TrainConfig& train = config->train;
-  if (absl::GetFlag(FLAGS_resume_if_exists) && !train.resume() &&
-      !train.out().empty() && FileExists(CheckpointPathInRunDir(train.out()))) {
-    LogEvent(LogLevel::kInfo, "resume",
-             absl::StrCat("--resume_if_exists: continuing the run in ",
-                          train.out()));
-    train.set_resume(true);
-  }
+  ApplyResumeIfExists(&train);
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = StartRun(&train, "node");
   if (!trainer.ok()) {
     return WithExitCode(trainer.status(), ExitCodeFor(trainer.status()));
@@ -218,6 +212,17 @@ absl::StatusOr<std::unique_ptr<NodeRun>> MakeRun(NodeConfig config,
 }
 
 }  // namespace
+
+void ApplyResumeIfExists(TrainConfig* train) {
+  if (absl::GetFlag(FLAGS_resume_if_exists) && !train->resume() &&
+      !train->out().empty() &&
+      FileExists(CheckpointPathInRunDir(train->out()))) {
+    LogEvent(LogLevel::kInfo, "resume",
+             absl::StrCat("--resume_if_exists: continuing the run in ",
+                          train->out()));
+    train->set_resume(true);
+  }
+}
 
 absl::StatusOr<NodeCodecs> MakeCodecs(const NodeConfig& config,
                                       const std::vector<torch::Tensor>& params,

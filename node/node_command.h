@@ -61,6 +61,10 @@ absl::StatusOr<NodeCodecs> MakeCodecs(const NodeConfig& config,
                                       const std::vector<torch::Tensor>& params,
                                       int64_t n_buffers);
 
+// --resume_if_exists: sets --resume when --out holds a checkpoint, and
+// says so. The node and the Python module (embedded_diloco.h) call it.
+void ApplyResumeIfExists(TrainConfig* train);
+
 // The peer-security flags (--tls_*, --insecure, --join_token_file,
 // --peer_rate_limit) as the node reads them.
 PeerSecurityOptions PeerSecurityFromFlags();

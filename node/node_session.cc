@@ -13,6 +13,7 @@
 #include "core/status.h"
 #include "gossip/reachability.h"
 #include "node/swarm_end_report.h"
+#include "node/swarm_metrics.h"
 
 namespace starling {
 namespace {
@@ -138,31 +139,7 @@ void NodeSession::RefreshMetrics() const {
   NodeMetrics& metrics = *run_.ops.metrics;
   metrics.SetTraffic(BytesSent(), BytesReceived(), before_compression_.load(),
                      after_compression_.load());
-  if (swarm_ == nullptr) return;
-  int known = 0, connected = 0;
-  for (const peer::v1::MemberEntry& e : swarm_->Members()) {
-    if (e.id() == node_id_) continue;
-    if (e.state() == peer::v1::MEMBER_ALIVE) ++connected;
-    if (e.state() == peer::v1::MEMBER_ALIVE ||
-        e.state() == peer::v1::MEMBER_SUSPECT) {
-      ++known;
-    }
-  }
-  metrics.SetPeers(known, connected);
-  const std::vector<peer::v1::MemberEntry> table = swarm_->Members();
-  peer::v1::Reachability own = peer::v1::REACHABILITY_UNKNOWN;
-  for (const peer::v1::MemberEntry& e : table) {
-    if (e.id() == node_id_) own = e.reachability();
-  }
-  const ReachabilityCounts counts = CountReachability(table);
-  metrics.SetReachability(
-      own == peer::v1::REACHABILITY_UNKNOWN
-          ? -1
-          : (own == peer::v1::REACHABILITY_REACHABLE ? 1 : 0),
-      counts.reachable, counts.unreachable, counts.unknown);
-  metrics.SetRpcErrors(swarm_->rpc_errors());
-  metrics.SetRefusals(swarm_->refusals());
-  metrics.SetEarlyBytes(swarm_->early_bytes());
+  if (swarm_ != nullptr) RefreshSwarmMetrics(*swarm_, node_id_, metrics);
 }
 
 void NodeSession::LogModel(const std::string& who) const {

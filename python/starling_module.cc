@@ -7,7 +7,7 @@
 //  - _Diloco runs the node's DiLoCo round over the caller's tensors
 //    (node/embedded_diloco.h). The tensors cross through torch's pybind
 //    casters: the C++ side holds the very tensors of the model, no copy.
-//    Joining, each round and leaving release the GIL.
+//    Joining, each round, checkpoints and leaving release the GIL.
 // Other failures raise starling.SwarmError (a RuntimeError): a refused
 // handshake, nobody answering, a round that failed here.
 // Thread-safety: the flags are process-wide, so _check_flags and the
@@ -29,6 +29,7 @@
 #include "node/flags.h"
 #include "node/node_command.h"
 #include "node/node_flags.h"
+#include "node/node_ops.h"
 #include "node/node_run.h"
 
 namespace py = pybind11;
@@ -75,13 +76,22 @@ class PyDiloco {
            std::vector<torch::Tensor> buffers, std::string architecture) {
     absl::StatusOr<NodeConfig> config = ParseNodeArgs(args);
     if (!config.ok()) Raise(config.status());
+    // What reads the process-wide flags, under the GIL (see above).
+    ApplyResumeIfExists(&config->train);
+    NodeOps ops;
+    if (absl::Status s =
+            StartOps(config->net.node_id, config->algo, "cpu", &ops);
+        !s.ok()) {
+      Raise(s);
+    }
     EmbeddedModel model{std::move(param_names), std::move(params),
                         std::move(buffer_names), std::move(buffers),
                         std::move(architecture)};
     absl::StatusOr<std::unique_ptr<EmbeddedDiloco>> d;
     {
       py::gil_scoped_release release;
-      d = EmbeddedDiloco::Start(*std::move(config), std::move(model));
+      d = EmbeddedDiloco::Start(*std::move(config), std::move(model),
+                                std::move(ops));
     }
     if (!d.ok()) Raise(d.status());
     d_ = *std::move(d);
@@ -101,7 +111,26 @@ class PyDiloco {
     out["model_hash"] = r->model_hash;
     out["seconds"] = r->seconds;
     out["wire_bytes"] = r->wire_bytes;
+    out["checkpoint_due"] = r->checkpoint_due;
     return out;
+  }
+
+  void Checkpoint(const std::string& user_state) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = Live().Checkpoint(user_state);
+    }
+    if (!s.ok()) Raise(s);
+  }
+
+  void InnerStep(double seconds, int64_t tokens, double loss, double lr) {
+    StepResult r;
+    r.seconds = seconds;
+    r.tokens = tokens;
+    r.loss = loss;
+    r.lr = lr;
+    Live().InnerStep(r);
   }
 
   void Leave() {
@@ -135,8 +164,18 @@ PYBIND11_MODULE(_starling, m) {
       PyExc_RuntimeError, nullptr);
   m.attr("SwarmError") = py::handle(starling::swarm_error);
   m.attr("TORCH_VERSION") = py::str(TORCH_VERSION);
-  m.def("_node_flag_names", &starling::NodeFlagNames,
-        "The flags of `starling node` that the Python API takes.");
+  m.def(
+      "_node_flag_names",
+      [] {
+        // The node's own, and the run directory's among the trainer's:
+        // the others (model, data, steps, schedule) are the Python loop's.
+        std::vector<std::string> names = starling::NodeFlagNames();
+        for (const char* name : {"out", "checkpoint_every", "resume"}) {
+          names.push_back(name);
+        }
+        return names;
+      },
+      "The flags of `starling node` that the Python API takes.");
   m.def(
       "_check_flags",
       [](const std::vector<std::string>& args) {
@@ -186,6 +225,24 @@ PYBIND11_MODULE(_starling, m) {
                     std::vector<torch::Tensor>, std::string>())
       .def("round", &PyDiloco::Round)
       .def("leave", &PyDiloco::Leave)
+      .def("inner_step", &PyDiloco::InnerStep,
+           "One inner step (seconds, tokens, loss, lr) for the watchdog "
+           "and the metrics.")
+      .def_property_readonly(
+          "health_address",
+          [](PyDiloco& d) { return d.Live().health_address(); })
+      .def_property_readonly(
+          "metrics_address",
+          [](PyDiloco& d) { return d.Live().metrics_address(); })
+      .def("checkpoint", &PyDiloco::Checkpoint,
+           "Writes OUT/checkpoint.ckpt with these bytes as its user_state.")
+      .def_property_readonly("checkpoints",
+                             [](PyDiloco& d) { return d.Live().checkpoints(); })
+      .def_property_readonly("resumed",
+                             [](PyDiloco& d) { return d.Live().resumed(); })
+      .def_property_readonly(
+          "resumed_user_state",
+          [](PyDiloco& d) { return py::bytes(d.Live().resumed_user_state()); })
       .def("abandon", &PyDiloco::Abandon)
       .def(
           "members",

@@ -28,6 +28,17 @@ model's own tensors. Members whose rounds commit hold identical models, so
 Python members and `starling node` members with the same fingerprint share
 a run. Leaving the `with` block (also on Ctrl-C or SIGTERM, after the round
 in flight) says goodbye to the swarm.
+
+Checkpoints are the node's: with out=DIR, OUT/checkpoint.ckpt is written
+every checkpoint_every inner steps (after the round that crosses the
+boundary) and on leaving, holding θ_global, the outer optimizer's state, the
+error-feedback residual, the round and the inner optimizer's state_dict. A
+DiLoCo with resume=True (or resume_if_exists=True) and the same out starts
+from it: the model's tensors and the inner optimizer are loaded, the round
+goes on from the saved one (then catches up if the swarm is ahead). The
+data loader's position and learning-rate schedulers are the caller's to
+save. metrics_port= and health_port= serve the node's Prometheus metrics
+and gRPC health checks. See docs/python.md.
 """
 
 try:
@@ -54,8 +65,11 @@ if torch.__version__ != _build_info.TORCH_VERSION:
         % (_build_info.TORCH_VERSION, _build_info.PYTHON, torch.__version__,
            torch.__file__))
 
+import io as _io
+import math as _math
 import signal as _signal
 import threading as _threading
+import time as _time
 
 from ._starling import SwarmError, _Diloco, _architecture, _check_flags
 from ._starling import _model_hash, _node_flag_names
@@ -146,6 +160,7 @@ class DiLoCo:
             architecture = getattr(model, "starling_architecture", "")
         self._architecture = architecture
         self._d = None
+        self._closed = False
         self._steps = 0
         self._samples = 0
         self._old_sigterm = None
@@ -165,6 +180,10 @@ class DiLoCo:
             return
         self._d = _Diloco(self._args, *_model_tensors(self.model),
                           self._architecture)
+        state = self._d.resumed_user_state
+        if state:
+            self.inner_optimizer.load_state_dict(
+                torch.load(_io.BytesIO(state)))
         if (_threading.current_thread() is _threading.main_thread() and
                 _signal.getsignal(_signal.SIGTERM) == _signal.SIG_DFL):
             # SIGTERM leaves like Ctrl-C: the `with` block exits, saying
@@ -172,28 +191,56 @@ class DiLoCo:
             def _on_term(signum, frame):
                 raise KeyboardInterrupt("SIGTERM")
             self._old_sigterm = _signal.signal(_signal.SIGTERM, _on_term)
+        self._mark = _time.perf_counter()
 
-    def step(self, samples=None):
+    def step(self, samples=None, loss=None, tokens=None):
         """Counts one inner step (of `samples` examples, for the weighting);
         at the inner_steps-th, runs the round and returns what it did (a
-        dict: outcome, round, members, model_hash, seconds, wire_bytes)."""
+        dict: outcome, round, members, model_hash, seconds, wire_bytes).
+        `loss` and `tokens` (default: samples) only feed the metrics
+        (starling_train_loss, starling_tokens_total); the step's time is
+        the time since the previous step() returned."""
         if self._d is None:
             raise RuntimeError("DiLoCo.step() outside its `with` block "
                                "(or before start())")
+        n = 1 if samples is None else int(samples)
+        lr = self.inner_optimizer.param_groups[0].get("lr", 0.0)
+        self._d.inner_step(_time.perf_counter() - self._mark,
+                           n if tokens is None else int(tokens),
+                           _math.nan if loss is None else float(loss),
+                           float(lr))
         self._steps += 1
-        self._samples += 1 if samples is None else int(samples)
+        self._samples += n
         if self._steps < self.inner_steps:
+            self._mark = _time.perf_counter()
             return None
         steps, samples_done = self._steps, self._samples
         self._steps = self._samples = 0
         with torch.no_grad():
             self.last_round = self._d.round(steps, samples_done)
+        if self.last_round.pop("checkpoint_due"):
+            self.checkpoint()
+        self._mark = _time.perf_counter()
         return self.last_round
 
+    def checkpoint(self):
+        """Writes OUT/checkpoint.ckpt now (the last committed round, and the
+        inner optimizer's state_dict); needs out=. step() and close() call
+        it as --checkpoint_every says."""
+        blob = _io.BytesIO()
+        torch.save(self.inner_optimizer.state_dict(), blob)
+        self._d.checkpoint(blob.getvalue())
+
     def close(self):
-        """Says goodbye to the swarm. Idempotent."""
+        """Checkpoints (with out=), then says goodbye to the swarm.
+        Idempotent."""
         if self._d is not None:
-            self._d.leave()
+            try:
+                if self._d.checkpoints and not self._closed:
+                    self.checkpoint()
+            finally:
+                self._closed = True
+                self._d.leave()
         if self._old_sigterm is not None:
             _signal.signal(_signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
@@ -201,6 +248,11 @@ class DiLoCo:
     @property
     def round(self):
         return self._d.round_number
+
+    @property
+    def resumed(self):
+        """Whether this member started from the checkpoint in out=."""
+        return self._d.resumed
 
     @property
     def model_hash(self):
@@ -216,6 +268,16 @@ class DiLoCo:
     @property
     def address(self):
         return self._d.address
+
+    @property
+    def health_address(self):
+        """host:port of the gRPC health service (health_port=), or ""."""
+        return self._d.health_address
+
+    @property
+    def metrics_address(self):
+        """host:port serving /metrics (metrics_port=), or ""."""
+        return self._d.metrics_address
 
     @property
     def architecture(self):

@@ -33,6 +33,10 @@ def main():
     ap.add_argument("--compression", default="fp32")
     ap.add_argument("--data_seed", type=int, default=0)
     ap.add_argument("--step_sleep", type=float, default=0)
+    ap.add_argument("--out", default=None,
+                    help="checkpoint into this run directory, every round")
+    ap.add_argument("--metrics_port", type=int, default=None)
+    ap.add_argument("--health_port", type=int, default=None)
     ap.add_argument("--torchscript", default="",
                     help="train this TorchScript byte LM (int64 [B,T] -> "
                          "logits [B,T,256]) instead, named as `starling "
@@ -52,9 +56,16 @@ def main():
                            connect_timeout=60)
     with starling.DiLoCo(model, opt, swarm, inner_steps=a.inner_steps,
                          compression=a.compression, outer_lr=0.7,
-                         outer_momentum=0.9, architecture=architecture) as d:
+                         outer_momentum=0.9, architecture=architecture,
+                         out=a.out, resume_if_exists=bool(a.out) or None,
+                         checkpoint_every=a.inner_steps if a.out else None,
+                         metrics_port=a.metrics_port,
+                         health_port=a.health_port) as d:
         print(json.dumps({"address": d.address, "model_hash": d.model_hash,
-                          "architecture": d.architecture}), flush=True)
+                          "architecture": d.architecture, "round": d.round,
+                          "resumed": d.resumed,
+                          "health": d.health_address,
+                          "metrics": d.metrics_address}), flush=True)
         rounds = 0
         while rounds < a.rounds:
             if a.torchscript:
@@ -72,7 +83,7 @@ def main():
             if a.step_sleep:
                 import time
                 time.sleep(a.step_sleep)
-            r = d.step(samples=32)
+            r = d.step(samples=32, loss=loss)
             if r is not None:
                 # What the model's own tensors hold now (θ_global and the
                 # averaged buffers, without error feedback's residual).

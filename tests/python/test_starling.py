@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -148,6 +149,206 @@ def test_alone_a_round_is_the_outer_step_and_writes_the_model():
 
 
 # ---------------------------------------------------------------------------
+# Checkpoints and resume: the node's --out, --checkpoint_every, --resume
+
+def train_alone(run_dir, rounds, model, opt, **flags):
+    """Trains `model` alone for `rounds` rounds of 2 steps, with out=run_dir;
+    returns (round, model_hash, resumed) as the `with` block left them."""
+    port = free_ports(1)[0]
+    swarm = starling.Swarm(node_id="solo", listen="127.0.0.1:%d" % port,
+                           insecure=True)
+    with starling.DiLoCo(model, opt, swarm, inner_steps=2, outer_lr=0.7,
+                         outer_momentum=0.9, compression="int8",
+                         out=str(run_dir), **flags) as d:
+        until = d.round + rounds
+        k = 0
+        while d.round < until:
+            # The data of step k of round r, whichever call trains it.
+            gen = torch.Generator().manual_seed(10 * d.round + k % 2)
+            k += 1
+            loss = model(torch.randn(8, 4, generator=gen)).pow(2).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            d.step()
+        return d.round, d.model_hash, d.resumed
+
+
+def linear(seed, out=2):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, out)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def test_a_member_resumes_where_its_checkpoint_left_it(tmp_path):
+    run = tmp_path / "run"
+    model, opt = linear(0)
+    assert train_alone(run, 2, model, opt)[::2] == (2, False)
+    saved = model.weight.detach().clone()  # θ_global less the int8 residual
+    model, opt = linear(0)
+    r, h, _ = train_alone(run, 0, model, opt, resume=True)
+    assert r == 2 and torch.equal(model.weight.detach(), saved)
+    exp_avg = opt.state_dict()["state"][0]["exp_avg"].clone()
+    assert exp_avg.abs().sum() > 0  # the inner optimizer's state came back
+    # A fresh model (another seed) and optimizer take all of it.
+    model, opt = linear(5)
+    assert not torch.equal(model.weight.detach(), saved)
+    r2, h2, resumed = train_alone(run, 1, model, opt, resume_if_exists=True)
+    assert resumed and r2 == 3 and h2 != h
+    # ... and went on from it: the same as a run never interrupted.
+    model, opt = linear(0)
+    assert train_alone(tmp_path / "straight", 3, model, opt)[1] == h2
+
+
+def test_checkpoint_errors_are_the_clis(tmp_path):
+    def start(model=None, **flags):
+        model = model or torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        swarm = starling.Swarm(node_id="a", insecure=True,
+                               listen="127.0.0.1:%d" % free_ports(1)[0])
+        with starling.DiLoCo(model, opt, swarm, **flags):
+            pass
+
+    with pytest.raises(ValueError, match="--resume needs --out=DIR") as e:
+        start(resume=True)
+    if BINARY:
+        assert str(e.value) in cli_error("--insecure", "--resume")
+    with pytest.raises(ValueError, match="--resume: no checkpoint at .*empty"):
+        start(resume=True, out=str(tmp_path / "empty"))
+    model, opt = linear(0)
+    train_alone(tmp_path / "run", 1, model, opt)
+    with pytest.raises(ValueError, match="already holds a run .*pass --resume"):
+        start(out=str(tmp_path / "run"))
+    with pytest.raises(starling.SwarmError,
+                       match="holds model python.*weight is float32\\[2,4\\] "
+                             "at the checkpoint, float32\\[3,4\\]"):
+        start(model=torch.nn.Linear(4, 3), out=str(tmp_path / "run"),
+              resume=True)
+    if BINARY:  # `starling export` cannot rebuild a Python program's model
+        p = subprocess.run([BINARY, "export", "--from=%s" % (tmp_path / "run"),
+                            "--out=%s" % (tmp_path / "x.pt")],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2, p.stderr
+        assert "written by the Python module" in p.stderr
+
+
+def test_kill_9_then_resume_from_the_checkpoint_rejoins_the_swarm(tmp_path):
+    out = tmp_path / "p2"
+    # The first two train until stopped, as in the late-member test.
+    procs = start_members(3, rounds=400, extra=["--step_sleep=0.05"],
+                          per_member=[[], [], ["--out=%s" % out]])
+    victim = procs[2]
+    seen = []
+    for line in victim.stdout:  # two rounds committed (and checkpointed)
+        seen.append(json.loads(line))
+        if seen[-1].get("outcome") == "committed" and seen[-1]["round"] == 2:
+            break
+    victim.kill()
+    victim.communicate()
+    listen = victim.args[3]  # the same --listen, --node_id and --out
+    seed = procs[0].args[3].replace("--listen=", "--peers=")
+    restarted = subprocess.Popen(
+        [sys.executable, MEMBER, "--node_id=p2", listen, seed, "--rounds=2", "--step_sleep=0.05", "--data_seed=2",
+         "--out=%s" % out],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    [(rc, lines, stderr)] = results([restarted])
+    for p in procs[:2]:
+        p.send_signal(signal.SIGINT)
+    survivors = results(procs[:2])
+    assert all(rc in (0, 130) for rc, _, _ in survivors), survivors
+    first = [l for _, l, _ in survivors]
+    assert rc == 0, stderr
+    assert lines[0]["resumed"] and lines[0]["round"] in (2, 3), lines
+    committed = [l for l in lines if l.get("outcome") == "committed"]
+    assert len(committed) == 2 and all(l["members"] == 3 for l in committed)
+    swarm = {l["round"]: l["model_hash"] for l in first[0]
+             if l.get("outcome") == "committed"}
+    # It resumed the swarm's model of that round, and its rounds since are
+    # the swarm's, bit for bit.
+    assert swarm[lines[0]["round"]] == lines[0]["model_hash"]
+    for l in committed:
+        assert swarm[l["round"]] == l["model_hash"], (lines, first[0])
+
+
+# ---------------------------------------------------------------------------
+# Metrics and health: the node's --metrics_port and --health_port
+
+def scrape(address):
+    import urllib.request
+    with urllib.request.urlopen("http://%s/metrics" % address,
+                                timeout=10) as r:
+        return r.read().decode()
+
+
+def sample(text, series):
+    """The value of `series` (name and labels, as exposed), or None."""
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return None
+
+
+def health(address, service):
+    """grpc.health.v1.Health/Check's status: 1 SERVING, 2 NOT_SERVING."""
+    import grpc
+    with grpc.insecure_channel(address) as channel:
+        check = channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=lambda s: b"\x0a" + bytes([len(s)]) +
+            s.encode(),
+            response_deserializer=lambda b: b)
+        reply = check(service, timeout=10)
+    return reply[1] if len(reply) == 2 and reply[0] == 0x08 else 0
+
+
+def test_metrics_and_health_of_a_running_python_member():
+    procs = start_members(2, rounds=400, extra=["--step_sleep=0.05"],
+                          per_member=[["--metrics_port=0", "--health_port=0"],
+                                      []])
+    try:
+        first = json.loads(procs[0].stdout.readline())
+        assert first["metrics"] and first["health"], first
+        assert health(first["health"], "readiness") == 1
+        assert health(first["health"], "liveness") == 1
+        committed = 'starling_rounds_total{result="committed"}'
+        before = sample(scrape(first["metrics"]), committed)
+        deadline = time.time() + 120
+        while True:  # rounds commit while we watch
+            text = scrape(first["metrics"])
+            now = sample(text, committed)
+            if now is not None and before is not None and now >= before + 2:
+                break
+            assert time.time() < deadline, text
+            time.sleep(0.2)
+        assert sample(text, "starling_inner_steps_total") >= 5 * now
+        assert sample(text, "starling_peers_connected") == 1
+        assert sample(text, "starling_sent_bytes_total") > 0
+        assert 0 < sample(text, "starling_train_loss") < 10
+        assert "starling_round_duration_seconds_bucket" in text
+        [info] = [l for l in text.splitlines()
+                  if l.startswith("starling_build_info{")]
+        assert 'algo="diloco"' in info and 'node="p0"' in info, info
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            p.communicate(timeout=120)
+
+
+def test_bad_health_port_is_the_clis_value_error():
+    model = torch.nn.Linear(4, 2)
+    swarm = starling.Swarm(node_id="a", insecure=True,
+                           listen="127.0.0.1:%d" % free_ports(1)[0])
+    d = starling.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                        swarm, health_port=70000)
+    with pytest.raises(ValueError) as e:
+        d.start()
+    assert "--health_port=70000: expected a port" in str(e.value)
+    if BINARY:
+        assert str(e.value) in cli_error("--insecure", "--health_port=70000")
+
+
+# ---------------------------------------------------------------------------
 # Import errors
 
 def run_import(fake_torch_source):
@@ -182,7 +383,7 @@ def test_import_with_another_torch_version_says_so():
 # ---------------------------------------------------------------------------
 # Swarms of Python members
 
-def start_members(n, rounds, extra=(), widths=None):
+def start_members(n, rounds, extra=(), widths=None, per_member=None):
     ports = free_ports(n)
     procs = []
     for i in range(n):
@@ -192,6 +393,8 @@ def start_members(n, rounds, extra=(), widths=None):
                 "--data_seed=%d" % i, *extra]
         if widths:
             args.append("--width=%d" % widths[i])
+        if per_member:
+            args += per_member[i]
         if i > 0:
             args.append("--peers=127.0.0.1:%d" % ports[0])
         procs.append(subprocess.Popen(args, stdout=subprocess.PIPE,
@@ -379,3 +582,12 @@ def test_python_and_cxx_members_share_rounds_bit_identically(tmp_path):
     # hashes the buffers' exact mean, which the integer num_batches_tracked
     # holds rounded, as in the C++ node.)
     assert tensors[0] == tensors[1]
+    # A node's checkpoint is the node's to resume, not a Python member's.
+    m = torch.jit.load(model)
+    swarm = starling.Swarm(node_id="x", insecure=True,
+                           listen="127.0.0.1:%d" % free_ports(1)[0])
+    d = starling.DiLoCo(m, torch.optim.SGD(m.parameters(), lr=0.1), swarm,
+                        out=str(tmp_path / "c0"), resume=True,
+                        architecture=starling.torchscript_architecture(model))
+    with pytest.raises(starling.SwarmError, match="is a starling node's"):
+        d.start()
