@@ -163,6 +163,8 @@ void NodeSession::RefreshMetrics() const {
   metrics.SetRpcErrors(swarm_->rpc_errors());
   metrics.SetRefusals(swarm_->refusals());
   metrics.SetEarlyBytes(swarm_->early_bytes());
+  metrics.SetRelay(swarm_->relay_forwarded_by_member(),
+                   !swarm_->relay().empty());
 }
 
 void NodeSession::LogModel(const std::string& who) const {
@@ -353,7 +355,8 @@ int NodeSession::Finish(SessionEnd end) {
   EvalResult final_eval = state.eval;
   if (state.evaluated_step != trainer.state().step()) final_eval = EvalResult();
   if (swarm_ != nullptr) {
-    end.summary.Merge(ReachabilityFields(swarm_->Members(), node_id_));
+    end.summary.Merge(ReachabilityFields(swarm_->Members(), node_id_))
+        .Merge(RelayFields(*swarm_));
   }
   if (absl::Status s = WriteNodeSummary(run_.out(), "node", trainer, final_eval,
                                         totals, state.rounds, end.stopped,
