@@ -28,6 +28,14 @@ constexpr int kStreamWindowBytes = 16 << 20;
 
 }  // namespace
 
+void ApplyDialTarget(const DialTarget& to, const PeerCredentials& credentials,
+                     grpc::ChannelArguments* args) {
+  credentials.Apply(args);
+  if (credentials.server_name.empty() && !to.ssl_name.empty()) {
+    args->SetSslTargetNameOverride(to.ssl_name);
+  }
+}
+
 void SetReconnectBackoff(grpc::ChannelArguments& args) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
@@ -165,16 +173,17 @@ class GrpcTransport::Service final
 
 class GrpcTransport::Peer {
  public:
-  Peer(const std::string& address, const PeerCredentials& credentials)
+  Peer(const std::string& address, const DialTarget& to,
+       const PeerCredentials& credentials)
       : address(address) {
     grpc::ChannelArguments args;
-    credentials.Apply(&args);
+    ApplyDialTarget(to, credentials, &args);
     args.SetMaxSendMessageSize(64 << 20);
     args.SetMaxReceiveMessageSize(64 << 20);
     SetReconnectBackoff(args);
     args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kMaxFrameBytes);
     args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-    channel = grpc::CreateCustomChannel(address, credentials.channel, args);
+    channel = grpc::CreateCustomChannel(to.target, credentials.channel, args);
     stub = peer::v1::Peer::NewStub(channel);
     send_chunks = std::make_unique<grpc::internal::RpcMethod>(
         kSendChunksMethod, grpc::internal::RpcMethod::CLIENT_STREAMING,
@@ -323,8 +332,12 @@ void GrpcTransport::SetPeers(const std::vector<std::string>& members,
       peers_.push_back(nullptr);
       continue;
     }
-    std::unique_ptr<Peer>& p = stubs_[members[r]];
-    if (!p) p = std::make_unique<Peer>(members[r], options_.credentials);
+    // By where it is dialed: a member that moved to another relay gets a
+    // channel to the new one.
+    const DialTarget to = options_.route ? options_.route(members[r])
+                                         : DialTarget{members[r], ""};
+    std::unique_ptr<Peer>& p = stubs_[absl::StrCat(members[r], " ", to.target)];
+    if (!p) p = std::make_unique<Peer>(members[r], to, options_.credentials);
     peers_.push_back(p.get());
   }
 }

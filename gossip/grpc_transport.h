@@ -42,6 +42,17 @@ class Service;
 
 namespace starling {
 
+// Where a channel to a member's address goes: `target` to dial (the
+// address itself, or a relay tunnel's loopback port: relay_routes.h) and,
+// when not empty, the name to check the member's TLS certificate against.
+struct DialTarget {
+  std::string target;
+  std::string ssl_name;
+};
+// Applies `to`'s TLS name (when it has one and `credentials` set none).
+void ApplyDialTarget(const DialTarget& to, const PeerCredentials& credentials,
+                     grpc::ChannelArguments* args);
+
 struct GrpcTransportOptions {
   std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free one
   int64_t chunk_bytes = 1 << 20;       // 1 MiB chunks
@@ -52,6 +63,9 @@ struct GrpcTransportOptions {
   // When set and true for a peer's address, Send refuses to reach it
   // (Unavailable): an emulated network partition.
   std::function<bool(const std::string& address)> blocked;
+  // When set, where to dial each peer address (a member behind a relay);
+  // unset: the address itself.
+  std::function<DialTarget(const std::string& address)> route;
   // When set, shapes the messages Send streams to each peer address (an
   // emulated slow link). Shared with the Swarm's pushes.
   std::shared_ptr<LinkEmulator> links;
@@ -179,7 +193,8 @@ class GrpcTransport : public Transport {
   // Set by Connect and InstallRound (the collectives' thread), read by
   // sends.
   std::vector<std::string> members_;
-  std::map<std::string, std::unique_ptr<Peer>> stubs_;  // by address
+  // By "address target" (DialTarget).
+  std::map<std::string, std::unique_ptr<Peer>> stubs_;
   std::vector<Peer*> peers_;  // by rank; null for self
   int rank_ = 0;
   bool elastic_ = false;

@@ -177,7 +177,7 @@ bool JoinAuth::ShouldLog(const std::string& host, absl::Time now,
   return log_.ShouldLog(host, now, unlogged);
 }
 
-grpc::Status JoinAuth::Admit(grpc::CallbackServerContext* ctx,
+grpc::Status JoinAuth::Admit(grpc::ServerContextBase* ctx,
                              absl::string_view method) {
   absl::string_view header;
   const auto& md = ctx->client_metadata();

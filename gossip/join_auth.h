@@ -27,7 +27,7 @@
 
 namespace grpc {
 class ClientContext;
-class CallbackServerContext;
+class ServerContextBase;
 class Status;
 }  // namespace grpc
 
@@ -69,7 +69,7 @@ class JoinAuth {
                       absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
   // Verify on a server call; logs a refusal (rate-limited per peer host).
   // OK or UNAUTHENTICATED.
-  grpc::Status Admit(grpc::CallbackServerContext* ctx, absl::string_view method)
+  grpc::Status Admit(grpc::ServerContextBase* ctx, absl::string_view method)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Whether a refusal of `host` at `now` is to be logged; when it is,

@@ -44,6 +44,7 @@ void CopyProgress(const MemberEntry& from, MemberEntry* to) {
   to->set_joining(from.joining());
   to->set_early_sync(from.early_sync());
   to->set_reachability(from.reachability());
+  to->set_relay(from.relay());
 }
 
 // Printable ASCII, no spaces, at most `max` bytes; `what` names the field.
@@ -84,6 +85,9 @@ absl::Status Validate(const MemberEntry& e, absl::Time now) {
   if (!peer::v1::Reachability_IsValid(e.reachability())) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown reachability ", e.reachability()));
+  }
+  if (!e.relay().empty()) {
+    STARLING_RETURN_IF_ERROR(CheckToken("relay", e.relay(), 512));
   }
   if (e.incarnation() < 0) {
     return absl::InvalidArgumentError(
@@ -240,6 +244,14 @@ void Membership::SetReachability(peer::v1::Reachability r) {
   MemberEntry& self = SelfLocked().entry;
   if (self.reachability() == r) return;
   self.set_reachability(r);
+  self.set_heartbeat(self.heartbeat() + 1);  // news, as in SetProgress
+}
+
+void Membership::SetRelay(const std::string& relay) {
+  absl::MutexLock lock(&mu_);
+  MemberEntry& self = SelfLocked().entry;
+  if (self.relay() == relay) return;
+  self.set_relay(relay);
   self.set_heartbeat(self.heartbeat() + 1);  // news, as in SetProgress
 }
 

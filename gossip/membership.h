@@ -121,6 +121,9 @@ class Membership {
   // Records what the dial-back at this node's join found (see
   // MemberEntry.reachability); a change raises the heartbeat.
   void SetReachability(peer::v1::Reachability r) ABSL_LOCKS_EXCLUDED(mu_);
+  // Records the address of the relay this node is attached to ("" for
+  // none: MemberEntry.relay); a change raises the heartbeat.
+  void SetRelay(const std::string& relay) ABSL_LOCKS_EXCLUDED(mu_);
   // Asks the members (by gossip) to end `round` early: see
   // MemberEntry.early_sync.
   void RequestEarlySync(int64_t round) ABSL_LOCKS_EXCLUDED(mu_);

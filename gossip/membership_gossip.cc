@@ -248,6 +248,7 @@ std::optional<absl::Status> MembershipGossip::TryJoin(const std::string& seed,
   ctx.set_deadline(
       absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(5))));
   client_->credentials().Sign(&ctx, "Join");
+  req->set_dialed(seed);
   JoinResponse resp;
   grpc::Status s = client_->StubFor(seed)->Join(&ctx, *req, &resp);
   {
@@ -406,6 +407,15 @@ absl::Status MembershipGossip::OnJoin(const JoinRequest& req,
       membership_->Merge({req.self()}, absl::Now(), &changes));
   hooks_.report(changes);
   joined_ = true;
+  // The joiner reached this node at its advertised address: so can others.
+  // Only a verdict nobody gave yet is filled in (the founder's): a
+  // dial-back's is this node's own.
+  if (req.dialed() == options_.address) {
+    absl::StatusOr<MemberEntry> own = membership_->Get(options_.node_id);
+    if (own.ok() && own->reachability() == peer::v1::REACHABILITY_UNKNOWN) {
+      membership_->SetReachability(peer::v1::REACHABILITY_REACHABLE);
+    }
+  }
   // The dial-back: can this node reach the joiner where it says the others
   // should dial it? One connection attempt, with no lock held.
   const std::string& joiner = req.self().address();

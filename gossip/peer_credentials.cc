@@ -346,7 +346,7 @@ void PeerCredentials::Sign(grpc::ClientContext* ctx,
   if (join_auth != nullptr) join_auth->Sign(ctx, method);
 }
 
-grpc::Status PeerCredentials::Admit(grpc::CallbackServerContext* ctx,
+grpc::Status PeerCredentials::Admit(grpc::ServerContextBase* ctx,
                                     absl::string_view method) const {
   if (rate_limit != nullptr) {
     static PerHostLogLimiter* log = new PerHostLogLimiter(absl::Minutes(1));

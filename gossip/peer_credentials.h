@@ -76,7 +76,7 @@ struct PeerCredentials {
   // OK; RESOURCE_EXHAUSTED when the caller's host is over the rate limit;
   // UNAUTHENTICATED when there is a join token and the call does not prove
   // it. Refusals are logged at most once a minute per peer host.
-  grpc::Status Admit(grpc::CallbackServerContext* ctx,
+  grpc::Status Admit(grpc::ServerContextBase* ctx,
                      absl::string_view method) const;
   // OK unless ids are bound and the caller's certificate does not name
   // member `id`: then PERMISSION_DENIED naming `what` (e.g. "gossip"), the

@@ -42,14 +42,19 @@ Reachability Connect(const addrinfo& ai, absl::Duration timeout) {
 
 }  // namespace
 
-Reachability ProbeAddress(const std::string& address, absl::Duration timeout) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) return Reachability::kNoAnswer;
-  std::string host = address.substr(0, colon);
-  const std::string port = address.substr(colon + 1);
+std::string HostOf(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
+  return host;
+}
+
+Reachability ProbeAddress(const std::string& address, absl::Duration timeout) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return Reachability::kNoAnswer;
+  const std::string host = HostOf(address);
+  const std::string port = address.substr(colon + 1);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;

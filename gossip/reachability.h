@@ -20,6 +20,9 @@
 
 namespace starling {
 
+// "host" of "host:port" ("[::1]:7070" -> "::1"); empty for ":port".
+std::string HostOf(const std::string& address);
+
 enum class Reachability {
   kListening,  // a connection was accepted
   kRefused,    // every address of the host refused it: nothing listens

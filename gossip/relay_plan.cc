@@ -1,6 +1,7 @@
 #include "gossip/relay_plan.h"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace starling {
 
@@ -12,8 +13,8 @@ std::string PickRelay(const std::vector<peer::v1::MemberEntry>& table,
   for (const auto& [member, relay] : relay_of) {
     if (member != self) ++load[relay];
   }
-  std::string best;
-  int best_load = 0;
+  std::vector<std::string> least;  // the least loaded candidates, by id
+  int least_load = 0;
   for (const peer::v1::MemberEntry& e : table) {  // sorted by id
     if (e.id() == self || e.state() != peer::v1::MEMBER_ALIVE ||
         e.reachability() != peer::v1::REACHABILITY_REACHABLE ||
@@ -21,12 +22,19 @@ std::string PickRelay(const std::vector<peer::v1::MemberEntry>& table,
       continue;
     }
     const int l = load[e.id()];
-    if (best.empty() || l < best_load || (l == best_load && e.id() < best)) {
-      best = e.id();
-      best_load = l;
+    if (least.empty() || l < least_load) {
+      least = {e.id()};
+      least_load = l;
+    } else if (l == least_load) {
+      least.push_back(e.id());
     }
   }
-  return best;
+  if (least.empty()) return "";
+  // Members that choose at once (joined together) see the same loads: a
+  // hash of each one's id spreads them over the tie.
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : self) h = (h ^ c) * 1099511628211ull;
+  return least[h % least.size()];
 }
 
 std::vector<std::string> RelayRingOrder(

@@ -20,8 +20,9 @@ namespace starling {
 // The relay member `self` should use: among ALIVE members of `table` other
 // than `self` whose dial-back found them REACHABLE and that are not in
 // `avoid` (a relay that just failed), the one fewest members relay through
-// now (`relay_of`: member id -> its relay's id), so the load spreads; ties
-// go to the smallest id. Empty when there is none.
+// now (`relay_of`: member id -> its relay's id), so the load spreads; a
+// tie goes to the one a hash of `self` picks, so that members choosing at
+// the same moment spread too. Empty when there is none.
 std::string PickRelay(const std::vector<peer::v1::MemberEntry>& table,
                       const std::string& self,
                       const std::map<std::string, std::string>& relay_of,

@@ -1,10 +1,12 @@
 #include "gossip/round_coordinator.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
+#include "gossip/relay_plan.h"
 
 namespace starling {
 
@@ -358,7 +360,18 @@ void RoundCoordinator::MaybePlan(const LiveTable& live, absl::Time now,
     return;
   }
   ++attempt_;
-  plan_.assign(ready_.begin(), ready_.end());
+  // A member behind a relay goes right after its relay, which then sends
+  // it its segments itself instead of forwarding another's (relay_plan.h);
+  // with no relayed member this is the sorted order.
+  std::map<std::string, std::string> id_at, relay_of;
+  for (const auto& [id, e] : live) id_at[e.address()] = id;
+  for (const auto& [id, e] : live) {
+    if (auto r = id_at.find(e.relay());
+        !e.relay().empty() && r != id_at.end()) {
+      relay_of[id] = r->second;
+    }
+  }
+  plan_ = RelayRingOrder({ready_.begin(), ready_.end()}, relay_of);
   plan_addresses_.clear();
   plan_incarnations_.clear();
   for (const std::string& id : plan_) {

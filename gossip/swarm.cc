@@ -13,6 +13,9 @@
 #include "gossip/membership_gossip.h"
 #include "gossip/push_channel.h"
 #include "gossip/reachability.h"
+#include "gossip/relay_attachment.h"
+#include "gossip/relay_routes.h"
+#include "gossip/relay_server.h"
 #include "gossip/round_member.h"
 #include "gossip/state_fetch.h"
 #include "gossip/state_server.h"
@@ -33,6 +36,9 @@ using peer::v1::PushAck;
 using peer::v1::PushChunk;
 using peer::v1::StateChunk;
 using peer::v1::StateRequest;
+
+// How long JoinSwarm waits for a relay to take an unreachable node.
+constexpr absl::Duration kRelayWait = absl::Seconds(10);
 
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -162,7 +168,20 @@ absl::StatusOr<std::unique_ptr<Swarm>> Swarm::Start(
   to.listen = options.listen;
   to.chunk_bytes = options.chunk_bytes;
   to.rpc_timeout = options.rpc_timeout;
-  to.extra_services = {s->service_.get()};
+  RelayServerOptions ro;
+  ro.run_id = options.identity.run_id;
+  ro.credentials = options.credentials;
+  Swarm* me = s.get();
+  ro.is_member = [me](const std::string& id) {
+    return me->ready_.load() && me->membership_->Get(id).ok();
+  };
+  s->relay_server_ = std::make_unique<RelayServer>(std::move(ro));
+  s->routes_ = std::make_shared<RelayRoutes>(options.identity.run_id,
+                                             options.credentials);
+  to.route = [routes = s->routes_](const std::string& address) {
+    return routes->Route(address);
+  };
+  to.extra_services = {s->service_.get(), s->relay_server_.get()};
   to.links = options.links;
   to.credentials = options.credentials;
   s->deadlines_ = std::make_shared<StreamDeadlines>(options.stream_idle_timeout,
@@ -187,12 +206,14 @@ absl::StatusOr<std::unique_ptr<Swarm>> Swarm::Start(
   STARLING_ASSIGN_OR_RETURN(s->membership_,
                             Membership::Create(mo, absl::Now()));
   s->membership_->SetProgress(0, "", 0, /*joining=*/true);
+  s->routes_->SetMembership(s->membership_.get());
   s->MakeParts();
   s->ready_.store(true);
   s->client_->ReadPartitionFile();
   s->gossip_->Start();
   s->coordinator_->Start();
   s->state_->Start();
+  s->attachment_->Start();
   return s;
 }
 
@@ -202,7 +223,10 @@ void Swarm::MakeParts() {
   client_ = std::make_unique<SwarmClient>(
       o.node_id, o.credentials, o.partition_file, membership_.get(),
       &transport_->rpc_errors(),
-      [this](const ControlMessage& m) { return OnControl(m, ""); });
+      [this](const ControlMessage& m) { return OnControl(m, ""); },
+      [routes = routes_](const std::string& address) {
+        return routes->Route(address);
+      });
   MembershipGossip::Hooks hooks;
   hooks.report = [this](const std::vector<MembershipChange>& changes) {
     ReportChanges(changes);
@@ -234,6 +258,11 @@ void Swarm::MakeParts() {
                            o.push_codec, o.push_inbox, o.push_timeout,
                            o.chunk_bytes, o.links},
       membership_.get(), client_.get(), deadlines_);
+  attachment_ = std::make_unique<RelayAttachment>(
+      RelayAttachmentOptions{o.node_id, run_id, o.relay,
+                             LocalDialAddress(transport_->address()),
+                             o.credentials},
+      membership_.get(), &stopping_);
 }
 
 void Swarm::Shutdown() {
@@ -243,6 +272,11 @@ void Swarm::Shutdown() {
   if (gossip_) gossip_->Join();
   if (coordinator_) coordinator_->Join();
   if (state_) state_->Join();
+  // The relay's streams are long-lived: end them before the server waits
+  // for its calls.
+  if (attachment_) attachment_->Join();
+  if (routes_) routes_->Shutdown();
+  if (relay_server_) relay_server_->Shutdown();
   if (transport_) transport_->Shutdown();
 }
 
@@ -340,7 +374,26 @@ void Swarm::ReportChanges(const std::vector<MembershipChange>& changes) {
 }
 
 absl::Status Swarm::JoinSwarm(absl::Time deadline) {
-  return gossip_->JoinSwarm(deadline);
+  STARLING_RETURN_IF_ERROR(gossip_->JoinSwarm(deadline));
+  // Nobody can dial this node until it has a relay: ready without one, it
+  // would cost the first round's attempts.
+  absl::StatusOr<MemberEntry> self = membership_->Get(options_.node_id);
+  if (options_.relay == "off" || !self.ok() ||
+      self->reachability() != peer::v1::REACHABILITY_UNREACHABLE) {
+    return absl::OkStatus();
+  }
+  const absl::Time until = std::min(deadline, absl::Now() + kRelayWait);
+  while (attachment_->relay().empty() && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  if (attachment_->relay().empty()) {
+    LogEvent(
+        LogLevel::kWarning, "relay_none",
+        absl::StrCat("no relay took this node within ",
+                     absl::FormatDuration(kRelayWait),
+                     "; going on unreachable (--relay=", options_.relay, ")"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Swarm::WaitForMembers(int n, absl::Time deadline) {
@@ -493,5 +546,16 @@ std::map<std::string, int64_t> Swarm::refusals() const {
 }
 
 int64_t Swarm::early_bytes() const { return transport_->early_bytes(); }
+
+std::string Swarm::relay() const { return attachment_->relay(); }
+int64_t Swarm::relayed_bytes() const { return attachment_->relayed_bytes(); }
+int64_t Swarm::relays_lost() const { return attachment_->relays_lost(); }
+int64_t Swarm::relay_forwarded_bytes() const {
+  return relay_server_->forwarded_bytes();
+}
+std::map<std::string, int64_t> Swarm::relay_forwarded_by_member() const {
+  return relay_server_->forwarded_by_member();
+}
+int64_t Swarm::bytes_via_relays() const { return routes_->relayed_bytes(); }
 
 }  // namespace starling

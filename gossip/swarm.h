@@ -174,6 +174,9 @@ namespace starling {
 class CoordinatorThread;
 class MembershipGossip;
 class PushChannel;
+class RelayAttachment;
+class RelayRoutes;
+class RelayServer;
 class RoundMember;
 class StateFetcher;
 class StateServer;
@@ -186,6 +189,11 @@ struct SwarmOptions {
   // a port forward or public name when `listen` is not reachable as such.
   // Empty: the address the server bound (`listen` with its port).
   std::string advertise;
+  // Reverse connections, when the dial-back at join finds this node
+  // UNREACHABLE (relay_attachment.h): "auto" picks a reachable member,
+  // "off" stays unreachable, HOST:PORT names the member to relay through.
+  // Every node serves as a relay for the others (relay_server.h).
+  std::string relay = "auto";
   // Addresses of any live members. A node may list itself (under any name
   // that reaches it, such as its DNS name): see found_after.
   std::vector<std::string> seeds;
@@ -414,6 +422,17 @@ class Swarm {
   std::map<std::string, int64_t> refusals() const;
   // Payload bytes of early tensor messages held now.
   int64_t early_bytes() const;
+  // Reverse connections (relay.proto). The relay this node is attached to
+  // now ("" when none); bytes carried through it to and from this node;
+  // relays it lost; bytes this node forwarded as a relay for others, in
+  // all and by relayed member; and bytes it sent and received through
+  // other members' relays.
+  std::string relay() const;
+  int64_t relayed_bytes() const;
+  int64_t relays_lost() const;
+  int64_t relay_forwarded_bytes() const;
+  std::map<std::string, int64_t> relay_forwarded_by_member() const;
+  int64_t bytes_via_relays() const;
 
   class Service;  // public for the .cc's reactors
 
@@ -443,6 +462,8 @@ class Swarm {
   std::atomic<int64_t> control_refused_{0};     // see refusals()
   std::shared_ptr<StreamDeadlines> deadlines_;  // outlives the server
   std::unique_ptr<Service> service_;
+  std::unique_ptr<RelayServer> relay_server_;  // outlives the server
+  std::shared_ptr<RelayRoutes> routes_;
   std::unique_ptr<GrpcTransport> transport_;
   std::string address_;  // advertised: options_.advertise or the bound one
   std::unique_ptr<Membership> membership_;
@@ -453,6 +474,7 @@ class Swarm {
   std::unique_ptr<StateServer> state_;
   std::unique_ptr<StateFetcher> fetcher_;
   std::unique_ptr<PushChannel> pushes_;
+  std::unique_ptr<RelayAttachment> attachment_;
 };
 
 }  // namespace starling

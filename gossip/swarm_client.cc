@@ -24,30 +24,35 @@ std::chrono::system_clock::time_point Deadline(absl::Duration d) {
 SwarmClient::SwarmClient(std::string node_id, PeerCredentials credentials,
                          std::string partition_file,
                          const Membership* membership, RpcErrorCounter* errors,
-                         Local local)
+                         Local local,
+                         std::function<DialTarget(const std::string&)> route)
     : node_id_(std::move(node_id)),
       credentials_(std::move(credentials)),
       membership_(membership),
       errors_(errors),
       local_(std::move(local)),
+      route_(std::move(route)),
       partition_(std::move(partition_file)) {}
 
 std::shared_ptr<peer::v1::Swarm::Stub> SwarmClient::StubFor(
     const std::string& address) {
+  const DialTarget to = route_ ? route_(address) : DialTarget{address, ""};
   {
     absl::MutexLock lock(&mu_);
-    if (auto it = stubs_.find(address); it != stubs_.end()) return it->second;
+    if (auto it = stubs_.find(to.target); it != stubs_.end()) {
+      return it->second;
+    }
   }
   // Made (and, when another thread was first, dropped) with the lock
   // released.
   grpc::ChannelArguments args;
-  credentials_.Apply(&args);
+  ApplyDialTarget(to, credentials_, &args);
   args.SetMaxReceiveMessageSize(64 << 20);
   SetReconnectBackoff(args);
   const std::shared_ptr<peer::v1::Swarm::Stub> made = peer::v1::Swarm::NewStub(
-      grpc::CreateCustomChannel(address, credentials_.channel, args));
+      grpc::CreateCustomChannel(to.target, credentials_.channel, args));
   absl::MutexLock lock(&mu_);
-  return stubs_.try_emplace(address, made).first->second;
+  return stubs_.try_emplace(to.target, made).first->second;
 }
 
 bool SwarmClient::Blocked(const std::string& address) const {

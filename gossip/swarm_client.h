@@ -37,9 +37,11 @@ class SwarmClient {
       std::function<peer::v1::ControlAck(const peer::v1::ControlMessage&)>;
   // `membership` (ids to addresses) and `errors` (failed calls by code)
   // must outlive the client; `partition_file` as in SwarmOptions.
+  // `route`: where to dial each address (unset: the address itself).
   SwarmClient(std::string node_id, PeerCredentials credentials,
               std::string partition_file, const Membership* membership,
-              RpcErrorCounter* errors, Local local);
+              RpcErrorCounter* errors, Local local,
+              std::function<DialTarget(const std::string&)> route = nullptr);
 
   const PeerCredentials& credentials() const { return credentials_; }
   RpcErrorCounter& rpc_errors() { return *errors_; }
@@ -74,12 +76,14 @@ class SwarmClient {
   const Membership* const membership_;
   RpcErrorCounter* const errors_;
   const Local local_;
+  const std::function<DialTarget(const std::string&)> route_;
   Partition partition_;
   std::atomic<int64_t> control_bytes_{0};
 
   absl::Mutex mu_;
+  // By dial target (DialTarget.target).
   std::map<std::string, std::shared_ptr<peer::v1::Swarm::Stub>> stubs_
-      ABSL_GUARDED_BY(mu_);  // by address
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace starling

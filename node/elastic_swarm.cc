@@ -25,6 +25,7 @@ absl::StatusOr<SwarmOptions> ElasticSwarmOptions(
   SwarmOptions so;
   so.listen = net.listen;
   so.advertise = net.advertise;
+  so.relay = net.relay;
   so.node_id = net.node_id;
   if (!ValidHostPort(so.listen)) {
     return absl::InvalidArgumentError(

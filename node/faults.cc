@@ -332,6 +332,36 @@ absl::StatusOr<FaultPlan> ParseFaultPlan(
   return plan;
 }
 
+absl::StatusOr<std::set<std::string>> ParseNatSpec(
+    const std::string& value, const std::vector<std::string>& ids,
+    int initial) {
+  std::set<std::string> out;
+  if (absl::StripAsciiWhitespace(value).empty()) return out;
+  const SpecError error("nat", value);
+  const std::set<std::string> known(ids.begin(), ids.end());
+  for (absl::string_view entry : Entries(value, ',')) {
+    absl::string_view id = absl::StripAsciiWhitespace(entry);
+    if (id.empty()) return error(entry, "empty entry (stray comma?)");
+    if (absl::Status s = CheckIdSyntax(id); !s.ok()) {
+      return error(entry, s.message());
+    }
+    if (!known.count(std::string(id))) {
+      return error(entry, absl::StrCat("unknown node ", id, " (nodes: ",
+                                       absl::StrJoin(ids, ", "), ")"));
+    }
+    if (!out.insert(std::string(id)).second) {
+      return error(entry, absl::StrCat("node ", id, " is named twice"));
+    }
+  }
+  for (int i = 0; i < initial && i < static_cast<int>(ids.size()); ++i) {
+    if (!out.count(ids[i])) return out;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--nat=", value,
+      ": every starting node would be behind NAT; at least one must stay "
+      "reachable, to admit the others and relay for them"));
+}
+
 absl::StatusOr<std::map<std::string, double>> ParseSlowSpec(
     const std::string& value, const std::vector<std::string>& ids) {
   std::map<std::string, double> out;

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,14 @@ absl::StatusOr<FaultPlan> ParseFaultPlan(
 // named twice, and a factor < 1 or not finite.
 absl::StatusOr<std::map<std::string, double>> ParseSlowSpec(
     const std::string& value, const std::vector<std::string>& ids);
+
+// The sim's --nat=ID[,ID...] ("" = none), e.g. n2,n3: those nodes run
+// behind emulated NAT. Returns the ids. InvalidArgument naming --nat for a
+// bad or unknown id (`ids`: the sim's nodes, joiners included), a node
+// named twice, and a list that leaves none of the first `initial` nodes
+// reachable (a NATed node needs a reachable one to join and relay through).
+absl::StatusOr<std::set<std::string>> ParseNatSpec(
+    const std::string& value, const std::vector<std::string>& ids, int initial);
 
 // The sim's --drift=IDS@STEP[;IDS@STEP...] ("" = none), IDS = ID[,ID...],
 // e.g. n0,n1@400: those nodes run with --drift=STEP, and every other node

@@ -104,6 +104,7 @@ constexpr PlacedFlag kTable[] = {
     {"nodes", S::kSwarm},
     {"listen", S::kSwarm},
     {"advertise", S::kSwarm},
+    {"relay", S::kSwarm},
     {"peers", S::kSwarm},
     {"node_id", S::kSwarm},
     {"run_id", S::kSwarm},
@@ -127,6 +128,7 @@ constexpr PlacedFlag kTable[] = {
     {"join", S::kSwarm},
     {"leave", S::kSwarm},
     {"partition", S::kSwarm},
+    {"nat", S::kSwarm},
 
     // Compression.
     {"compression", S::kCompression},

@@ -321,6 +321,8 @@ struct NodeMetrics::Metrics {
   Family<Counter>* rpc_errors;
   Family<Counter>* refusals;
   Gauge* early_bytes;
+  Family<Counter>* relay_forwarded;
+  Gauge* relay_attached;
   Histogram* checkpoint_duration;
   Gauge* last_checkpoint;
 };
@@ -476,6 +478,15 @@ void NodeMetrics::RegisterNetwork(prometheus::Registry& r, Metrics& metrics) {
                 "node has not started yet.",
                 r)
            .Add({});
+  m->relay_forwarded =
+      &Register(BuildCounter(), "starling_relay_forwarded_bytes_total",
+                "Bytes this node forwarded as a relay for a member that "
+                "peers cannot dial, by that member.",
+                r);
+  m->relay_attached =
+      &Register(BuildGauge(), "starling_relay_attached",
+                "1 while this node (unreachable) is attached to a relay.", r)
+           .Add({});
   for (const char* reason :
        {"rate_limit", "stream_limit", "stream_cancelled"}) {
     m->refusals->Add({{"reason", reason}});
@@ -630,6 +641,14 @@ void NodeMetrics::SetRefusals(
     const std::map<std::string, int64_t>& totals_by_reason) {
   absl::MutexLock lock(&mu_);
   AdvanceEach(*metrics_->refusals, "reason", totals_by_reason, &refusals_seen_);
+}
+
+void NodeMetrics::SetRelay(
+    const std::map<std::string, int64_t>& forwarded_by_member, bool attached) {
+  metrics_->relay_attached->Set(attached ? 1 : 0);
+  absl::MutexLock lock(&mu_);
+  AdvanceEach(*metrics_->relay_forwarded, "member", forwarded_by_member,
+              &relay_forwarded_seen_);
 }
 
 void NodeMetrics::Checkpoint(double seconds, absl::Time when) {

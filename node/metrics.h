@@ -125,6 +125,13 @@ class NodeMetrics {
   // Payload bytes of early tensor messages held now (Swarm::early_bytes):
   // starling_early_message_bytes.
   void SetEarlyBytes(int64_t bytes);
+  // Reverse connections (gossip/relay_server.h): bytes this node forwarded
+  // as a relay, by relayed member, as running totals
+  // (starling_relay_forwarded_bytes_total{member}, the rule of
+  // SetRpcErrors()), and whether this node is attached to a relay now
+  // (starling_relay_attached: 1 or 0).
+  void SetRelay(const std::map<std::string, int64_t>& forwarded_by_member,
+                bool attached) ABSL_LOCKS_EXCLUDED(mu_);
 
   // A checkpoint written at `when` that took `seconds`:
   // starling_checkpoint_duration_seconds observes it and
@@ -173,6 +180,7 @@ class NodeMetrics {
   int64_t after_compression_seen_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, int64_t> rpc_errors_seen_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> refusals_seen_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> relay_forwarded_seen_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace starling

@@ -30,6 +30,13 @@ ABSL_FLAG(std::string, advertise, "",
           "forward, a load balancer, or a public name for a node listening "
           "on 0.0.0.0; it travels in the join and the membership table. "
           "Empty: the --listen address");
+ABSL_FLAG(std::string, relay, "auto",
+          "diloco and gossip: what this node does when the member that "
+          "admits it cannot dial it back (behind NAT or a firewall): "
+          "'auto' keeps a stream open to a reachable member, which carries "
+          "the peers' traffic to it (end-to-end TLS; the member that the "
+          "fewest others relay through, another one when it dies); "
+          "HOST:PORT names that member; 'off' stays unreachable");
 ABSL_FLAG(std::string, peers, "",
           "comma-separated host:port of members to join through. diloco: "
           "any live members (empty: this node starts the swarm); ddp: "
@@ -575,6 +582,7 @@ void ReadUncheckedFlags(NodeConfig* c) {
   NetworkConfig& net = c->net;
   net.listen = absl::GetFlag(FLAGS_listen);
   net.advertise = absl::GetFlag(FLAGS_advertise);
+  net.relay = absl::GetFlag(FLAGS_relay);
   net.peers = absl::GetFlag(FLAGS_peers);
   net.node_id = NodeIdFromFlags();
   net.run_id = absl::GetFlag(FLAGS_run_id);
@@ -617,6 +625,18 @@ absl::Status CheckAdvertise(const std::string& advertise,
   return absl::OkStatus();
 }
 
+// --relay: auto, off or host:port with a fixed port.
+absl::Status CheckRelay(const std::string& relay) {
+  if (relay == "auto" || relay == "off") return absl::OkStatus();
+  if (!ValidHostPort(relay) || PortOf(relay) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--relay=", relay,
+        ": expected auto, off, or the host:port (a fixed port) of a "
+        "reachable member to relay through"));
+  }
+  return absl::OkStatus();
+}
+
 // --test_poison, the link flags and the peer credentials.
 absl::Status ParsePeerFlags(NodeConfig* c) {
   STARLING_ASSIGN_OR_RETURN(c->diloco.poison,
@@ -646,6 +666,7 @@ absl::Status ParseNodeFlags(NodeConfig* config) {
   STARLING_RETURN_IF_ERROR(ParseLimits(config));
   STARLING_RETURN_IF_ERROR(ParseCodecs(config));
   ReadUncheckedFlags(config);
+  STARLING_RETURN_IF_ERROR(CheckRelay(config->net.relay));
   return CheckAdvertise(config->net.advertise, config->algo);
 }
 
@@ -689,6 +710,7 @@ const std::vector<std::string>& NodeFlagNames() {
   static const auto* names =
       new std::vector<std::string>{"listen",
                                    "advertise",
+                                   "relay",
                                    "peers",
                                    "tls_cert",
                                    "tls_key",

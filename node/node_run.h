@@ -51,6 +51,7 @@ struct AdaptiveSync {
 struct NetworkConfig {
   std::string listen;          // --listen, host:port
   std::string advertise;       // --advertise ("": the listen address)
+  std::string relay = "auto";  // --relay
   std::string peers;           // --peers, as given
   std::string node_id;         // --node_id, or --listen when not given
   std::string run_id;          // --run_id

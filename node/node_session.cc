@@ -330,7 +330,8 @@ int NodeSession::Finish(SessionEnd end) {
   EvalResult final_eval = state.eval;
   if (state.evaluated_step != trainer.state().step()) final_eval = EvalResult();
   if (swarm_ != nullptr) {
-    end.summary.Merge(ReachabilityFields(swarm_->Members(), node_id_));
+    end.summary.Merge(ReachabilityFields(swarm_->Members(), node_id_))
+        .Merge(RelayFields(*swarm_));
   }
   if (absl::Status s = WriteNodeSummary(run_.out(), "node", trainer, final_eval,
                                         totals, state.rounds, end.stopped,

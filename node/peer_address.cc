@@ -27,14 +27,6 @@ int PortOf(absl::string_view a) {
   return port;
 }
 
-std::string HostOf(const std::string& address) {
-  std::string host = address.substr(0, address.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return host;
-}
-
 absl::StatusOr<std::map<std::string, std::string>> ReadHosts(
     const std::string& path) {
   std::ifstream in(path);

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "gossip/reachability.h"  // HostOf
 
 namespace starling {
 
@@ -18,9 +19,6 @@ bool ValidHostPort(absl::string_view address);
 
 // The port of "host:port" (ValidHostPort), or -1 when it has none.
 int PortOf(absl::string_view address);
-
-// "host" of "host:port" ("[::1]:7070" -> "::1"); empty for ":port".
-std::string HostOf(const std::string& address);
 
 // Reads a hosts(5)-style file into name -> address. InvalidArgument naming
 // --hosts, the file and the line when it cannot be read or a line has an

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
@@ -53,6 +54,12 @@ ABSL_FLAG(std::string, partition, "",
           "sim: from START to END the groups cannot reach each other: "
           "IDS|IDS[|IDS...]@START-END[;...], IDS = ID[,ID...], e.g. "
           "n0,n1|n2,n3@20s-40s. One partition at a time");
+ABSL_FLAG(std::string, nat, "",
+          "sim: nodes behind emulated NAT: ID[,ID...], e.g. n2,n3. Each "
+          "advertises a loopback port where nothing listens (a connection "
+          "is refused, as NAT refuses one from outside), joins through the "
+          "other nodes and is nobody's seed, so peers reach it only through "
+          "a relay (--relay). At least one starting node stays reachable");
 ABSL_FLAG(std::string, slow, "",
           "sim: slow nodes: ID:FACTORx[,ID:FACTORx...], e.g. n2:4x runs n2 "
           "with --slowdown=4 (each inner step takes 4 times its compute "
@@ -79,25 +86,19 @@ bool NodeAccepts(absl::string_view name) {
 
 // Flags of `starling sim` itself, never passed to the nodes.
 const std::vector<std::string>& SimOnlyFlagNames() {
-  static const auto* names = new std::vector<std::string>{"nodes",
-                                                          "kill",
-                                                          "restart",
-                                                          "join",
-                                                          "leave",
-                                                          "partition",
-                                                          "slow",
-                                                          "drift",
-                                                          "link_bandwidth_mbps",
-                                                          "link_latency_ms",
-                                                          "poison"};
+  static const auto* names = new std::vector<std::string>{
+      "nodes",           "kill",  "restart", "join",  "leave",
+      "partition",       "nat",   "slow",    "drift", "link_bandwidth_mbps",
+      "link_latency_ms", "poison"};
   return *names;
 }
 
 // The node flags the sim sets per node.
 bool SetPerNode(absl::string_view name) {
-  return name == "listen" || name == "peers" || name == "node_id" ||
-         name == "min_members" || name == "partition_file" ||
-         name == "test_crash_at" || name == "test_poison" ||
+  return name == "listen" || name == "advertise" || name == "peers" ||
+         name == "node_id" || name == "min_members" ||
+         name == "partition_file" || name == "test_crash_at" ||
+         name == "test_poison" ||
          // In the sim by node id (sim-only); each node gets its addresses.
          name == "link_bandwidth_mbps" || name == "link_latency_ms";
 }
@@ -187,6 +188,7 @@ struct SimSetup {
   std::map<std::string, double> slow;
   std::map<std::string, std::string> poison;
   std::map<std::string, int64_t> drift;
+  std::set<std::string> nat;  // --nat
   SimLinks links;
   // The nodes talk over 127.0.0.1: plaintext (the sim adds --insecure)
   // unless a --tls_* flag asks for TLS.
@@ -242,6 +244,13 @@ absl::Status ParseSimFlags(SimSetup* s) {
   STARLING_ASSIGN_OR_RETURN(
       s->poison, ParsePoisonSpec(absl::GetFlag(FLAGS_poison), s->ids));
   STARLING_ASSIGN_OR_RETURN(s->drift, ParseDriftSpec(s->drift_flag, s->ids));
+  STARLING_ASSIGN_OR_RETURN(
+      s->nat, ParseNatSpec(absl::GetFlag(FLAGS_nat), s->ids, s->nodes));
+  if (!s->nat.empty() && !s->elastic) {
+    return absl::InvalidArgumentError(
+        "--nat: this `starling node` has no elastic membership, so its "
+        "members cannot relay");
+  }
   STARLING_ASSIGN_OR_RETURN(
       s->links, ParseSimLinks(absl::GetFlag(FLAGS_link_bandwidth_mbps),
                               absl::GetFlag(FLAGS_link_latency_ms), s->ids));
@@ -415,6 +424,14 @@ absl::StatusOr<NodeLaunch> PrepareLaunch(const SimSetup& s,
   }
   // Ranks follow the sorted member list; sorting here makes node K rank K.
   std::sort(launch.addresses.begin(), launch.addresses.end());
+  if (!s.nat.empty()) {
+    STARLING_ASSIGN_OR_RETURN(std::vector<int> closed,
+                              HoldClosedLoopbackPorts(s.nat.size()));
+    size_t k = 0;
+    for (const std::string& id : s.nat) {
+      launch.nat_advertise[id] = absl::StrCat("127.0.0.1:", closed[k++]);
+    }
+  }
   launch.slow = s.slow;
   launch.poison = s.poison;
   launch.drift = s.drift;

@@ -66,6 +66,7 @@ struct MergedNodes {
   JsonArray json;  // summary.json's "nodes"
   double total_bytes = 0, equivalent = 0, compute = 0, node_wall = 0;
   double before = 0, after = 0;  // payload bytes before/after compression
+  double relay_forwarded = 0;    // bytes relays forwarded (--nat)
   std::string compression;       // the first node's codec
   const NodeRecord* first_summary = nullptr;
   const NodeRecord* evaluated = nullptr;  // highest step with a val_loss
@@ -117,6 +118,9 @@ void MergeNode(const MergeInput& in, const NodeRecord& n, MergedNodes* m,
   };
   m->total_bytes += figure("bytes_sent");
   m->before += figure("bytes_before_compression");
+  // A top-level field of the node's summary, beside its reachability.
+  m->relay_forwarded +=
+      FieldOf(n.summary, "relay_forwarded_bytes").number_value();
   m->after += figure("bytes_after_compression");
   if (m->compression.empty()) {
     m->compression = FieldOf(node, "compression").string_value();
@@ -350,7 +354,8 @@ JsonObject FinalJson(const MergeInput& in, const std::vector<NodeRecord>& recs,
   JsonObject fin;
   AddFinalLoss(in, recs, nodes, &fin);
   fin.Add("total_bytes", nodes.total_bytes)
-      .Add("allreduce_equivalent_bytes", nodes.equivalent);
+      .Add("allreduce_equivalent_bytes", nodes.equivalent)
+      .Add("relay_forwarded_bytes", nodes.relay_forwarded);
   if (!nodes.compression.empty()) {
     fin.Add("compression", nodes.compression)
         .Add("bytes_before_compression", nodes.before)
@@ -405,7 +410,7 @@ std::vector<std::pair<std::string, std::string>> Facts(
     const MergedRounds& rounds, const FinalModel& final_model) {
   const Value& val = FieldOf(EvaluatedFigures(nodes), "val_loss");
   const Value& acc = FieldOf(EvaluatedFigures(nodes), "val_accuracy");
-  return {
+  std::vector<std::pair<std::string, std::string>> facts = {
       {"run directory", in.dir},
       {"model", model},
       {"algorithm", in.algo},
@@ -432,6 +437,11 @@ std::vector<std::pair<std::string, std::string>> Facts(
            : AgreementText(rounds.split, final_model.agree_if_any())},
       {"wall time", FormatDuration(in.wall)},
   };
+  if (nodes.relay_forwarded > 0) {  // members behind NAT (--nat)
+    facts.insert(facts.begin() + 9, {"forwarded by relays (all nodes)",
+                                     FormatBytes(nodes.relay_forwarded)});
+  }
+  return facts;
 }
 
 // The facts that only some runs have: consensus, faults, drift.

@@ -44,6 +44,26 @@ absl::StatusOr<std::vector<int>> PickLoopbackPorts(int n) {
   return ports;
 }
 
+absl::StatusOr<std::vector<int>> HoldClosedLoopbackPorts(size_t n) {
+  std::vector<int> ports;
+  while (ports.size() < n) {
+    // Kept open until the sim exits (close-on-exec: the nodes do not hold
+    // them): bound and never listening, the port refuses every connection.
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      if (fd >= 0) ::close(fd);
+      return absl::UnavailableError("cannot hold a closed loopback port");
+    }
+    ports.push_back(ntohs(addr.sin_port));
+  }
+  return ports;
+}
+
 std::string NodeLogPath(const std::string& dir, const std::string& id) {
   return absl::StrCat(dir, "/", id, "/node.log");
 }
@@ -55,9 +75,14 @@ std::vector<std::string> NodeArgs(const NodeLaunch& launch, int i, bool restart,
   args.push_back(absl::StrCat("--listen=", launch.addresses[i]));
   std::vector<std::string> others;
   for (int j = 0; j < launch.initial; ++j) {
-    if (j != i) others.push_back(launch.addresses[j]);
+    if (j != i && !launch.nat_advertise.count(launch.ids[j])) {
+      others.push_back(launch.addresses[j]);
+    }
   }
   args.push_back(absl::StrCat("--peers=", absl::StrJoin(others, ",")));
+  if (auto n = launch.nat_advertise.find(id); n != launch.nat_advertise.end()) {
+    args.push_back(absl::StrCat("--advertise=", n->second));
+  }
   const bool late = restart || i >= launch.initial;
   if (launch.elastic) {
     args.push_back(absl::StrCat("--node_id=", id));
@@ -81,7 +106,10 @@ std::vector<std::string> NodeArgs(const NodeLaunch& launch, int i, bool restart,
   if (launch.links.shaped()) {
     std::map<std::string, std::string> address_of;  // node id -> host:port
     for (size_t k = 0; k < launch.ids.size(); ++k) {
-      address_of[launch.ids[k]] = launch.addresses[k];
+      // Peers know a NATed node by the address it advertises.
+      auto n = launch.nat_advertise.find(launch.ids[k]);
+      address_of[launch.ids[k]] =
+          n != launch.nat_advertise.end() ? n->second : launch.addresses[k];
     }
     auto [bandwidth, latency] = NodeLinkFlags(launch.links, id, address_of);
     args.push_back(absl::StrCat("--link_bandwidth_mbps=", bandwidth));

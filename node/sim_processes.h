@@ -46,6 +46,10 @@ struct NodeLaunch {
   // --drift, by id; when not empty every other node gets --drift=never.
   std::map<std::string, int64_t> drift;
   SimLinks links;  // per-address --link_* flags when shaped
+  // Nodes behind emulated NAT (--nat), with the address each advertises,
+  // where nothing listens. They list only the others as --peers, and
+  // nobody lists them.
+  std::map<std::string, std::string> nat_advertise;
   // Flags every node gets, after its own (--NAME=VALUE).
   std::vector<std::string> common;
   int snapshot_every = 0;  // > 0: --snapshot_every=N last (gossip's default)
@@ -59,6 +63,11 @@ struct NodeLaunch {
 // `n` distinct free ports on 127.0.0.1 (each held open until all are
 // chosen). Unavailable when there are not enough.
 absl::StatusOr<std::vector<int>> PickLoopbackPorts(int n);
+
+// `n` loopback ports, each bound by this process and not listening, for
+// the process's life: a connection to one is refused, and no other process
+// can take it. Unavailable when there are not enough.
+absl::StatusOr<std::vector<int>> HoldClosedLoopbackPorts(size_t n);
 
 // Where node `id` of the sim in `dir` logs: DIR/ID/node.log.
 std::string NodeLogPath(const std::string& dir, const std::string& id);

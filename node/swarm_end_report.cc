@@ -65,4 +65,18 @@ JsonObject ReachabilityFields(const std::vector<peer::v1::MemberEntry>& table,
       .Add("members_reachability", members);
 }
 
+JsonObject RelayFields(const Swarm& swarm) {
+  JsonObject by_member;
+  for (const auto& [id, bytes] : swarm.relay_forwarded_by_member()) {
+    by_member.Add(id, bytes);
+  }
+  return JsonObject()
+      .Add("relay", swarm.relay())
+      .Add("relays_lost", swarm.relays_lost())
+      .Add("relayed_bytes", swarm.relayed_bytes())
+      .Add("relay_forwarded_bytes", swarm.relay_forwarded_bytes())
+      .Add("relay_forwarded_by_member", by_member)
+      .Add("bytes_via_relays", swarm.bytes_via_relays());
+}
+
 }  // namespace starling

@@ -13,6 +13,7 @@
 
 #include "absl/time/time.h"
 #include "core/json.h"
+#include "gossip/swarm.h"
 #include "gossip/swarm_end.h"
 
 namespace starling {
@@ -42,6 +43,14 @@ JsonObject SwarmFinalFields(const SwarmView& v, bool apart, bool trained_alone);
 // every member in the table).
 JsonObject ReachabilityFields(const std::vector<peer::v1::MemberEntry>& table,
                               const std::string& self);
+
+// summary.json's relay fields (gossip/relay_server.h): "relay" (the
+// address of the relay this node was attached to at the end, "" for none),
+// "relays_lost", "relayed_bytes" (through its relay, to and from this
+// node), "relay_forwarded_bytes" (what it forwarded as a relay for others)
+// with "relay_forwarded_by_member" (relayed member id -> bytes), and
+// "bytes_via_relays" (what it sent and received through others' relays).
+JsonObject RelayFields(const Swarm& swarm);
 
 }  // namespace starling
 

@@ -33,6 +33,7 @@ void RefreshSwarmMetrics(const Swarm& swarm, const std::string& self,
   metrics.SetRpcErrors(swarm.rpc_errors());
   metrics.SetRefusals(swarm.refusals());
   metrics.SetEarlyBytes(swarm.early_bytes());
+  metrics.SetRelay(swarm.relay_forwarded_by_member(), !swarm.relay().empty());
 }
 
 void ReportRoundMetrics(NodeMetrics* metrics, const RoundExchange& exchange,

@@ -30,14 +30,26 @@ TEST(RelayPlanTest, PicksTheLeastLoadedReachableLiveMember) {
       Member("a", kUp),      Member("b", kUp),
       Member("c", kUnknown), Member("d", kUp, peer::v1::MEMBER_SUSPECT),
       Member("n1", kNat),    Member("n2", kNat)};
-  // Nobody relays yet: the smallest id.
-  EXPECT_EQ(PickRelay(table, "n1", {}), "a");
-  // n2 relays through a: n1 takes b (c was never checked, d is suspect).
+  // Nobody relays yet: a or b (c was never checked, d is suspect), the
+  // same each time for one member, and members choosing at once spread.
+  std::map<std::string, int> chosen;
+  for (int i = 0; i < 100; ++i) {
+    const std::string self = "m" + std::to_string(i);
+    const std::string relay = PickRelay(table, self, {});
+    EXPECT_EQ(relay, PickRelay(table, self, {}));
+    ++chosen[relay];
+  }
+  EXPECT_EQ(chosen.size(), 2u);
+  EXPECT_GT(chosen["a"], 20);
+  EXPECT_GT(chosen["b"], 20);
+  // n2 relays through a: n1 takes b.
   EXPECT_EQ(PickRelay(table, "n1", {{"n2", "a"}}), "b");
+  EXPECT_EQ(PickRelay(table, "n1", {{"n2", "b"}}), "a");
   // Its own old choice does not count against a relay.
-  EXPECT_EQ(PickRelay(table, "n1", {{"n1", "a"}}), "a");
+  EXPECT_EQ(PickRelay(table, "n1", {{"n1", "a"}, {"n2", "b"}}), "a");
   // A relay that just failed is avoided.
   EXPECT_EQ(PickRelay(table, "n1", {}, {"a"}), "b");
+  EXPECT_EQ(PickRelay(table, "n1", {}, {"b"}), "a");
   EXPECT_EQ(PickRelay(table, "n1", {}, {"a", "b"}), "");
   // A NATed member is never a relay, itself included.
   EXPECT_EQ(PickRelay({Member("n1", kNat), Member("n2", kNat)}, "n1", {}), "");

@@ -106,6 +106,23 @@ TEST(RoundCoordinatorTest, WaitsForEveryLiveMemberOrTheDeadline) {
             "PLAN(0,1)->n0 PLAN(0,1)->n1 PLAN(0,1)->n2");
 }
 
+// A member behind a relay goes right after its relay in the ring (relay
+// and order of the others as RelayRingOrder decides), so that the relay
+// sends it its own segments instead of forwarding another member's.
+TEST(RoundCoordinatorTest, PlansEachRelayedMemberRightAfterItsRelay) {
+  std::vector<MemberEntry> live = {Entry("n0"), Entry("n1"), Entry("n2"),
+                                   Entry("n3")};
+  live[1].set_reachability(peer::v1::REACHABILITY_UNREACHABLE);
+  live[1].set_relay("n3:7000");
+  RoundCoordinator c(Options());
+  ReadyAll(c, {"n0", "n1", "n2", "n3"}, live, T(0));
+  RoundCoordinator::Decisions d = c.Tick(live, T(0));
+  ASSERT_EQ(d.plans.size(), 4u);
+  EXPECT_EQ(Members(d.plans[0].second), "n0,n2,n3,n1");
+  EXPECT_EQ(absl::StrJoin(d.plans[0].second.addresses(), ","),
+            "n0:7000,n2:7000,n3:7000,n1:7000");
+}
+
 TEST(RoundCoordinatorTest, ASuspectIsNotWaitedForAndOnePastTheRoundStalesIt) {
   RoundCoordinator c(Options());
   std::vector<MemberEntry> live = {

@@ -3,6 +3,7 @@
 #include "node/faults.h"
 
 #include <cmath>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -197,6 +198,25 @@ TEST(FaultPlanTest, BadPartitions) {
   EXPECT_THAT(Error(Partition("n0|n1@20s-40s;n2|n3@30s-50s")),
               AllOf(HasSubstr("in 'n2|n3@30s-50s'"),
                     HasSubstr("overlaps in time with 'n0|n1@20s-40s'")));
+}
+
+TEST(NatSpecTest, ParsesIdsAndKeepsOneStartingNodeReachable) {
+  auto nat = ParseNatSpec("n2, n3", Four(), 4);
+  ASSERT_TRUE(nat.ok()) << nat.status();
+  EXPECT_EQ(*nat, (std::set<std::string>{"n2", "n3"}));
+  EXPECT_TRUE(ParseNatSpec("", Four(), 4)->empty());
+  for (const char* bad : {"n9", "n2,n2", "n2,", "bad id", "n0,n1,n2,n3"}) {
+    auto r = ParseNatSpec(bad, Four(), 4);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << bad;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("--nat=")) << bad;
+  }
+  EXPECT_THAT(
+      std::string(ParseNatSpec("n0,n1,n2,n3", Four(), 4).status().message()),
+      HasSubstr("at least one must stay reachable"));
+  // A joiner may be behind NAT; the starting nodes are n0..n{initial-1}.
+  EXPECT_TRUE(ParseNatSpec("n1,n2,n3", Four(), 1).ok());
+  EXPECT_FALSE(ParseNatSpec("n0", Four(), 1).ok());
 }
 
 TEST(SlowSpecTest, ParsesFactorsPerNode) {

@@ -1,6 +1,14 @@
 // Integration tests of members that peers cannot dial at their --listen
 // address, on real `starling node` processes over loopback: a member behind
-// a port forward (--advertise), dialed back at its join.
+// a port forward (--advertise), dialed back at its join; members that
+// advertise a port where nothing listens (as a member behind NAT is, to
+// anyone outside), who train through relays (--relay).
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +27,30 @@ using ::starling::testing::NodeGroup;
 using ::starling::testing::ReadJson;
 using ::starling::testing::TcpForward;
 using ::starling::testing::TinyTextFlags;
+
+// A loopback port bound but not listening, held for the test's life: a
+// connection to it is refused, as NAT refuses (or drops) one from outside.
+class ClosedPort {
+ public:
+  ClosedPort() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+      port_ = ntohs(a.sin_port);
+    }
+  }
+  ~ClosedPort() { ::close(fd_); }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
 
 std::string CommonFlags(const std::string& run_id) {
   return absl::StrCat(TinyTextFlags(60000),
@@ -54,15 +86,129 @@ TEST(NatTest, MemberBehindAPortForwardIsDialedThere) {
   EXPECT_EQ(g.RoundHashes("n0"), g.RoundHashes("n1"));
   EXPECT_GT(forward.connections(), 0);
   EXPECT_GT(forward.bytes(), 0);
-  // n0 dialed n1 back at its join, through the forward; nobody checked
-  // the founder n0.
+  // n0 dialed n1 back at its join, through the forward; n1 reached the
+  // founder n0 at its address, and told it so.
   const auto n0 = ReadJson(g.Out("n0") + "/summary.json");
   const auto n1 = ReadJson(g.Out("n1") + "/summary.json");
   EXPECT_EQ(Field(n1, "reachability").string_value(), "reachable");
-  EXPECT_EQ(Field(n0, "reachability").string_value(), "unknown");
+  EXPECT_EQ(Field(n0, "reachability").string_value(), "reachable");
   const auto& seen = Field(n0, "members_reachability").struct_value();
   EXPECT_EQ(Field(seen, "n1").string_value(), "reachable");
-  EXPECT_EQ(Field(seen, "n0").string_value(), "unknown");
+  EXPECT_EQ(Field(seen, "n0").string_value(), "reachable");
+}
+
+// Members of every round, from node `id`'s round events.
+std::vector<int> RoundSizes(const NodeGroup& g, const std::string& id) {
+  std::vector<int> sizes;
+  for (const auto& ev : g.Events(id, "round")) {
+    sizes.push_back(Field(ev, "members").list_value().values_size());
+  }
+  return sizes;
+}
+
+// n2 and n3 advertise ports where nothing listens: the dial-back at their
+// join finds them unreachable, each attaches to a reachable member, and
+// all four train every round together, with the peers' traffic to n2 and
+// n3 (ring segments, round messages, gossip) going through the relays.
+TEST(NatTest, MembersNobodyCanDialTrainThroughRelays) {
+  NodeGroup g("relay", CommonFlags("relay"));
+  ClosedPort c2, c3;
+  ASSERT_GT(c2.port(), 0);
+  ASSERT_GT(c3.port(), 0);
+  g.Start("n0", "--min_members=4 --shard=0/4");
+  g.Start("n1", "--min_members=4 --shard=1/4", "n0");
+  // One after the other, as members come in practice: each sees who
+  // relays through whom, and the load spreads.
+  ASSERT_TRUE(testing::WaitForText(g.Log("n1"), "back at", absl::Seconds(60)))
+      << g.LogText("n1");
+  g.Start("n2", "--min_members=4 --shard=2/4 --advertise=" + c2.address(),
+          "n0");
+  ASSERT_TRUE(
+      testing::WaitForText(g.Log("n2"), "attached to relay", absl::Seconds(60)))
+      << g.LogText("n2");
+  g.Start("n3", "--min_members=4 --shard=3/4 --advertise=" + c3.address(),
+          "n0");
+  for (const char* id : {"n0", "n1", "n2", "n3"}) {
+    ASSERT_EQ(g.Wait(id), 0) << g.LogText(id);
+  }
+  for (const char* id : {"n1", "n2", "n3"}) {
+    EXPECT_EQ(g.FinalHash(id), g.FinalHash("n0")) << id;
+    EXPECT_EQ(g.RoundHashes(id), g.RoundHashes("n0")) << id;
+  }
+  const std::vector<int> sizes = RoundSizes(g, "n2");
+  ASSERT_EQ(sizes.size(), 4u);
+  for (int n : sizes) EXPECT_EQ(n, 4);
+  const std::set<std::string> publics = {g.Address("n0"), g.Address("n1")};
+  std::set<std::string> relays;
+  for (const char* id : {"n2", "n3"}) {
+    const auto s = ReadJson(g.Out(id) + "/summary.json");
+    EXPECT_EQ(Field(s, "reachability").string_value(), "unreachable") << id;
+    const std::string relay = Field(s, "relay").string_value();
+    EXPECT_EQ(publics.count(relay), 1u) << id << " relay " << relay;
+    relays.insert(relay);
+    EXPECT_GT(Field(s, "relayed_bytes").number_value(), 0) << id;
+    EXPECT_EQ(Field(s, "relays_lost").number_value(), 0) << id;
+  }
+  // The relays spread: each public member carries one NATed member.
+  EXPECT_EQ(relays.size(), 2u);
+  double forwarded = 0;
+  std::set<std::string> carried;
+  for (const char* id : {"n0", "n1"}) {
+    const auto s = ReadJson(g.Out(id) + "/summary.json");
+    forwarded += Field(s, "relay_forwarded_bytes").number_value();
+    for (const auto& [member, bytes] :
+         Field(s, "relay_forwarded_by_member").struct_value().fields()) {
+      if (bytes.number_value() > 0) carried.insert(member);
+    }
+    EXPECT_GT(Field(s, "bytes_via_relays").number_value(), 0) << id;
+  }
+  EXPECT_GT(forwarded, 0);
+  EXPECT_EQ(carried, (std::set<std::string>{"n2", "n3"}));
+}
+
+// The relay of n2 is killed mid-run: n2 moves to the other reachable
+// member and the survivors finish together, with equal hashes.
+TEST(NatTest, AMemberWhoseRelayDiesMovesToAnother) {
+  NodeGroup g("relay-dies", CommonFlags("relay-dies"));
+  ClosedPort c2;
+  ASSERT_GT(c2.port(), 0);
+  const std::string many = " --steps=400 --inner_steps=5";
+  g.Start("n0", "--min_members=3 --shard=0/3" + many);
+  g.Start("n1", "--min_members=3 --shard=1/3" + many, "n0");
+  g.Start("n2",
+          absl::StrCat("--min_members=3 --shard=2/3 --advertise=", c2.address(),
+                       " --relay=auto", many),
+          "n0");
+  ASSERT_TRUE(testing::WaitForText(g.Log("n2"), "attached to relay ",
+                                   absl::Seconds(60)))
+      << g.LogText("n2");
+  ASSERT_TRUE(g.WaitForEvent("n2", "\"round\"", absl::Seconds(60)))
+      << g.LogText("n2");
+  const std::string log = g.LogText("n2");
+  const size_t at = log.find("attached to relay ") + 18;
+  const std::string first = log.substr(at, log.find(": ", at) - at);
+  const std::string victim = first == g.Address("n0") ? "n0" : "n1";
+  const std::string survivor = victim == "n0" ? "n1" : "n0";
+  g.Signal(victim, SIGKILL);
+  g.Wait(victim);
+  ASSERT_EQ(g.Wait("n2", absl::Minutes(4)), 0) << g.LogText("n2");
+  ASSERT_EQ(g.Wait(survivor, absl::Minutes(4)), 0) << g.LogText(survivor);
+  EXPECT_EQ(g.FinalHash("n2"), g.FinalHash(survivor));
+  const auto s = ReadJson(g.Out("n2") + "/summary.json");
+  EXPECT_EQ(Field(s, "relay").string_value(), g.Address(survivor));
+  EXPECT_GE(Field(s, "relays_lost").number_value(), 1);
+  // After the kill, rounds went on with n2 in them.
+  int with_n2_after = 0;
+  for (const auto& ev : g.Events(survivor, "round")) {
+    const auto& members = Field(ev, "members").list_value().values();
+    bool has_n2 = false, has_victim = false;
+    for (const auto& m : members) {
+      has_n2 |= m.string_value() == "n2";
+      has_victim |= m.string_value() == victim;
+    }
+    if (has_n2 && !has_victim) ++with_n2_after;
+  }
+  EXPECT_GT(with_n2_after, 0);
 }
 
 }  // namespace

@@ -217,6 +217,36 @@ TEST(SimTest, APartitionsSidesTrainApartThenEndOnOneModel) {
 // A bad node flag stops the sim before it makes its run directory or starts
 // a node, naming the flag once (not once per child, after each data load).
 // The model is built there too: an unknown one, or a shape it refuses.
+// n2 and n3 behind emulated NAT: nobody can dial them, they train every
+// round with n0 and n1 through relays, and the sim reports the bytes the
+// relays forwarded.
+TEST(SimTest, NodesBehindEmulatedNatTrainThroughRelays) {
+  const std::string out = TempDir() + "/nat";
+  auto r =
+      RunStarling(absl::StrCat("sim --nodes=4 --steps=40 --inner_steps=10",
+                               " --nat=n2,n3 ", TinyFlags(), " --out=", out));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("hashes agree: yes"), std::string::npos) << r.err;
+  auto summary = ReadJson(out + "/summary.json");
+  for (const auto& v : Field(summary, "rounds").list_value().values()) {
+    EXPECT_EQ(Field(v.struct_value(), "node_hashes").list_value().values_size(),
+              4);
+  }
+  EXPECT_GT(
+      Field(Field(summary, "final").struct_value(), "relay_forwarded_bytes")
+          .number_value(),
+      0);
+  for (const char* id : {"n2", "n3"}) {
+    auto node = ReadJson(absl::StrCat(out, "/", id, "/summary.json"));
+    EXPECT_EQ(Field(node, "reachability").string_value(), "unreachable") << id;
+    EXPECT_FALSE(Field(node, "relay").string_value().empty()) << id;
+  }
+  auto n0 = ReadJson(out + "/n0/summary.json");
+  EXPECT_EQ(Field(n0, "relay").string_value(), "");
+  testing::ExpectSimRefused("--nodes=2 --steps=10 --nat=n0,n1", out + "2",
+                            "--nat=n0,n1");
+}
+
 TEST(SimTest, BadNodeFlagFailsBeforeAnyNodeStarts) {
   const std::string out = TempDir() + "/badflag";
   for (const char* flag :
