@@ -37,8 +37,9 @@ struct RelayServer::Pipe {
   Stream* connect = nullptr;
   grpc::ServerContext* accept_ctx = nullptr;
   Stream* accept = nullptr;
-  bool accepted = false;  // guarded by RelayServer::mu_
-  int running = 0;        // directions pumping; guarded by RelayServer::mu_
+  std::atomic<int64_t> bytes{0};  // forwarded both ways
+  bool accepted = false;          // guarded by RelayServer::mu_
+  int running = 0;  // directions pumping; guarded by RelayServer::mu_
 };
 
 RelayServer::RelayServer(RelayServerOptions options)
@@ -286,8 +287,19 @@ void RelayServer::Pump(const std::shared_ptr<Pipe>& pipe, bool connect_side) {
     *out.mutable_data() = std::move(*in.mutable_data());
     if (!to->Write(out)) break;
     forwarded_.fetch_add(n);
-    absl::MutexLock lock(&mu_);
-    forwarded_by_[pipe->target] += n;
+    {
+      absl::MutexLock lock(&mu_);
+      forwarded_by_[pipe->target] += n;
+    }
+    if (options_.cut_after_bytes > 0 &&
+        pipe->bytes.fetch_add(n) + n >= options_.cut_after_bytes) {
+      LogEvent(
+          LogLevel::kWarning, "relay_cut",
+          absl::StrCat("cut a connection to ", pipe->target, " after ",
+                       pipe->bytes.load(), " bytes (--test_relay_cut_after)"),
+          {{"peer", pipe->target}});
+      break;
+    }
   }
   // One end stopped: end both calls, so that the other direction's Read
   // returns too. The other handler is still in Pump (running > 0), so its

@@ -50,6 +50,9 @@ struct RelayServerOptions {
   absl::Duration accept_timeout = absl::Seconds(5);
   absl::Duration first_frame_timeout = absl::Seconds(10);
   absl::Duration keepalive = absl::Seconds(1);
+  // Tests: end each spliced connection once it has forwarded this many
+  // bytes, as a relay that drops what it carries would; 0: never.
+  int64_t cut_after_bytes = 0;
 };
 
 class RelayServer final : public peer::v1::Relay::Service {

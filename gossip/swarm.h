@@ -194,6 +194,9 @@ struct SwarmOptions {
   // "off" stays unreachable, HOST:PORT names the member to relay through.
   // Every node serves as a relay for the others (relay_server.h).
   std::string relay = "auto";
+  // Tests: as a relay, cut each relayed connection after it carried this
+  // many bytes (RelayServerOptions::cut_after_bytes); 0: never.
+  int64_t relay_cut_after_bytes = 0;
   // Addresses of any live members. A node may list itself (under any name
   // that reaches it, such as its DNS name): see found_after.
   std::vector<std::string> seeds;

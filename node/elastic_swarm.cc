@@ -26,6 +26,7 @@ absl::StatusOr<SwarmOptions> ElasticSwarmOptions(
   so.listen = net.listen;
   so.advertise = net.advertise;
   so.relay = net.relay;
+  so.relay_cut_after_bytes = net.test_relay_cut_after;
   so.node_id = net.node_id;
   if (!ValidHostPort(so.listen)) {
     return absl::InvalidArgumentError(

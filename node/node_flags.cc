@@ -230,6 +230,11 @@ ABSL_FLAG(std::string, test_crash_at, "",
           "freeze:POINT[@ROUND] stops it there with SIGSTOP instead (a hung "
           "process whose connections stay open)");
 
+ABSL_FLAG(int64_t, test_relay_cut_after, 0,
+          "testing only: as a relay, cut every relayed connection once it "
+          "has carried this many bytes (a relay that drops what it "
+          "forwards); 0 = never");
+
 ABSL_FLAG(std::string, aggregate, "mean",
           "diloco: how a round's pseudo-gradients are combined: mean (the "
           "ring all-reduce), trimmed_mean:K (per coordinate, drop the K "
@@ -589,6 +594,7 @@ void ReadUncheckedFlags(NodeConfig* c) {
   net.hosts_file = absl::GetFlag(FLAGS_hosts);
   net.partition_file = absl::GetFlag(FLAGS_partition_file);
   net.test_crash_at = absl::GetFlag(FLAGS_test_crash_at);
+  net.test_relay_cut_after = absl::GetFlag(FLAGS_test_relay_cut_after);
   net.min_members = absl::GetFlag(FLAGS_min_members);
   net.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout));
   net.round_timeout = absl::Seconds(absl::GetFlag(FLAGS_round_timeout));
@@ -760,6 +766,7 @@ const std::vector<std::string>& NodeFlagNames() {
                                    "gossip_outer_lr",
                                    "snapshot_every",
                                    "test_crash_at",
+                                   "test_relay_cut_after",
                                    "aggregate",
                                    "norm_bound",
                                    "test_poison",

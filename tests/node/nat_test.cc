@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <map>
 #include <set>
 #include <string>
 
@@ -209,6 +210,74 @@ TEST(NatTest, AMemberWhoseRelayDiesMovesToAnother) {
     if (has_n2 && !has_victim) ++with_n2_after;
   }
   EXPECT_GT(with_n2_after, 0);
+}
+
+// Every round hash `id` logged equals `reference`'s for that round; how
+// many there were.
+int SameRoundHashes(const NodeGroup& g, const std::string& id,
+                    const std::string& reference) {
+  const std::map<int, std::string> mine = g.RoundHashes(id);
+  const std::map<int, std::string> theirs = g.RoundHashes(reference);
+  int shared = 0;
+  for (const auto& [round, hash] : mine) {
+    auto it = theirs.find(round);
+    if (it == theirs.end()) continue;
+    EXPECT_EQ(hash, it->second) << id << " round " << round;
+    ++shared;
+  }
+  return shared;
+}
+
+// n0 relays n2 but cuts every connection it carries after 64 KB, as a relay
+// that drops what it forwards would: the attempts those connections carry
+// fail and are rerun, and no member's model is ever corrupted.
+TEST(NatTest, ARelayThatDropsWhatItForwardsCostsAttemptsNotTheModel) {
+  NodeGroup g("relay-cuts", CommonFlags("relay-cuts"));
+  ClosedPort c2;
+  ASSERT_GT(c2.port(), 0);
+  g.Start("n0", "--min_members=3 --shard=0/3 --test_relay_cut_after=65536");
+  g.Start("n1", "--min_members=3 --shard=1/3", "n0");
+  ASSERT_TRUE(testing::WaitForText(g.Log("n1"), "back at", absl::Seconds(60)))
+      << g.LogText("n1");
+  g.Start("n2",
+          absl::StrCat("--min_members=3 --shard=2/3 --advertise=", c2.address(),
+                       " --relay=", g.Address("n0")),
+          "n0");
+  ASSERT_EQ(g.Wait("n0", absl::Minutes(4)), 0) << g.LogText("n0");
+  ASSERT_EQ(g.Wait("n1", absl::Minutes(4)), 0) << g.LogText("n1");
+  g.Wait("n2", absl::Minutes(4));  // it may end apart: its links broke
+  EXPECT_NE(g.LogText("n0").find("cut a connection to n2"), std::string::npos)
+      << g.LogText("n0");
+  EXPECT_EQ(g.FinalHash("n0"), g.FinalHash("n1"));
+  EXPECT_EQ(SameRoundHashes(g, "n1", "n0"), 4);
+  SameRoundHashes(g, "n2", "n0");
+}
+
+// A member of another run names a member of this one as its relay: the
+// relay refuses it (another swarm's run id), forwards nothing, and this
+// run trains undisturbed.
+TEST(NatTest, ARelayRefusesAMemberOfAnotherRun) {
+  NodeGroup a("relay-run-a", CommonFlags("relay-run-a"));
+  NodeGroup b("relay-run-b", CommonFlags("relay-run-b"));
+  ClosedPort c1;
+  ASSERT_GT(c1.port(), 0);
+  // Long enough to be there when b1 asks.
+  a.Start("n0", "--min_members=2 --shard=0/2 --steps=400");
+  a.Start("n1", "--min_members=2 --shard=1/2 --steps=400", "n0");
+  b.Start("b0", "--min_members=2 --shard=0/2 --steps=100000");
+  b.Start("b1",
+          absl::StrCat("--min_members=2 --shard=1/2 --steps=100000"
+                       " --advertise=",
+                       c1.address(), " --relay=", a.Address("n0")),
+          "b0");
+  EXPECT_TRUE(testing::WaitForText(b.Log("b1"), "this relay serves run",
+                                   absl::Seconds(60)))
+      << b.LogText("b1");
+  ASSERT_EQ(a.Wait("n0", absl::Minutes(4)), 0) << a.LogText("n0");
+  ASSERT_EQ(a.Wait("n1", absl::Minutes(4)), 0) << a.LogText("n1");
+  EXPECT_EQ(a.FinalHash("n0"), a.FinalHash("n1"));
+  const auto s0 = ReadJson(a.Out("n0") + "/summary.json");
+  EXPECT_EQ(Field(s0, "relay_forwarded_bytes").number_value(), 0);
 }
 
 }  // namespace
