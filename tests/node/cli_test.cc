@@ -246,17 +246,17 @@ TEST(CliTest, HelpListsAFlagWithoutSectionUnderOther) {
 TEST(CliTest, TestOnlyFlagsAreHiddenButAccepted) {
   auto node = RunStarling("node --help");
   EXPECT_EQ(node.exit_code, 0);
-  for (const char* flag :
-       {"--test_crash_at", "--test_poison", "--test_stall"}) {
+  for (const char* flag : {"--test_crash_at", "--test_poison", "--test_stall",
+                           "--test_relay_cut_after"}) {
     EXPECT_FALSE(absl::StrContains(node.out, flag)) << flag;
   }
   EXPECT_TRUE(absl::StrContains(
-      node.out, "--helpfull also lists the 3 test-only flags, hidden here."))
+      node.out, "--helpfull also lists the 4 test-only flags, hidden here."))
       << node.out;
   auto full = RunStarling("node --helpfull");
   EXPECT_EQ(full.exit_code, 0);
-  for (const char* flag :
-       {"--test_crash_at", "--test_poison", "--test_stall"}) {
+  for (const char* flag : {"--test_crash_at", "--test_poison", "--test_stall",
+                           "--test_relay_cut_after"}) {
     EXPECT_TRUE(absl::StrContains(full.out, flag)) << flag;
   }
   EXPECT_TRUE(absl::StrContains(full.out, HeadingOf(FlagSection::kTestOnly)));
