@@ -100,7 +100,8 @@
 // which the others call their peers through. round_protocol.h holds what
 // coordinator and member share.
 //
-// Threads. Start runs four, and Shutdown joins them:
+// Threads. Start runs five (and the relay's reaper), and Shutdown joins
+// them:
 //  - the gossip thread (MembershipGossip): a tick every gossip_interval;
 //    its calls to peers run at once as asynchronous calls, and it polls
 //    SwarmOptions::interrupted and calls a running attempt off
@@ -113,10 +114,16 @@
 //  - the confirm thread (CoordinatorThread): sends the CONFIRMs that ask a
 //    member to prove the round token of a READY (round_tokens.h), so that
 //    a member that does not answer delays no tick;
-//  - the state thread (StateServer): encodes what ServeState hands over.
+//  - the state thread (StateServer): encodes what ServeState hands over;
+//  - the relay thread (RelayAttachment): while this node is unreachable,
+//    holds its relay's Attach stream (with a watchdog thread), and starts a
+//    thread per relayed connection; RelayRoutes runs an accept thread per
+//    relayed member this node dials, and a thread per connection.
 // gRPC's threads run the Swarm service's handlers (Join, Gossip, Control,
 // FetchState, Push) and the callbacks of asynchronous calls: they only
-// touch memory, under short locks, and never block. The caller's threads
+// touch memory, under short locks, and never block. The Relay service uses
+// the synchronous API instead: each of its calls holds a gRPC thread for
+// its life, pumping one direction of a spliced connection. The caller's threads
 // run the public methods: the training thread's SyncRound, FetchState and
 // Push make calls to peers of their own; SyncRound and FetchState must be
 // called from one thread. Every other public method is thread-safe.
