@@ -282,6 +282,7 @@ void RelayServer::Pump(const std::shared_ptr<Pipe>& pipe, bool connect_side) {
   RelayFrame in;
   while (from->Read(&in)) {
     if (in.data().empty()) continue;
+    if (options_.delay > absl::ZeroDuration()) absl::SleepFor(options_.delay);
     RelayFrame out;
     const int64_t n = static_cast<int64_t>(in.data().size());
     *out.mutable_data() = std::move(*in.mutable_data());
@@ -293,11 +294,10 @@ void RelayServer::Pump(const std::shared_ptr<Pipe>& pipe, bool connect_side) {
     }
     if (options_.cut_after_bytes > 0 &&
         pipe->bytes.fetch_add(n) + n >= options_.cut_after_bytes) {
-      LogEvent(
-          LogLevel::kWarning, "relay_cut",
-          absl::StrCat("cut a connection to ", pipe->target, " after ",
-                       pipe->bytes.load(), " bytes (--test_relay_cut_after)"),
-          {{"peer", pipe->target}});
+      LogEvent(LogLevel::kWarning, "relay_cut",
+               absl::StrCat("cut a connection to ", pipe->target, " after ",
+                            pipe->bytes.load(), " bytes (--test_relay_fault)"),
+               {{"peer", pipe->target}});
       break;
     }
   }

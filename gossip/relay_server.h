@@ -53,6 +53,9 @@ struct RelayServerOptions {
   // Tests: end each spliced connection once it has forwarded this many
   // bytes, as a relay that drops what it carries would; 0: never.
   int64_t cut_after_bytes = 0;
+  // Tests: hold each frame this long before forwarding it, as a slow or
+  // malicious relay would.
+  absl::Duration delay = absl::ZeroDuration();
 };
 
 class RelayServer final : public peer::v1::Relay::Service {

@@ -172,6 +172,7 @@ absl::StatusOr<std::unique_ptr<Swarm>> Swarm::Start(
   ro.run_id = options.identity.run_id;
   ro.credentials = options.credentials;
   ro.cut_after_bytes = options.relay_cut_after_bytes;
+  ro.delay = options.relay_delay;
   Swarm* me = s.get();
   ro.is_member = [me](const std::string& id) {
     return me->ready_.load() && me->membership_->Get(id).ok();

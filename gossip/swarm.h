@@ -204,6 +204,9 @@ struct SwarmOptions {
   // Tests: as a relay, cut each relayed connection after it carried this
   // many bytes (RelayServerOptions::cut_after_bytes); 0: never.
   int64_t relay_cut_after_bytes = 0;
+  // Tests: as a relay, hold each forwarded frame this long
+  // (RelayServerOptions::delay).
+  absl::Duration relay_delay = absl::ZeroDuration();
   // Addresses of any live members. A node may list itself (under any name
   // that reaches it, such as its DNS name): see found_after.
   std::vector<std::string> seeds;

@@ -27,6 +27,7 @@ absl::StatusOr<SwarmOptions> ElasticSwarmOptions(
   so.advertise = net.advertise;
   so.relay = net.relay;
   so.relay_cut_after_bytes = net.test_relay_cut_after;
+  so.relay_delay = net.test_relay_delay;
   so.node_id = net.node_id;
   if (!ValidHostPort(so.listen)) {
     return absl::InvalidArgumentError(

@@ -173,7 +173,7 @@ constexpr PlacedFlag kTable[] = {
 
     // Test-only.
     {"test_crash_at", S::kTestOnly},
-    {"test_relay_cut_after", S::kTestOnly},
+    {"test_relay_fault", S::kTestOnly},
     {"test_poison", S::kTestOnly},
     {"test_stall", S::kTestOnly},
 };

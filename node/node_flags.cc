@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "compression/tensor_policy.h"
 #include "core/status.h"
@@ -230,10 +231,11 @@ ABSL_FLAG(std::string, test_crash_at, "",
           "freeze:POINT[@ROUND] stops it there with SIGSTOP instead (a hung "
           "process whose connections stay open)");
 
-ABSL_FLAG(int64_t, test_relay_cut_after, 0,
-          "testing only: as a relay, cut every relayed connection once it "
-          "has carried this many bytes (a relay that drops what it "
-          "forwards); 0 = never");
+ABSL_FLAG(std::string, test_relay_fault, "",
+          "testing only: as a relay, misbehave: cut:BYTES ends every "
+          "relayed connection once it has carried BYTES (a relay that drops "
+          "what it forwards); delay:MS holds every forwarded frame MS "
+          "milliseconds");
 
 ABSL_FLAG(std::string, aggregate, "mean",
           "diloco: how a round's pseudo-gradients are combined: mean (the "
@@ -594,7 +596,6 @@ void ReadUncheckedFlags(NodeConfig* c) {
   net.hosts_file = absl::GetFlag(FLAGS_hosts);
   net.partition_file = absl::GetFlag(FLAGS_partition_file);
   net.test_crash_at = absl::GetFlag(FLAGS_test_crash_at);
-  net.test_relay_cut_after = absl::GetFlag(FLAGS_test_relay_cut_after);
   net.min_members = absl::GetFlag(FLAGS_min_members);
   net.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout));
   net.round_timeout = absl::Seconds(absl::GetFlag(FLAGS_round_timeout));
@@ -643,6 +644,24 @@ absl::Status CheckRelay(const std::string& relay) {
   return absl::OkStatus();
 }
 
+// --test_relay_fault: "", cut:BYTES or delay:MS.
+absl::Status ParseRelayFault(const std::string& spec, NetworkConfig* net) {
+  if (spec.empty()) return absl::OkStatus();
+  const size_t colon = spec.find(':');
+  const std::string kind = spec.substr(0, colon);
+  int64_t n = 0;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(spec.substr(colon + 1), &n) || n <= 0 ||
+      (kind != "cut" && kind != "delay")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--test_relay_fault=", spec,
+        ": expected cut:BYTES or delay:MS with a positive number"));
+  }
+  if (kind == "cut") net->test_relay_cut_after = n;
+  if (kind == "delay") net->test_relay_delay = absl::Milliseconds(n);
+  return absl::OkStatus();
+}
+
 // --test_poison, the link flags and the peer credentials.
 absl::Status ParsePeerFlags(NodeConfig* c) {
   STARLING_ASSIGN_OR_RETURN(c->diloco.poison,
@@ -673,6 +692,8 @@ absl::Status ParseNodeFlags(NodeConfig* config) {
   STARLING_RETURN_IF_ERROR(ParseCodecs(config));
   ReadUncheckedFlags(config);
   STARLING_RETURN_IF_ERROR(CheckRelay(config->net.relay));
+  STARLING_RETURN_IF_ERROR(
+      ParseRelayFault(absl::GetFlag(FLAGS_test_relay_fault), &config->net));
   return CheckAdvertise(config->net.advertise, config->algo);
 }
 
@@ -766,7 +787,7 @@ const std::vector<std::string>& NodeFlagNames() {
                                    "gossip_outer_lr",
                                    "snapshot_every",
                                    "test_crash_at",
-                                   "test_relay_cut_after",
+                                   "test_relay_fault",
                                    "aggregate",
                                    "norm_bound",
                                    "test_poison",

@@ -49,16 +49,19 @@ struct AdaptiveSync {
 // How the node reaches its peers (diloco and gossip through a Swarm, ddp
 // over a fixed list).
 struct NetworkConfig {
-  std::string listen;                // --listen, host:port
-  std::string advertise;             // --advertise ("": the listen address)
-  std::string relay = "auto";        // --relay
-  std::string peers;                 // --peers, as given
-  std::string node_id;               // --node_id, or --listen when not given
-  std::string run_id;                // --run_id
-  std::string hosts_file;            // --hosts ("": none)
-  std::string partition_file;        // --partition_file
-  std::string test_crash_at;         // --test_crash_at
-  int64_t test_relay_cut_after = 0;  // --test_relay_cut_after
+  std::string listen;          // --listen, host:port
+  std::string advertise;       // --advertise ("": the listen address)
+  std::string relay = "auto";  // --relay
+  std::string peers;           // --peers, as given
+  std::string node_id;         // --node_id, or --listen when not given
+  std::string run_id;          // --run_id
+  std::string hosts_file;      // --hosts ("": none)
+  std::string partition_file;  // --partition_file
+  std::string test_crash_at;   // --test_crash_at
+  // --test_relay_fault: cut relayed connections after this many bytes
+  // (0: never), hold each forwarded frame this long.
+  int64_t test_relay_cut_after = 0;
+  absl::Duration test_relay_delay = absl::ZeroDuration();
   int min_members = 1;
   int chunk_bytes = 1 << 20;
   int peer_max_streams = 0;

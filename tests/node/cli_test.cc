@@ -247,7 +247,7 @@ TEST(CliTest, TestOnlyFlagsAreHiddenButAccepted) {
   auto node = RunStarling("node --help");
   EXPECT_EQ(node.exit_code, 0);
   for (const char* flag : {"--test_crash_at", "--test_poison", "--test_stall",
-                           "--test_relay_cut_after"}) {
+                           "--test_relay_fault"}) {
     EXPECT_FALSE(absl::StrContains(node.out, flag)) << flag;
   }
   EXPECT_TRUE(absl::StrContains(
@@ -256,7 +256,7 @@ TEST(CliTest, TestOnlyFlagsAreHiddenButAccepted) {
   auto full = RunStarling("node --helpfull");
   EXPECT_EQ(full.exit_code, 0);
   for (const char* flag : {"--test_crash_at", "--test_poison", "--test_stall",
-                           "--test_relay_cut_after"}) {
+                           "--test_relay_fault"}) {
     EXPECT_TRUE(absl::StrContains(full.out, flag)) << flag;
   }
   EXPECT_TRUE(absl::StrContains(full.out, HeadingOf(FlagSection::kTestOnly)));

@@ -8,12 +8,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/core/test_util.h"
 #include "tests/harness/node_group.h"
 #include "tests/harness/process.h"
 #include "tests/harness/run_files.h"
@@ -235,7 +239,7 @@ TEST(NatTest, ARelayThatDropsWhatItForwardsCostsAttemptsNotTheModel) {
   NodeGroup g("relay-cuts", CommonFlags("relay-cuts"));
   ClosedPort c2;
   ASSERT_GT(c2.port(), 0);
-  g.Start("n0", "--min_members=3 --shard=0/3 --test_relay_cut_after=65536");
+  g.Start("n0", "--min_members=3 --shard=0/3 --test_relay_fault=cut:65536");
   g.Start("n1", "--min_members=3 --shard=1/3", "n0");
   ASSERT_TRUE(testing::WaitForText(g.Log("n1"), "back at", absl::Seconds(60)))
       << g.LogText("n1");
@@ -251,6 +255,95 @@ TEST(NatTest, ARelayThatDropsWhatItForwardsCostsAttemptsNotTheModel) {
   EXPECT_EQ(g.FinalHash("n0"), g.FinalHash("n1"));
   EXPECT_EQ(SameRoundHashes(g, "n1", "n0"), 4);
   SameRoundHashes(g, "n2", "n0");
+}
+
+// n0 relays n2 but holds every frame it forwards 20 ms, as a slow relay
+// would: rounds take longer, and every one has all three members and ends
+// on equal models.
+TEST(NatTest, ARelayThatDelaysWhatItForwardsSlowsRoundsNotTheModel) {
+  NodeGroup g("relay-delays", CommonFlags("relay-delays"));
+  ClosedPort c2;
+  ASSERT_GT(c2.port(), 0);
+  g.Start("n0", "--min_members=3 --shard=0/3 --test_relay_fault=delay:20");
+  g.Start("n1", "--min_members=3 --shard=1/3", "n0");
+  ASSERT_TRUE(testing::WaitForText(g.Log("n1"), "back at", absl::Seconds(60)))
+      << g.LogText("n1");
+  g.Start("n2",
+          absl::StrCat("--min_members=3 --shard=2/3 --advertise=", c2.address(),
+                       " --relay=", g.Address("n0")),
+          "n0");
+  for (const char* id : {"n0", "n1", "n2"}) {
+    ASSERT_EQ(g.Wait(id, absl::Minutes(4)), 0) << g.LogText(id);
+  }
+  EXPECT_EQ(SameRoundHashes(g, "n1", "n0"), 4);
+  EXPECT_EQ(SameRoundHashes(g, "n2", "n0"), 4);
+  for (int n : RoundSizes(g, "n0")) EXPECT_EQ(n, 3);
+}
+
+// Runs `cmd` by the shell in `dir`; whether it succeeded.
+bool ShIn(const std::string& dir, const std::string& cmd) {
+  return std::system(absl::StrCat("cd ", dir, " && (", cmd, ") >/dev/null 2>&1")
+                         .c_str()) == 0;
+}
+
+// With mutual TLS and a join token, n2 (behind NAT, advertising a name
+// that does not even resolve) holds a certificate for that name only: its
+// peers reach it through the relay's loopback tunnel and still check its
+// certificate against its advertised name, end to end.
+TEST(NatTest, WithTlsARelayedMemberIsCheckedAgainstItsAdvertisedName) {
+  if (std::system("command -v openssl >/dev/null") != 0) {
+    GTEST_SKIP() << "needs openssl on PATH to make certificates";
+  }
+  const std::string dir = testing::TempDir() + "/tls-relay-certs";
+  ASSERT_TRUE(ShIn("/", "mkdir -p " + dir));
+  const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1";
+  ASSERT_TRUE(ShIn(dir, absl::StrCat("openssl req -x509 ", ec,
+                                     " -nodes -days 2 -subj /CN=ca"
+                                     " -keyout ca.key -out ca.pem")));
+  for (const auto& [id, san] : std::vector<std::pair<std::string, std::string>>{
+           {"n0", "IP:127.0.0.1"},
+           {"n1", "IP:127.0.0.1"},
+           {"n2", "DNS:n2.invalid"}}) {
+    ASSERT_TRUE(ShIn(dir, absl::StrCat("openssl req ", ec, " -nodes -subj /CN=",
+                                       id, " -keyout ", id, ".key -out ", id,
+                                       ".csr && echo "
+                                       "subjectAltName=",
+                                       san, " > ", id,
+                                       ".ext && openssl x509 -req -days 2 "
+                                       "-in ",
+                                       id,
+                                       ".csr -CA ca.pem -CAkey ca.key "
+                                       "-CAcreateserial -extfile ",
+                                       id, ".ext -out ", id, ".pem")))
+        << id;
+  }
+  ASSERT_TRUE(ShIn(dir, "openssl rand -hex 32 > swarm.token"));
+  const std::string common = absl::StrCat(
+      TinyTextFlags(60000),
+      " --steps=20 --inner_steps=5 --shard_mode=contiguous --threads=1"
+      " --eval_every=0 --suspect_timeout=2 --round_deadline=20"
+      " --run_id=tls-relay --min_members=3 --tls_require_client_cert"
+      " --tls_ca=",
+      dir, "/ca.pem --join_token_file=", dir, "/swarm.token");
+  const auto tls = [&](const std::string& id) {
+    return absl::StrCat(" --tls_cert=", dir, "/", id, ".pem --tls_key=", dir,
+                        "/", id, ".key");
+  };
+  NodeGroup g("tls-relay", common);
+  g.Start("n0", "--shard=0/3" + tls("n0"));
+  g.Start("n1", "--shard=1/3" + tls("n1"), "n0");
+  g.Start(
+      "n2",
+      "--shard=2/3 --listen=0.0.0.0:0 --advertise=n2.invalid:7000" + tls("n2"),
+      "n0");
+  for (const char* id : {"n0", "n1", "n2"}) {
+    ASSERT_EQ(g.Wait(id, absl::Minutes(4)), 0) << g.LogText(id);
+  }
+  EXPECT_EQ(SameRoundHashes(g, "n2", "n0"), 4);
+  for (int n : RoundSizes(g, "n0")) EXPECT_EQ(n, 3);
+  const auto s2 = ReadJson(g.Out("n2") + "/summary.json");
+  EXPECT_EQ(Field(s2, "reachability").string_value(), "unreachable");
+  EXPECT_FALSE(Field(s2, "relay").string_value().empty());
 }
 
 // A member of another run names a member of this one as its relay: the
