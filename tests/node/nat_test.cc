@@ -232,14 +232,11 @@ int SameRoundHashes(const NodeGroup& g, const std::string& id,
   return shared;
 }
 
-// n0 relays n2 but cuts every connection it carries after 64 KB, as a relay
-// that drops what it forwards would: the attempts those connections carry
-// fail and are rerun, and no member's model is ever corrupted.
-TEST(NatTest, ARelayThatDropsWhatItForwardsCostsAttemptsNotTheModel) {
-  NodeGroup g("relay-cuts", CommonFlags("relay-cuts"));
-  ClosedPort c2;
-  ASSERT_GT(c2.port(), 0);
-  g.Start("n0", "--min_members=3 --shard=0/3 --test_relay_fault=cut:65536");
+// n0 (a relay with --test_relay_fault=`fault`) and n1, reachable, and n2,
+// reachable only through n0.
+void StartBehindAFaultyRelay(NodeGroup& g, const ClosedPort& c2,
+                             const std::string& fault) {
+  g.Start("n0", "--min_members=3 --shard=0/3 --test_relay_fault=" + fault);
   g.Start("n1", "--min_members=3 --shard=1/3", "n0");
   ASSERT_TRUE(testing::WaitForText(g.Log("n1"), "back at", absl::Seconds(60)))
       << g.LogText("n1");
@@ -247,6 +244,16 @@ TEST(NatTest, ARelayThatDropsWhatItForwardsCostsAttemptsNotTheModel) {
           absl::StrCat("--min_members=3 --shard=2/3 --advertise=", c2.address(),
                        " --relay=", g.Address("n0")),
           "n0");
+}
+
+// n0 relays n2 but cuts every connection it carries after 64 KB, as a relay
+// that drops what it forwards would: the attempts those connections carry
+// fail and are rerun, and no member's model is ever corrupted.
+TEST(NatTest, ARelayThatDropsWhatItForwardsCostsAttemptsNotTheModel) {
+  NodeGroup g("relay-cuts", CommonFlags("relay-cuts"));
+  ClosedPort c2;
+  ASSERT_GT(c2.port(), 0);
+  StartBehindAFaultyRelay(g, c2, "cut:65536");
   ASSERT_EQ(g.Wait("n0", absl::Minutes(4)), 0) << g.LogText("n0");
   ASSERT_EQ(g.Wait("n1", absl::Minutes(4)), 0) << g.LogText("n1");
   g.Wait("n2", absl::Minutes(4));  // it may end apart: its links broke
@@ -264,14 +271,7 @@ TEST(NatTest, ARelayThatDelaysWhatItForwardsSlowsRoundsNotTheModel) {
   NodeGroup g("relay-delays", CommonFlags("relay-delays"));
   ClosedPort c2;
   ASSERT_GT(c2.port(), 0);
-  g.Start("n0", "--min_members=3 --shard=0/3 --test_relay_fault=delay:20");
-  g.Start("n1", "--min_members=3 --shard=1/3", "n0");
-  ASSERT_TRUE(testing::WaitForText(g.Log("n1"), "back at", absl::Seconds(60)))
-      << g.LogText("n1");
-  g.Start("n2",
-          absl::StrCat("--min_members=3 --shard=2/3 --advertise=", c2.address(),
-                       " --relay=", g.Address("n0")),
-          "n0");
+  StartBehindAFaultyRelay(g, c2, "delay:20");
   for (const char* id : {"n0", "n1", "n2"}) {
     ASSERT_EQ(g.Wait(id, absl::Minutes(4)), 0) << g.LogText(id);
   }
