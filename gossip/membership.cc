@@ -434,6 +434,20 @@ std::vector<MemberEntry> Membership::Snapshot() const {
   return out;
 }
 
+absl::StatusOr<std::pair<std::string, std::string>> Membership::RelayedAt(
+    const std::string& address) const {
+  absl::MutexLock lock(&mu_);
+  for (const Row& row : rows_) {
+    const MemberEntry& e = row.entry;
+    if (e.address() == address && e.id() != options_.self_id &&
+        e.reachability() == peer::v1::REACHABILITY_UNREACHABLE &&
+        !e.relay().empty()) {
+      return std::make_pair(e.id(), e.relay());
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("no relayed member at ", address));
+}
+
 std::vector<MemberEntry> Membership::Live() const {
   absl::MutexLock lock(&mu_);
   std::vector<MemberEntry> out;

@@ -158,6 +158,11 @@ class Membership {
 
   // The whole table, this node included (sorted by id).
   std::vector<peer::v1::MemberEntry> Snapshot() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The member other than this node at `address` that is behind NAT and
+  // names a relay (MemberEntry.relay): its id and relay, or NotFound. The
+  // dialing path asks on every new channel, so this copies no table.
+  absl::StatusOr<std::pair<std::string, std::string>> RelayedAt(
+      const std::string& address) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Members that are ALIVE or SUSPECT (not yet declared dead), this node
   // included while it has not left, sorted by id.

@@ -382,8 +382,14 @@ absl::Status MembershipGossip::OnJoin(const JoinRequest& req,
     LogRefusal("joiner_refused", "",
                absl::StrCat("refused joiner ", req.self().id(), " at ",
                             QuoteForLog(req.hello().address()), ": ", why));
-    absl::MutexLock lock(&mu_);
-    refused_[req.hello().address()] = why;
+    // Kept only for this node's seeds (JoinThrough reads it), so a caller
+    // claiming endless addresses grows nothing.
+    const std::string& at = req.hello().address();
+    if (std::find(options_.seeds.begin(), options_.seeds.end(), at) !=
+        options_.seeds.end()) {
+      absl::MutexLock lock(&mu_);
+      refused_[at] = why;
+    }
     return absl::FailedPreconditionError(why);
   }
   // A node that is still looking for the swarm itself admits only joiners

@@ -163,7 +163,7 @@ class MembershipGossip {
   std::atomic<bool> warned_table_full_{false};  // logged once (OnGossip)
 
   mutable absl::Mutex mu_;
-  // Why this node refused joiners, by their address.
+  // Why this node refused joiners that are its seeds, by address.
   std::map<std::string, std::string> refused_ ABSL_GUARDED_BY(mu_);
   // Seeds that turned out to be this node.
   std::set<std::string> self_seeds_ ABSL_GUARDED_BY(mu_);

@@ -81,16 +81,10 @@ DialTarget RelayRoutes::Route(const std::string& address) {
   DialTarget direct{address, ""};
   const Membership* membership = membership_.load();
   if (membership == nullptr) return direct;
-  std::string id, relay;
-  for (const peer::v1::MemberEntry& e : membership->Snapshot()) {
-    if (e.address() != address || e.id() == membership->self_id()) continue;
-    if (e.reachability() == peer::v1::REACHABILITY_UNREACHABLE &&
-        !e.relay().empty()) {
-      id = e.id();
-      relay = e.relay();
-    }
-  }
-  if (relay.empty()) return direct;
+  const absl::StatusOr<std::pair<std::string, std::string>> relayed =
+      membership->RelayedAt(address);
+  if (!relayed.ok()) return direct;
+  const auto& [id, relay] = *relayed;
   // With TLS the member's certificate covers its advertised host (or
   // --tls_server_name, which Apply sets and which then wins).
   DialTarget via{"", credentials_.tls ? HostOf(address) : ""};

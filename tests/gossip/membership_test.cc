@@ -164,6 +164,26 @@ TEST(MembershipTest, ProgressIsNewsBeforeTheNextBeat) {
 
 // The dial-back verdict is the member's own news, like its progress; a
 // value outside the enum from a peer is refused.
+// The dialing path's question: who at this address is behind NAT, and
+// through which relay? Only a member marked unreachable with a relay, never
+// this node itself.
+TEST(MembershipTest, RelayedAtNamesTheUnreachableMemberAndItsRelay) {
+  auto a = Make("a"), b = Make("b");
+  a->SetReachability(peer::v1::REACHABILITY_UNREACHABLE);
+  a->SetRelay("r:7000");
+  EXPECT_FALSE(a->RelayedAt(Row(*a, "a").address()).ok());  // itself
+  ASSERT_TRUE(b->Merge(a->Snapshot(), T(0)).ok());
+  absl::StatusOr<std::pair<std::string, std::string>> at =
+      b->RelayedAt(Row(*a, "a").address());
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(at->first, "a");
+  EXPECT_EQ(at->second, "r:7000");
+  a->SetRelay("");  // no relay: dialed directly
+  ASSERT_TRUE(b->Merge(a->Snapshot(), T(0.1)).ok());
+  EXPECT_TRUE(absl::IsNotFound(b->RelayedAt(Row(*a, "a").address()).status()));
+  EXPECT_FALSE(b->RelayedAt("nobody:1").ok());
+}
+
 TEST(MembershipTest, ReachabilitySpreadsAsNewsAndBadValuesAreRefused) {
   auto a = Make("a"), b = Make("b");
   ASSERT_TRUE(b->Merge(a->Snapshot(), T(0)).ok());
