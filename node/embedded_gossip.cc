@@ -31,6 +31,11 @@ absl::StatusOr<std::unique_ptr<EmbeddedGossip>> EmbeddedGossip::Start(
         "--out and --resume: checkpoints are not available from "
         "starling.Gossip (only from starling.DiLoCo)");
   }
+  if (config.gossip.snapshot_every > 0) {
+    return absl::InvalidArgumentError(
+        "--snapshot_every: not available from starling.Gossip (the model "
+        "is the caller's to save)");
+  }
   STARLING_RETURN_IF_ERROR(CheckGossipPeers(config.gossip.peer_mode));
   auto g = std::unique_ptr<EmbeddedGossip>(
       new EmbeddedGossip(std::move(config), std::move(model), std::move(ops)));

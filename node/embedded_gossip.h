@@ -20,7 +20,7 @@
 // the inner steps, their data and schedule; evaluation; snapshots.
 // Not available (refused at Start): checkpoints and resume (--out,
 // --resume), which a gossip member would need to save its push-sum weight
-// with.
+// with, and --snapshot_every.
 //
 // Thread-safety: one thread calls Start, Period and Leave (the Python
 // module calls them without the GIL). The model's tensors must not change

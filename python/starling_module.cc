@@ -8,11 +8,14 @@
 //    (node/embedded_diloco.h). The tensors cross through torch's pybind
 //    casters: the C++ side holds the very tensors of the model, no copy.
 //    Joining, each round, checkpoints and leaving release the GIL.
+//  - _Gossip runs the node's push-sum gossip period over the caller's
+//    parameters (node/embedded_gossip.h), the same way.
 // Other failures raise starling.SwarmError (a RuntimeError): a refused
 // handshake, nobody answering, a round that failed here.
 // Thread-safety: the flags are process-wide, so _check_flags and the
-// _Diloco constructor parse under the GIL, one at a time; one _Diloco per
-// process at once is what a node is (a second one listens elsewhere).
+// _Diloco / _Gossip constructors parse under the GIL, one at a time; one
+// member per process at once is what a node is (a second one listens
+// elsewhere).
 #include <torch/extension.h>
 
 #include <memory>
@@ -26,6 +29,7 @@
 #include "core/model.h"
 #include "gossip/membership.h"
 #include "node/embedded_diloco.h"
+#include "node/embedded_gossip.h"
 #include "node/flags.h"
 #include "node/node_command.h"
 #include "node/node_flags.h"
@@ -44,6 +48,15 @@ PyObject* swarm_error = nullptr;
     throw py::value_error(std::string(s.message()));
   PyErr_SetString(swarm_error, std::string(s.message()).c_str());
   throw py::error_already_set();
+}
+
+StepResult MakeStep(double seconds, int64_t tokens, double loss, double lr) {
+  StepResult r;
+  r.seconds = seconds;
+  r.tokens = tokens;
+  r.loss = loss;
+  r.lr = lr;
+  return r;
 }
 
 // The flags as the node's parser leaves them: every call starts from the
@@ -67,35 +80,41 @@ absl::StatusOr<NodeConfig> ParseNodeArgs(const std::vector<std::string>& args) {
   return NodeConfigFromFlags();
 }
 
+// Parses `args`, starts the node's health and metrics servers and then the
+// driver (EmbeddedDiloco or EmbeddedGossip) without the GIL; raises as
+// Raise does.
+template <typename Driver>
+std::unique_ptr<Driver> StartDriver(const std::vector<std::string>& args,
+                                    EmbeddedModel model) {
+  absl::StatusOr<NodeConfig> config = ParseNodeArgs(args);
+  if (!config.ok()) Raise(config.status());
+  // What reads the process-wide flags, under the GIL (see above).
+  ApplyResumeIfExists(&config->train);
+  NodeOps ops;
+  if (absl::Status s = StartOps(config->net.node_id, config->algo, "cpu", &ops);
+      !s.ok()) {
+    Raise(s);
+  }
+  absl::StatusOr<std::unique_ptr<Driver>> d;
+  {
+    py::gil_scoped_release release;
+    d = Driver::Start(*std::move(config), std::move(model), std::move(ops));
+  }
+  if (!d.ok()) Raise(d.status());
+  return *std::move(d);
+}
+
 class PyDiloco {
  public:
   PyDiloco(const std::vector<std::string>& args,
            std::vector<std::string> param_names,
            std::vector<torch::Tensor> params,
            std::vector<std::string> buffer_names,
-           std::vector<torch::Tensor> buffers, std::string architecture) {
-    absl::StatusOr<NodeConfig> config = ParseNodeArgs(args);
-    if (!config.ok()) Raise(config.status());
-    // What reads the process-wide flags, under the GIL (see above).
-    ApplyResumeIfExists(&config->train);
-    NodeOps ops;
-    if (absl::Status s =
-            StartOps(config->net.node_id, config->algo, "cpu", &ops);
-        !s.ok()) {
-      Raise(s);
-    }
-    EmbeddedModel model{std::move(param_names), std::move(params),
-                        std::move(buffer_names), std::move(buffers),
-                        std::move(architecture)};
-    absl::StatusOr<std::unique_ptr<EmbeddedDiloco>> d;
-    {
-      py::gil_scoped_release release;
-      d = EmbeddedDiloco::Start(*std::move(config), std::move(model),
-                                std::move(ops));
-    }
-    if (!d.ok()) Raise(d.status());
-    d_ = *std::move(d);
-  }
+           std::vector<torch::Tensor> buffers, std::string architecture)
+      : d_(StartDriver<EmbeddedDiloco>(
+            args,
+            {std::move(param_names), std::move(params), std::move(buffer_names),
+             std::move(buffers), std::move(architecture)})) {}
 
   py::dict Round(int steps, int64_t samples) {
     absl::StatusOr<EmbeddedRound> r;
@@ -125,12 +144,7 @@ class PyDiloco {
   }
 
   void InnerStep(double seconds, int64_t tokens, double loss, double lr) {
-    StepResult r;
-    r.seconds = seconds;
-    r.tokens = tokens;
-    r.loss = loss;
-    r.lr = lr;
-    Live().InnerStep(r);
+    Live().InnerStep(MakeStep(seconds, tokens, loss, lr));
   }
 
   void Leave() {
@@ -151,11 +165,75 @@ class PyDiloco {
   std::unique_ptr<EmbeddedDiloco> d_;
 };
 
+class PyGossip {
+ public:
+  PyGossip(const std::vector<std::string>& args,
+           std::vector<std::string> param_names,
+           std::vector<torch::Tensor> params,
+           std::vector<std::string> buffer_names,
+           std::vector<torch::Tensor> buffers, std::string architecture)
+      : g_(StartDriver<EmbeddedGossip>(
+            args,
+            {std::move(param_names), std::move(params), std::move(buffer_names),
+             std::move(buffers), std::move(architecture)})) {}
+
+  py::dict Period(int steps, double train_loss) {
+    absl::StatusOr<EmbeddedPeriod> r;
+    {
+      py::gil_scoped_release release;
+      r = Live().Period(steps, train_loss);
+    }
+    if (!r.ok()) Raise(r.status());
+    py::dict out;
+    out["period"] = r->period;
+    out["peer"] = r->peer;
+    out["absorbed"] = r->absorbed;
+    out["weight"] = r->weight;
+    out["members"] = r->members;
+    out["model_hash"] = r->model_hash;
+    out["seconds"] = r->seconds;
+    out["wire_bytes"] = r->wire_bytes;
+    return out;
+  }
+
+  void InnerStep(double seconds, int64_t tokens, double loss, double lr) {
+    Live().InnerStep(MakeStep(seconds, tokens, loss, lr));
+  }
+
+  void Leave() {
+    if (g_ == nullptr) return;
+    py::gil_scoped_release release;
+    g_->Leave();
+  }
+
+  EmbeddedGossip& Live() {
+    if (g_ == nullptr) Raise(absl::FailedPreconditionError("not started"));
+    return *g_;
+  }
+
+ private:
+  std::unique_ptr<EmbeddedGossip> g_;
+};
+
+py::list MemberList(const std::vector<peer::v1::MemberEntry>& members) {
+  py::list out;
+  for (const auto& e : members) {
+    py::dict m;
+    m["id"] = e.id();
+    m["address"] = e.address();
+    m["state"] = MemberStateName(e.state());
+    m["round"] = e.round();
+    out.append(m);
+  }
+  return out;
+}
+
 }  // namespace
 }  // namespace starling
 
 PYBIND11_MODULE(_starling, m) {
   using starling::PyDiloco;
+  using starling::PyGossip;
   m.doc() = "Starling's C++ core (see the starling package)";
   starling::swarm_error = PyErr_NewExceptionWithDoc(
       "starling.SwarmError",
@@ -246,18 +324,7 @@ PYBIND11_MODULE(_starling, m) {
       .def("abandon", &PyDiloco::Abandon)
       .def(
           "members",
-          [](PyDiloco& d) {
-            py::list out;
-            for (const auto& e : d.Live().Members()) {
-              py::dict m;
-              m["id"] = e.id();
-              m["address"] = e.address();
-              m["state"] = starling::MemberStateName(e.state());
-              m["round"] = e.round();
-              out.append(m);
-            }
-            return out;
-          },
+          [](PyDiloco& d) { return starling::MemberList(d.Live().Members()); },
           "The swarm's members as this one sees them.")
       .def_property_readonly("address",
                              [](PyDiloco& d) { return d.Live().address(); })
@@ -271,4 +338,52 @@ PYBIND11_MODULE(_starling, m) {
           "architecture", [](PyDiloco& d) { return d.Live().architecture(); })
       .def_property_readonly("n_params",
                              [](PyDiloco& d) { return d.Live().n_params(); });
+  py::class_<PyGossip>(m, "_Gossip")
+      .def(py::init<const std::vector<std::string>&, std::vector<std::string>,
+                    std::vector<torch::Tensor>, std::vector<std::string>,
+                    std::vector<torch::Tensor>, std::string>())
+      .def("period", &PyGossip::Period,
+           "One gossip period after (steps, mean train loss or NaN).")
+      .def("leave", &PyGossip::Leave)
+      .def("inner_step", &PyGossip::InnerStep,
+           "One inner step (seconds, tokens, loss, lr) for the watchdog "
+           "and the metrics.")
+      .def_property_readonly(
+          "health_address",
+          [](PyGossip& g) { return g.Live().health_address(); })
+      .def_property_readonly(
+          "metrics_address",
+          [](PyGossip& g) { return g.Live().metrics_address(); })
+      .def(
+          "members",
+          [](PyGossip& g) { return starling::MemberList(g.Live().Members()); },
+          "The swarm's members as this one sees them.")
+      .def_property_readonly("address",
+                             [](PyGossip& g) { return g.Live().address(); })
+      .def_property_readonly("periods",
+                             [](PyGossip& g) { return g.Live().periods(); })
+      .def_property_readonly("step",
+                             [](PyGossip& g) { return g.Live().step(); })
+      .def_property_readonly("weight",
+                             [](PyGossip& g) { return g.Live().weight(); })
+      .def_property_readonly("counters",
+                             [](PyGossip& g) {
+                               const starling::GossipCounters& c =
+                                   g.Live().counters();
+                               py::dict out;
+                               out["exchanges"] = c.exchanges;
+                               out["pushes"] = c.pushes;
+                               out["absorbs"] = c.absorbs;
+                               out["failed_pushes"] = c.failed_pushes;
+                               out["raw_bytes"] = c.raw_bytes;
+                               out["wire_bytes"] = c.wire_bytes;
+                               out["max_world"] = c.max_world;
+                               return out;
+                             })
+      .def_property_readonly("model_hash",
+                             [](PyGossip& g) { return g.Live().model_hash(); })
+      .def_property_readonly(
+          "architecture", [](PyGossip& g) { return g.Live().architecture(); })
+      .def_property_readonly("n_params",
+                             [](PyGossip& g) { return g.Live().n_params(); });
 }
