@@ -814,3 +814,34 @@ def test_python_and_cxx_gossip_members_exchange_pushes_and_learn(tmp_path):
                   if e.get("event") == "exchange" and e.get("kind") == "push"]
         assert pushes and pushes[-1] < 0.85 * pushes[0], pushes
     assert absorbed_from_python > 0
+
+
+def test_ctrl_c_of_a_gossip_member_says_goodbye_and_metrics_say_gossip():
+    procs = start_members(2, rounds=400,
+                          extra=["--algo=gossip", "--step_sleep=0.02"],
+                          per_member=[["--metrics_port=0"], []])
+    survivor, victim = procs
+    try:
+        first = json.loads(survivor.stdout.readline())
+        for line in victim.stdout:  # a period done: now mid-run
+            if '"period"' in line:
+                break
+        victim.send_signal(signal.SIGINT)
+        out, err = victim.communicate(timeout=120)
+        assert victim.returncode == 130, err
+        assert '"interrupted": true' in out
+        for line in survivor.stdout:  # a goodbye, not the failure detector
+            peers = json.loads(line).get("peers", {})
+            assert peers.get("p1") in ("alive", "left"), peers
+            if peers.get("p1") == "left":
+                break
+        else:
+            pytest.fail("p0 never saw p1 leave")
+        text = scrape(first["metrics"])
+        [info] = [l for l in text.splitlines()
+                  if l.startswith("starling_build_info{")]
+        assert 'algo="gossip"' in info and 'node="p0"' in info, info
+        assert sample(text, "starling_inner_steps_total") >= 5
+    finally:
+        survivor.send_signal(signal.SIGINT)
+        survivor.communicate(timeout=120)
