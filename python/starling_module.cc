@@ -50,15 +50,6 @@ PyObject* swarm_error = nullptr;
   throw py::error_already_set();
 }
 
-StepResult MakeStep(double seconds, int64_t tokens, double loss, double lr) {
-  StepResult r;
-  r.seconds = seconds;
-  r.tokens = tokens;
-  r.loss = loss;
-  r.lr = lr;
-  return r;
-}
-
 // The flags as the node's parser leaves them: every call starts from the
 // flags' defaults, as a fresh `starling node` process does.
 absl::StatusOr<NodeConfig> ParseNodeArgs(const std::vector<std::string>& args) {
@@ -80,6 +71,18 @@ absl::StatusOr<NodeConfig> ParseNodeArgs(const std::vector<std::string>& args) {
   return NodeConfigFromFlags();
 }
 
+// Calls `f` (returning a StatusOr) without the GIL; raises as Raise does.
+template <typename F>
+auto WithoutGil(F f) -> typename decltype(f())::value_type {
+  decltype(f()) r;
+  {
+    py::gil_scoped_release release;
+    r = f();
+  }
+  if (!r.ok()) Raise(r.status());
+  return *std::move(r);
+}
+
 // Parses `args`, starts the node's health and metrics servers and then the
 // driver (EmbeddedDiloco or EmbeddedGossip) without the GIL; raises as
 // Raise does.
@@ -95,42 +98,65 @@ std::unique_ptr<Driver> StartDriver(const std::vector<std::string>& args,
       !s.ok()) {
     Raise(s);
   }
-  absl::StatusOr<std::unique_ptr<Driver>> d;
-  {
-    py::gil_scoped_release release;
-    d = Driver::Start(*std::move(config), std::move(model), std::move(ops));
-  }
-  if (!d.ok()) Raise(d.status());
-  return *std::move(d);
+  return WithoutGil([&] {
+    return Driver::Start(*std::move(config), std::move(model), std::move(ops));
+  });
 }
 
-class PyDiloco {
+// What _Diloco and _Gossip share: the driver, started from the flags and
+// the model's tensors, the inner steps' metrics, and leaving.
+template <typename Driver>
+class PyMember {
  public:
-  PyDiloco(const std::vector<std::string>& args,
+  PyMember(const std::vector<std::string>& args,
            std::vector<std::string> param_names,
            std::vector<torch::Tensor> params,
            std::vector<std::string> buffer_names,
            std::vector<torch::Tensor> buffers, std::string architecture)
-      : d_(StartDriver<EmbeddedDiloco>(
+      : d_(StartDriver<Driver>(
             args,
             {std::move(param_names), std::move(params), std::move(buffer_names),
              std::move(buffers), std::move(architecture)})) {}
 
+  void InnerStep(double seconds, int64_t tokens, double loss, double lr) {
+    StepResult r;
+    r.seconds = seconds;
+    r.tokens = tokens;
+    r.loss = loss;
+    r.lr = lr;
+    Live().InnerStep(r);
+  }
+
+  void Leave() {
+    if (d_ == nullptr) return;
+    py::gil_scoped_release release;
+    d_->Leave();
+  }
+
+  Driver& Live() {
+    if (d_ == nullptr) Raise(absl::FailedPreconditionError("not started"));
+    return *d_;
+  }
+
+ protected:
+  std::unique_ptr<Driver> d_;
+};
+
+class PyDiloco : public PyMember<EmbeddedDiloco> {
+ public:
+  using PyMember::PyMember;
+
   py::dict Round(int steps, int64_t samples) {
-    absl::StatusOr<EmbeddedRound> r;
-    {
-      py::gil_scoped_release release;
-      r = Live().Round(steps, samples);
-    }
-    if (!r.ok()) Raise(r.status());
+    const EmbeddedRound r =
+        WithoutGil([&] { return Live().Round(steps, samples); });
     py::dict out;
-    out["outcome"] = r->outcome;
-    out["round"] = r->round;
-    out["members"] = r->members;
-    out["model_hash"] = r->model_hash;
-    out["seconds"] = r->seconds;
-    out["wire_bytes"] = r->wire_bytes;
-    out["checkpoint_due"] = r->checkpoint_due;
+    out["outcome"] = r.outcome;
+    out["round"] = r.round;
+    out["members"] = r.members;
+    out["model_hash"] = r.model_hash;
+    out["seconds"] = r.seconds;
+    out["wire_bytes"] = r.wire_bytes;
+    out["checkpoint_due"] = r.checkpoint_due;
     return out;
   }
 
@@ -143,76 +169,42 @@ class PyDiloco {
     if (!s.ok()) Raise(s);
   }
 
-  void InnerStep(double seconds, int64_t tokens, double loss, double lr) {
-    Live().InnerStep(MakeStep(seconds, tokens, loss, lr));
-  }
-
-  void Leave() {
-    if (d_ == nullptr) return;
-    py::gil_scoped_release release;
-    d_->Leave();
-  }
   void Abandon() {
     if (d_ != nullptr) d_->Abandon();
   }
-
-  EmbeddedDiloco& Live() {
-    if (d_ == nullptr) Raise(absl::FailedPreconditionError("not started"));
-    return *d_;
-  }
-
- private:
-  std::unique_ptr<EmbeddedDiloco> d_;
 };
 
-class PyGossip {
+class PyGossip : public PyMember<EmbeddedGossip> {
  public:
-  PyGossip(const std::vector<std::string>& args,
-           std::vector<std::string> param_names,
-           std::vector<torch::Tensor> params,
-           std::vector<std::string> buffer_names,
-           std::vector<torch::Tensor> buffers, std::string architecture)
-      : g_(StartDriver<EmbeddedGossip>(
-            args,
-            {std::move(param_names), std::move(params), std::move(buffer_names),
-             std::move(buffers), std::move(architecture)})) {}
+  using PyMember::PyMember;
 
   py::dict Period(int steps, double train_loss) {
-    absl::StatusOr<EmbeddedPeriod> r;
-    {
-      py::gil_scoped_release release;
-      r = Live().Period(steps, train_loss);
-    }
-    if (!r.ok()) Raise(r.status());
+    const EmbeddedPeriod r =
+        WithoutGil([&] { return Live().Period(steps, train_loss); });
     py::dict out;
-    out["period"] = r->period;
-    out["peer"] = r->peer;
-    out["absorbed"] = r->absorbed;
-    out["weight"] = r->weight;
-    out["members"] = r->members;
-    out["model_hash"] = r->model_hash;
-    out["seconds"] = r->seconds;
-    out["wire_bytes"] = r->wire_bytes;
+    out["period"] = r.period;
+    out["peer"] = r.peer;
+    out["absorbed"] = r.absorbed;
+    out["weight"] = r.weight;
+    out["members"] = r.members;
+    out["model_hash"] = r.model_hash;
+    out["seconds"] = r.seconds;
+    out["wire_bytes"] = r.wire_bytes;
     return out;
   }
 
-  void InnerStep(double seconds, int64_t tokens, double loss, double lr) {
-    Live().InnerStep(MakeStep(seconds, tokens, loss, lr));
+  py::dict Counters() {
+    const GossipCounters& c = Live().counters();
+    py::dict out;
+    out["exchanges"] = c.exchanges;
+    out["pushes"] = c.pushes;
+    out["absorbs"] = c.absorbs;
+    out["failed_pushes"] = c.failed_pushes;
+    out["raw_bytes"] = c.raw_bytes;
+    out["wire_bytes"] = c.wire_bytes;
+    out["max_world"] = c.max_world;
+    return out;
   }
-
-  void Leave() {
-    if (g_ == nullptr) return;
-    py::gil_scoped_release release;
-    g_->Leave();
-  }
-
-  EmbeddedGossip& Live() {
-    if (g_ == nullptr) Raise(absl::FailedPreconditionError("not started"));
-    return *g_;
-  }
-
- private:
-  std::unique_ptr<EmbeddedGossip> g_;
 };
 
 py::list MemberList(const std::vector<peer::v1::MemberEntry>& members) {
@@ -226,6 +218,37 @@ py::list MemberList(const std::vector<peer::v1::MemberEntry>& members) {
     out.append(m);
   }
   return out;
+}
+
+// The methods and properties both classes have.
+template <typename T>
+void DefMember(py::class_<T>& c) {
+  c.def(py::init<const std::vector<std::string>&, std::vector<std::string>,
+                 std::vector<torch::Tensor>, std::vector<std::string>,
+                 std::vector<torch::Tensor>, std::string>())
+      .def("leave", [](T& m) { m.Leave(); })
+      .def(
+          "inner_step",
+          [](T& m, double seconds, int64_t tokens, double loss, double lr) {
+            m.InnerStep(seconds, tokens, loss, lr);
+          },
+          "One inner step (seconds, tokens, loss, lr) for the watchdog "
+          "and the metrics.")
+      .def_property_readonly("health_address",
+                             [](T& m) { return m.Live().health_address(); })
+      .def_property_readonly("metrics_address",
+                             [](T& m) { return m.Live().metrics_address(); })
+      .def(
+          "members", [](T& m) { return MemberList(m.Live().Members()); },
+          "The swarm's members as this one sees them.")
+      .def_property_readonly("address", [](T& m) { return m.Live().address(); })
+      .def_property_readonly("step", [](T& m) { return m.Live().step(); })
+      .def_property_readonly("model_hash",
+                             [](T& m) { return m.Live().model_hash(); })
+      .def_property_readonly("architecture",
+                             [](T& m) { return m.Live().architecture(); })
+      .def_property_readonly("n_params",
+                             [](T& m) { return m.Live().n_params(); });
 }
 
 }  // namespace
@@ -297,21 +320,9 @@ PYBIND11_MODULE(_starling, m) {
       "`starling node --model=torchscript:PATH` gives it: pass it as "
       "DiLoCo's architecture= for torch.jit.load(path), so that Python and "
       "C++ members of that model share a swarm.");
-  py::class_<PyDiloco>(m, "_Diloco")
-      .def(py::init<const std::vector<std::string>&, std::vector<std::string>,
-                    std::vector<torch::Tensor>, std::vector<std::string>,
-                    std::vector<torch::Tensor>, std::string>())
-      .def("round", &PyDiloco::Round)
-      .def("leave", &PyDiloco::Leave)
-      .def("inner_step", &PyDiloco::InnerStep,
-           "One inner step (seconds, tokens, loss, lr) for the watchdog "
-           "and the metrics.")
-      .def_property_readonly(
-          "health_address",
-          [](PyDiloco& d) { return d.Live().health_address(); })
-      .def_property_readonly(
-          "metrics_address",
-          [](PyDiloco& d) { return d.Live().metrics_address(); })
+  py::class_<PyDiloco> diloco(m, "_Diloco");
+  starling::DefMember(diloco);
+  diloco.def("round", &PyDiloco::Round)
       .def("checkpoint", &PyDiloco::Checkpoint,
            "Writes OUT/checkpoint.ckpt with these bytes as its user_state.")
       .def_property_readonly("checkpoints",
@@ -322,68 +333,16 @@ PYBIND11_MODULE(_starling, m) {
           "resumed_user_state",
           [](PyDiloco& d) { return py::bytes(d.Live().resumed_user_state()); })
       .def("abandon", &PyDiloco::Abandon)
-      .def(
-          "members",
-          [](PyDiloco& d) { return starling::MemberList(d.Live().Members()); },
-          "The swarm's members as this one sees them.")
-      .def_property_readonly("address",
-                             [](PyDiloco& d) { return d.Live().address(); })
       .def_property_readonly("round_number",
-                             [](PyDiloco& d) { return d.Live().round(); })
-      .def_property_readonly("step",
-                             [](PyDiloco& d) { return d.Live().step(); })
-      .def_property_readonly("model_hash",
-                             [](PyDiloco& d) { return d.Live().model_hash(); })
-      .def_property_readonly(
-          "architecture", [](PyDiloco& d) { return d.Live().architecture(); })
-      .def_property_readonly("n_params",
-                             [](PyDiloco& d) { return d.Live().n_params(); });
-  py::class_<PyGossip>(m, "_Gossip")
-      .def(py::init<const std::vector<std::string>&, std::vector<std::string>,
-                    std::vector<torch::Tensor>, std::vector<std::string>,
-                    std::vector<torch::Tensor>, std::string>())
+                             [](PyDiloco& d) { return d.Live().round(); });
+  py::class_<PyGossip> gossip(m, "_Gossip");
+  starling::DefMember(gossip);
+  gossip
       .def("period", &PyGossip::Period,
            "One gossip period after (steps, mean train loss or NaN).")
-      .def("leave", &PyGossip::Leave)
-      .def("inner_step", &PyGossip::InnerStep,
-           "One inner step (seconds, tokens, loss, lr) for the watchdog "
-           "and the metrics.")
-      .def_property_readonly(
-          "health_address",
-          [](PyGossip& g) { return g.Live().health_address(); })
-      .def_property_readonly(
-          "metrics_address",
-          [](PyGossip& g) { return g.Live().metrics_address(); })
-      .def(
-          "members",
-          [](PyGossip& g) { return starling::MemberList(g.Live().Members()); },
-          "The swarm's members as this one sees them.")
-      .def_property_readonly("address",
-                             [](PyGossip& g) { return g.Live().address(); })
       .def_property_readonly("periods",
                              [](PyGossip& g) { return g.Live().periods(); })
-      .def_property_readonly("step",
-                             [](PyGossip& g) { return g.Live().step(); })
       .def_property_readonly("weight",
                              [](PyGossip& g) { return g.Live().weight(); })
-      .def_property_readonly("counters",
-                             [](PyGossip& g) {
-                               const starling::GossipCounters& c =
-                                   g.Live().counters();
-                               py::dict out;
-                               out["exchanges"] = c.exchanges;
-                               out["pushes"] = c.pushes;
-                               out["absorbs"] = c.absorbs;
-                               out["failed_pushes"] = c.failed_pushes;
-                               out["raw_bytes"] = c.raw_bytes;
-                               out["wire_bytes"] = c.wire_bytes;
-                               out["max_world"] = c.max_world;
-                               return out;
-                             })
-      .def_property_readonly("model_hash",
-                             [](PyGossip& g) { return g.Live().model_hash(); })
-      .def_property_readonly(
-          "architecture", [](PyGossip& g) { return g.Live().architecture(); })
-      .def_property_readonly("n_params",
-                             [](PyGossip& g) { return g.Live().n_params(); });
+      .def_property_readonly("counters", &PyGossip::Counters);
 }
