@@ -26,17 +26,16 @@ absl::StatusOr<std::unique_ptr<EmbeddedGossip>> EmbeddedGossip::Start(
     return absl::InvalidArgumentError(
         absl::StrCat("--algo=", config.algo, ": Gossip needs --algo=gossip"));
   }
-  if (!config.train.out().empty() || config.train.resume()) {
-    return absl::InvalidArgumentError(
-        "--out and --resume: checkpoints are not available from "
-        "starling.Gossip (only from starling.DiLoCo)");
-  }
   if (config.gossip.snapshot_every > 0) {
     return absl::InvalidArgumentError(
         "--snapshot_every: not available from starling.Gossip (the model "
         "is the caller's to save)");
   }
   STARLING_RETURN_IF_ERROR(CheckGossipPeers(config.gossip.peer_mode));
+  // EmbeddedDiloco's run directory rules (embedded_diloco.cc).
+  if (!config.train.out().empty() || config.train.resume()) {
+    STARLING_RETURN_IF_ERROR(PrepareRunDir(&config.train, "python"));
+  }
   auto g = std::unique_ptr<EmbeddedGossip>(
       new EmbeddedGossip(std::move(config), std::move(model), std::move(ops)));
   STARLING_RETURN_IF_ERROR(g->Init());
@@ -56,6 +55,8 @@ absl::Status EmbeddedGossip::Init() {
   po.watchdog = ops_.watchdog.get();
   period_ = std::make_unique<GossipPeriod>(std::move(po));
   period_->Start(y, /*weight=*/1.0);
+  // After the fingerprint, which names the model every member starts from.
+  if (config_.train.resume()) STARLING_RETURN_IF_ERROR(Restore());
   STARLING_ASSIGN_OR_RETURN(
       SwarmOptions so, ElasticSwarmOptions(config_.net, "gossip", fingerprint));
   so = GossipSwarmOptions(std::move(so), config_, codecs_, n_params_);
@@ -78,6 +79,7 @@ absl::StatusOr<EmbeddedPeriod> EmbeddedGossip::Period(int steps,
                                                       double train_loss) {
   if (left_) return absl::FailedPreconditionError("this member has left");
   const absl::Time start = absl::Now();
+  const int64_t prev_step = step_;
   step_ += std::max(0, steps);
   const GossipCounters before = period_->counters();
   if (absl::Status s =
@@ -105,6 +107,9 @@ absl::StatusOr<EmbeddedPeriod> EmbeddedGossip::Period(int steps,
   out.model_hash = FlatHash(period_->y());
   out.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   out.wire_bytes = now.wire_bytes - before.wire_bytes;
+  const int every = config_.train.checkpoint_every();
+  out.checkpoint_due =
+      checkpoints() && every > 0 && step_ / every > prev_step / every;
   return out;
 }
 

@@ -16,11 +16,24 @@
 // (node_ops.h): readiness SERVING once joined, liveness from the watchdog
 // that InnerStep feeds and each push arms.
 //
+// Checkpoints are the node's (--out, --checkpoint_every, --resume,
+// --resume_if_exists, the run directory's rules as EmbeddedDiloco's):
+// OUT/checkpoint.ckpt in core/checkpoint.h's format with the node's
+// sections for the model (architecture, tensor_signature, model_tensors
+// holding y after the last period and this member's buffers) and its
+// gossip_weight (the push-sum weight, as `starling node --algo=gossip`
+// writes it), plus step, periods, model_hash (FlatHash of y, checked on
+// resume), gossip_momentum (SlowMo's u, with SlowMo on; its anchor is y)
+// and user_state (the caller's bytes: the inner optimizer's state_dict).
+// A resumed member starts from the saved y, weight, u, period and step.
+// The lossy pushes' public copies are not saved: a resumed member's first
+// push to each peer is absolute, as after any copy is lost. Restore
+// refuses a node's checkpoint and a DiLoCo member's (and EmbeddedDiloco a
+// Gossip member's).
+//
 // Left to the caller (the node's loop does them; this driver does not):
 // the inner steps, their data and schedule; evaluation; snapshots.
-// Not available (refused at Start): checkpoints and resume (--out,
-// --resume), which a gossip member would need to save its push-sum weight
-// with, and --snapshot_every.
+// Not available (refused at Start): --snapshot_every.
 //
 // Thread-safety: one thread calls Start, Period and Leave (the Python
 // module calls them without the GIL). The model's tensors must not change
@@ -52,6 +65,9 @@ struct EmbeddedPeriod {
   std::string model_hash;  // of the parameters now (FlatHash)
   double seconds = 0;      // of the whole call
   int64_t wire_bytes = 0;  // the push's payload
+  // The period crossed a --checkpoint_every boundary of steps (with
+  // --out): the caller should call Checkpoint now.
+  bool checkpoint_due = false;
 };
 
 class EmbeddedGossip {
@@ -74,6 +90,15 @@ class EmbeddedGossip {
   // written back. A failure is this node's own (a share it cannot make, an
   // emulated link too slow for any push): it has then left the swarm.
   absl::StatusOr<EmbeddedPeriod> Period(int steps, double train_loss);
+
+  // Writes OUT/checkpoint.ckpt (atomically) for the last period, with
+  // `user_state`. FailedPrecondition without --out.
+  absl::Status Checkpoint(const std::string& user_state);
+  // Whether there is an --out to checkpoint into.
+  bool checkpoints() const { return !config_.train.out().empty(); }
+  // The user_state of the checkpoint this member resumed from ("" if none).
+  const std::string& resumed_user_state() const { return user_state_; }
+  bool resumed() const { return config_.train.resume(); }
 
   // One inner step of the caller's loop done: the watchdog and the step
   // metrics.
@@ -104,6 +129,8 @@ class EmbeddedGossip {
  private:
   EmbeddedGossip(NodeConfig config, EmbeddedModel model, NodeOps ops);
   absl::Status Init();
+  // --resume: the checkpoint in --out into the model and the period.
+  absl::Status Restore();
 
   const NodeConfig config_;
   EmbeddedModel model_;
@@ -113,6 +140,7 @@ class EmbeddedGossip {
   std::unique_ptr<GossipPeriod> period_;
   int64_t periods_ = 0;
   int64_t step_ = 0;  // the caller's inner steps so far
+  std::string user_state_;
   std::string address_;
   // Before swarm_: its servers read the watchdog, which outlives them.
   NodeOps ops_;

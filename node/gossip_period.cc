@@ -58,6 +58,17 @@ void GossipPeriod::Start(std::vector<float> y, double weight) {
   }
 }
 
+absl::Status GossipPeriod::RestoreMomentum(std::vector<float> u) {
+  if (!momentum_) return absl::OkStatus();
+  if (u.size() != y_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SlowMo momentum of ", u.size(), " values for a model of ",
+                     y_.size(), " parameters"));
+  }
+  u_ = std::move(u);
+  return absl::OkStatus();
+}
+
 absl::Status GossipPeriod::Run(Swarm& swarm, std::vector<float> trained,
                                int64_t step, double train_loss) {
   y_ = std::move(trained);

@@ -74,6 +74,15 @@ class GossipPeriod {
   // The model the first period starts from (SlowMo's first anchor) and the
   // push-sum weight (> 0: a resumed node's; else 1).
   void Start(std::vector<float> y, double weight);
+  // SlowMo's momentum u (empty when SlowMo is off), for a checkpoint; the
+  // anchor x0 is y() after a period, so u is all a resume needs besides y
+  // and the weight.
+  const std::vector<float>& momentum() const { return u_; }
+  // Whether SlowMo is on (--gossip_momentum > 0 or --gossip_outer_lr != 1).
+  bool slowmo() const { return momentum_; }
+  // After Start: a checkpoint's u. InvalidArgument for a size other than
+  // the model's; nothing to do when SlowMo is off.
+  absl::Status RestoreMomentum(std::vector<float> u);
 
   // One period after the inner steps, `trained` the model they left (`step`
   // and `train_loss` go into the events). y() is then the model to train

@@ -138,6 +138,15 @@ class PyMember {
     return *d_;
   }
 
+  void Checkpoint(const std::string& user_state) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = Live().Checkpoint(user_state);
+    }
+    if (!s.ok()) Raise(s);
+  }
+
  protected:
   std::unique_ptr<Driver> d_;
 };
@@ -158,15 +167,6 @@ class PyDiloco : public PyMember<EmbeddedDiloco> {
     out["wire_bytes"] = r.wire_bytes;
     out["checkpoint_due"] = r.checkpoint_due;
     return out;
-  }
-
-  void Checkpoint(const std::string& user_state) {
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = Live().Checkpoint(user_state);
-    }
-    if (!s.ok()) Raise(s);
   }
 
   void Abandon() {
@@ -190,6 +190,7 @@ class PyGossip : public PyMember<EmbeddedGossip> {
     out["model_hash"] = r.model_hash;
     out["seconds"] = r.seconds;
     out["wire_bytes"] = r.wire_bytes;
+    out["checkpoint_due"] = r.checkpoint_due;
     return out;
   }
 
@@ -248,7 +249,15 @@ void DefMember(py::class_<T>& c) {
       .def_property_readonly("architecture",
                              [](T& m) { return m.Live().architecture(); })
       .def_property_readonly("n_params",
-                             [](T& m) { return m.Live().n_params(); });
+                             [](T& m) { return m.Live().n_params(); })
+      .def("checkpoint", &T::Checkpoint,
+           "Writes OUT/checkpoint.ckpt with these bytes as its user_state.")
+      .def_property_readonly("checkpoints",
+                             [](T& m) { return m.Live().checkpoints(); })
+      .def_property_readonly("resumed", [](T& m) { return m.Live().resumed(); })
+      .def_property_readonly("resumed_user_state", [](T& m) {
+        return py::bytes(m.Live().resumed_user_state());
+      });
 }
 
 }  // namespace
@@ -323,15 +332,6 @@ PYBIND11_MODULE(_starling, m) {
   py::class_<PyDiloco> diloco(m, "_Diloco");
   starling::DefMember(diloco);
   diloco.def("round", &PyDiloco::Round)
-      .def("checkpoint", &PyDiloco::Checkpoint,
-           "Writes OUT/checkpoint.ckpt with these bytes as its user_state.")
-      .def_property_readonly("checkpoints",
-                             [](PyDiloco& d) { return d.Live().checkpoints(); })
-      .def_property_readonly("resumed",
-                             [](PyDiloco& d) { return d.Live().resumed(); })
-      .def_property_readonly(
-          "resumed_user_state",
-          [](PyDiloco& d) { return py::bytes(d.Live().resumed_user_state()); })
       .def("abandon", &PyDiloco::Abandon)
       .def_property_readonly("round_number",
                              [](PyDiloco& d) { return d.Live().round(); });

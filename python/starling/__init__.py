@@ -41,7 +41,9 @@ every checkpoint_every inner steps (after the round that crosses the
 boundary) and on leaving, holding θ_global, the outer optimizer's state, the
 error-feedback residual, the round and the inner optimizer's state_dict. A
 DiLoCo with resume=True (or resume_if_exists=True) and the same out starts
-from it: the model's tensors and the inner optimizer are loaded, the round
+from it (a Gossip's checkpoint holds the model after the last period, the
+push-sum weight and the SlowMo momentum instead, and a resumed Gossip goes
+on from them): the model's tensors and the inner optimizer are loaded, the round
 goes on from the saved one (then catches up if the swarm is ahead). The
 data loader's position and learning-rate schedulers are the caller's to
 save. metrics_port= and health_port= serve the node's Prometheus metrics
@@ -159,6 +161,7 @@ class _Member:
             architecture = getattr(model, "starling_architecture", "")
         self._architecture = architecture
         self._d = None
+        self._closed = False
         self._steps = 0
         self._samples = 0
         self._old_sigterm = None
@@ -173,6 +176,10 @@ class _Member:
 
     def _started(self, driver):
         self._d = driver
+        state = driver.resumed_user_state
+        if state:
+            self.inner_optimizer.load_state_dict(
+                torch.load(_io.BytesIO(state)))
         if (_threading.current_thread() is _threading.main_thread() and
                 _signal.getsignal(_signal.SIGTERM) == _signal.SIG_DFL):
             # SIGTERM leaves like Ctrl-C: the `with` block exits, saying
@@ -201,6 +208,26 @@ class _Member:
             return False
         return True
 
+    def checkpoint(self):
+        """Writes OUT/checkpoint.ckpt now (DiLoCo: the last committed round;
+        Gossip: the model after the last period, its push-sum weight and
+        SlowMo momentum) with the inner optimizer's state_dict; needs out=.
+        step() and close() call it as --checkpoint_every says."""
+        blob = _io.BytesIO()
+        torch.save(self.inner_optimizer.state_dict(), blob)
+        self._d.checkpoint(blob.getvalue())
+
+    def close(self):
+        """Checkpoints (with out=), then says goodbye to the swarm.
+        Idempotent."""
+        try:
+            if (self._d is not None and self._d.checkpoints and
+                    not self._closed):
+                self.checkpoint()
+        finally:
+            self._closed = True
+            self._leave()
+
     def _leave(self):
         if self._d is not None:
             self._d.leave()
@@ -212,6 +239,11 @@ class _Member:
         """The swarm's members as this one sees them: dicts of id, address,
         state (alive, suspect, dead, left) and round."""
         return self._d.members()
+
+    @property
+    def resumed(self):
+        """Whether this member started from the checkpoint in out=."""
+        return self._d.resumed
 
     @property
     def address(self):
@@ -252,20 +284,14 @@ class DiLoCo(_Member):
                               outer_momentum=outer_momentum,
                               overlap=overlap or None, **flags),
                          architecture)
-        self._closed = False
         self.last_round = None
 
     def start(self):
         """Starts the swarm, joins it and waits for --min_members."""
         if self._d is not None:
             return
-        d = _Diloco(self._args, *_model_tensors(self.model),
-                    self._architecture)
-        state = d.resumed_user_state
-        if state:
-            self.inner_optimizer.load_state_dict(
-                torch.load(_io.BytesIO(state)))
-        self._started(d)
+        self._started(_Diloco(self._args, *_model_tensors(self.model),
+                              self._architecture))
 
     def step(self, samples=None, loss=None, tokens=None):
         """Counts one inner step (of `samples` examples, for the weighting);
@@ -285,33 +311,9 @@ class DiLoCo(_Member):
         self._mark = _time.perf_counter()
         return self.last_round
 
-    def checkpoint(self):
-        """Writes OUT/checkpoint.ckpt now (the last committed round, and the
-        inner optimizer's state_dict); needs out=. step() and close() call
-        it as --checkpoint_every says."""
-        blob = _io.BytesIO()
-        torch.save(self.inner_optimizer.state_dict(), blob)
-        self._d.checkpoint(blob.getvalue())
-
-    def close(self):
-        """Checkpoints (with out=), then says goodbye to the swarm.
-        Idempotent."""
-        try:
-            if (self._d is not None and self._d.checkpoints and
-                    not self._closed):
-                self.checkpoint()
-        finally:
-            self._closed = True
-            self._leave()
-
     @property
     def round(self):
         return self._d.round_number
-
-    @property
-    def resumed(self):
-        """Whether this member started from the checkpoint in out=."""
-        return self._d.resumed
 
     @property
     def model_hash(self):
@@ -337,8 +339,11 @@ class Gossip(_Member):
     blocks a period. Python members and `starling node --algo=gossip`
     members with the same fingerprint gossip in one swarm.
 
-    architecture: as for DiLoCo. Not available: out=, resume= (a gossip
-    member's checkpoint would have to keep its push-sum weight).
+    architecture: as for DiLoCo. out=, checkpoint_every=, resume=,
+    resume_if_exists=: as for DiLoCo; the checkpoint holds the model after
+    the last period, the push-sum weight, the SlowMo momentum, the period
+    and step counts and the inner optimizer's state_dict, and a resumed
+    member goes on from all of them.
     """
 
     _who = "starling.Gossip"
@@ -380,12 +385,10 @@ class Gossip(_Member):
         self._loss_sum = 0.0
         with torch.no_grad():
             self.last_period = self._d.period(steps, mean)
+        if self.last_period.pop("checkpoint_due"):
+            self.checkpoint()
         self._mark = _time.perf_counter()
         return self.last_period
-
-    def close(self):
-        """Says goodbye to the swarm. Idempotent."""
-        self._leave()
 
     @property
     def periods(self):

@@ -630,9 +630,6 @@ def test_gossip_bad_arguments_are_the_clis_value_errors(tmp_path):
         starling.Gossip(model, opt, gossip_swarm(), inner_steps=0)
     with pytest.raises(ValueError, match="unknown keyword 'momentum'"):
         starling.Gossip(model, opt, gossip_swarm(), momentum=0.5)
-    g = starling.Gossip(model, opt, gossip_swarm(), out=str(tmp_path / "o"))
-    with pytest.raises(ValueError, match="not available from starling.Gossip"):
-        g.start()
     with pytest.raises(ValueError, match="parameter weight is Double"):
         with starling.Gossip(torch.nn.Linear(4, 2).double(), opt,
                              gossip_swarm()):
@@ -709,6 +706,169 @@ def test_a_gossip_push_carries_half_the_mass_and_the_receiver_averages_it():
         ga.close()
         gb.close()
         t.join()
+
+
+# Gossip checkpoints: the same keywords as DiLoCo's, plus the push-sum
+# weight and the SlowMo momentum.
+
+def adamw_linear(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 2)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def params_of(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_resumed_gossip_member_goes_on_from_its_weight_model_and_slowmo(
+        tmp_path):
+    run = tmp_path / "a"
+    port_a = free_ports(1)[0]
+    model_a, opt_a = adamw_linear(0)
+    model_b, opt_b = adamw_linear(0)
+    init = params_of(model_a)
+    slowmo = dict(inner_steps=1, gossip_momentum=0.5)
+    ga = starling.Gossip(model_a, opt_a, starling.Swarm(
+        node_id="a", listen="127.0.0.1:%d" % port_a, insecure=True,
+        run_id="gossip"), out=str(run), **slowmo)
+    gb = starling.Gossip(model_b, opt_b, starling.Swarm(
+        node_id="b", listen="127.0.0.1:%d" % free_ports(1)[0], insecure=True,
+        run_id="gossip", peers="127.0.0.1:%d" % port_a, min_members=2),
+        **slowmo)
+    import threading
+    t = threading.Thread(target=ga.start)
+    t.start()
+    try:
+        gb.start()
+        t.join()
+        assert not ga.resumed
+        train_once(model_a, opt_a, 1.0)
+        t1 = params_of(model_a)
+        r = ga.step()
+        # a pushed half its mass to b; alone in its period, SlowMo's first
+        # step (u = x0 - t1, y = x0 - u) leaves y = t1.
+        assert r["peer"] == "b" and r["weight"] == 0.5 and r["period"] == 1
+        saved, saved_hash = params_of(model_a), ga.model_hash
+        saved_opt = opt_a.state_dict()["state"][0]["exp_avg"].clone()
+    finally:
+        ga.close()  # checkpoints into `run`, then leaves
+        gb.close()
+        t.join()
+    assert all(torch.equal(p, q) for p, q in zip(saved, t1))
+    # Another seed's model and a fresh optimizer take all of it back.
+    model, opt = adamw_linear(5)
+    with starling.Gossip(model, opt, gossip_swarm(), out=str(run),
+                         resume=True, **slowmo) as g:
+        assert g.resumed and g.weight == 0.5
+        # (_d.step: the inner steps the driver counted, which
+        # checkpoint_every's boundaries are of.)
+        assert g.periods == 1 and g._d.step == 1
+        assert g.model_hash == saved_hash
+        assert all(torch.equal(p, q) for p, q in zip(params_of(model), saved))
+        assert torch.equal(opt.state_dict()["state"][0]["exp_avg"], saved_opt)
+        train_once(model, opt, -1.0)
+        t2 = params_of(model)
+        r = g.step()
+        assert r["period"] == 2 and r["weight"] == 0.5 and g._d.step == 2
+    # SlowMo went on from the saved u = x0 - t1: u' = u/2 + (t1 - t2) and
+    # y = t1 - u' = t2 - (x0 - t1)/2 (a lost u would leave y = t2).
+    for p, x0, a, b in zip(model.parameters(), init, t1, t2):
+        assert torch.allclose(p.detach(), b - 0.5 * (x0 - a), rtol=0,
+                              atol=1e-6)
+        assert not torch.allclose(p.detach(), b, rtol=0, atol=1e-4)
+
+
+GOSSIP_MEMBER = textwrap.dedent("""
+    import json, sys, time, torch, starling
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    swarm = starling.Swarm(node_id="k", listen=sys.argv[1], insecure=True)
+    with starling.Gossip(model, opt, swarm, inner_steps=1,
+                         gossip_momentum=0.5, out=sys.argv[2],
+                         checkpoint_every=2, resume_if_exists=True) as g:
+        print(json.dumps({"resumed": g.resumed, "period": g.periods,
+                          "weight": g.weight, "params": [
+                              p.detach().reshape(-1).tolist()
+                              for p in model.parameters()]}), flush=True)
+        while True:
+            x = torch.randn(3, 4)
+            loss = model(x).pow(2).sum()
+            opt.zero_grad(); loss.backward(); opt.step()
+            r = g.step()
+            r["params"] = [p.detach().reshape(-1).tolist()
+                           for p in model.parameters()]
+            print(json.dumps(r), flush=True)
+            time.sleep(0.05)
+""")
+
+
+def test_kill_9_of_a_gossip_member_then_resume_from_its_checkpoint(tmp_path):
+    run = str(tmp_path / "k")
+    listen = "127.0.0.1:%d" % free_ports(1)[0]
+
+    def start():
+        return subprocess.Popen([sys.executable, "-c", GOSSIP_MEMBER,
+                                 listen, run], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    p = start()
+    lines = []
+    for line in p.stdout:
+        lines.append(json.loads(line))
+        if lines[-1].get("period") == 3:
+            break
+    p.kill()  # after period 3; the last checkpoint is period 2's (step 2)
+    p.communicate()
+    assert not lines[0]["resumed"] and lines[0]["period"] == 0
+    [period2] = [l for l in lines if l.get("period") == 2 and "peer" in l]
+    p = start()
+    first = json.loads(p.stdout.readline())
+    p.kill()
+    _, stderr = p.communicate()
+    assert first["resumed"], stderr
+    assert first["period"] == 2 and first["weight"] == 1.0
+    # Exactly the parameters period 2 wrote (fp32 through JSON's doubles).
+    assert first["params"] == period2["params"]
+    assert first["params"] != lines[-1]["params"]
+
+
+def test_gossip_checkpoint_errors_are_clear_and_come_first(tmp_path):
+    def start(model=None, member=starling.Gossip, **flags):
+        model = model or torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with member(model, opt, gossip_swarm(), **flags):
+            pass
+
+    with pytest.raises(ValueError, match="--resume needs --out=DIR"):
+        start(resume=True)
+    with pytest.raises(ValueError, match="--resume: no checkpoint at .*empty"):
+        start(resume=True, out=str(tmp_path / "empty"))
+    gossip_run = str(tmp_path / "g")
+    start(out=gossip_run)  # close() checkpoints
+    with pytest.raises(ValueError, match="already holds a run .*pass --resume"):
+        start(out=gossip_run)
+    with pytest.raises(starling.SwarmError,
+                       match="holds model python.*weight is float32\\[2,4\\] "
+                             "at the checkpoint, float32\\[3,4\\]"):
+        start(model=torch.nn.Linear(4, 3), out=gossip_run, resume=True)
+    with pytest.raises(starling.SwarmError,
+                       match="holds no SlowMo momentum.*--gossip_momentum"):
+        start(out=gossip_run, resume=True, gossip_momentum=0.5)
+    # Each kind resumes only its own checkpoints.
+    with pytest.raises(starling.SwarmError,
+                       match="is a starling.Gossip member's: resume it with "
+                             "starling.Gossip"):
+        start(member=starling.DiLoCo, out=gossip_run, resume=True)
+    model, opt = linear(0)
+    train_alone(tmp_path / "d", 1, model, opt)
+    with pytest.raises(starling.SwarmError,
+                       match="is a starling.DiLoCo member's: resume it with "
+                             "starling.DiLoCo"):
+        start(out=str(tmp_path / "d"), resume=True)
+    with pytest.raises(ValueError, match="--snapshot_every: not available"):
+        start(snapshot_every=1)
 
 
 def gossip_lines(lines):
