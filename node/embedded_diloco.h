@@ -19,7 +19,8 @@
 // state_dict there) instead of the trainer's. A resumed member starts from
 // the checkpoint's round and θ_global, then catches up if the swarm is
 // ahead. `starling node --resume` and `starling export` refuse such a file
-// (it has no trainer_state section), and Restore refuses a node's.
+// (it has no trainer_state section), and Restore refuses a node's and a
+// Gossip member's (embedded_checkpoint.h).
 //
 // Health and metrics are the node's too (node_ops.h, from --health_port,
 // --metrics_port and --watchdog_*): readiness is SERVING once joined and

@@ -869,6 +869,13 @@ def test_gossip_checkpoint_errors_are_clear_and_come_first(tmp_path):
         start(out=str(tmp_path / "d"), resume=True)
     with pytest.raises(ValueError, match="--snapshot_every: not available"):
         start(snapshot_every=1)
+    if BINARY:  # `starling export` cannot rebuild a Python program's model
+        p = subprocess.run([BINARY, "export", "--from=%s" % gossip_run,
+                            "--out=%s" % (tmp_path / "x.pt")],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2, p.stderr
+        assert "written by the Python module (starling.DiLoCo or " \
+            "starling.Gossip)" in p.stderr
 
 
 def gossip_lines(lines):
