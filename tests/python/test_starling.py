@@ -800,7 +800,8 @@ GOSSIP_MEMBER = textwrap.dedent("""
             r["params"] = [p.detach().reshape(-1).tolist()
                            for p in model.parameters()]
             print(json.dumps(r), flush=True)
-            time.sleep(0.05)
+            if r["period"] == 3:
+                time.sleep(600)  # killed here, after period 3
 """)
 
 
@@ -819,7 +820,7 @@ def test_kill_9_of_a_gossip_member_then_resume_from_its_checkpoint(tmp_path):
         lines.append(json.loads(line))
         if lines[-1].get("period") == 3:
             break
-    p.kill()  # after period 3; the last checkpoint is period 2's (step 2)
+    p.kill()  # after period 3, whose step (3) wrote no checkpoint
     p.communicate()
     assert not lines[0]["resumed"] and lines[0]["period"] == 0
     [period2] = [l for l in lines if l.get("period") == 2 and "peer" in l]
