@@ -41,13 +41,13 @@ every checkpoint_every inner steps (after the round that crosses the
 boundary) and on leaving, holding θ_global, the outer optimizer's state, the
 error-feedback residual, the round and the inner optimizer's state_dict. A
 DiLoCo with resume=True (or resume_if_exists=True) and the same out starts
-from it (a Gossip's checkpoint holds the model after the last period, the
-push-sum weight and the SlowMo momentum instead, and a resumed Gossip goes
-on from them): the model's tensors and the inner optimizer are loaded, the round
-goes on from the saved one (then catches up if the swarm is ahead). The
-data loader's position and learning-rate schedulers are the caller's to
-save. metrics_port= and health_port= serve the node's Prometheus metrics
-and gRPC health checks. See docs/python.md.
+from it: the model's tensors and the inner optimizer are loaded, the round
+goes on from the saved one (then catches up if the swarm is ahead). A
+Gossip's checkpoint holds the model after the last period, the push-sum
+weight and the SlowMo momentum instead, and a resumed Gossip goes on from
+them. The data loader's position and learning-rate schedulers are the
+caller's to save. metrics_port= and health_port= serve the node's
+Prometheus metrics and gRPC health checks. See docs/python.md.
 """
 
 try:
