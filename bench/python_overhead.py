@@ -2,14 +2,25 @@
 """The Python module's overhead per DiLoCo round against `starling node`.
 
 Runs the same TorchScript model (python/starling_models.py's gpt, traced),
-batch, context, H and thread count twice over, alternating: N `starling
+batch, context, H and thread count over and over, alternating: N `starling
 node` members, then N Python members (the `starling` module's DiLoCo in a
-plain PyTorch loop with AdamW), and so on for --repeats. Per run it takes
-the mean wall time of the rounds after the first (the first holds the
-join), and of their non-training part (C++: the exchange, the copy and the
-outer step from summary.json's round split; Python: the time inside
-d.step() on a round). Prints one JSON object:
-{"cxx": {...}, "python": {...}, "ratio_round": python/cxx, ...}.
+plain PyTorch loop with AdamW), then N Python members whose loop uses
+PyTorch's faster standard options (--python_variants: `fast` is
+AdamW(foreach=True) and zero_grad(set_to_none=True)), and so on for
+--repeats. Per run it takes the mean over the rounds after the first (the
+first holds the join) of:
+  - the round's wall time (inner steps included);
+  - its non-training part (C++: the exchange, the copy and the outer step
+    from the round split; Python: the time inside d.step() on a round);
+  - the mean inner step (C++: the round's inner_seconds / its steps;
+    Python: batch, forward, backward, clipping and optimizer step, timed
+    around the user's own code, d.step() excluded);
+  - the overhead: the round's wall time less H inner steps of that side.
+The ratio at equal step time, (H·t_cxx + overhead_py) / (H·t_cxx +
+overhead_cxx), is what a Python member's round would take against the
+node's if its inner steps were as fast as the node's: Starling's part only.
+Prints one JSON object: {"cxx": {...}, "python": {...}, "python_fast":
+{...}, "ratio_round": python/cxx, "ratio_round_equal_step", ...}.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/python_overhead.py \\
         --starling=build/starling --out=/tmp/py-overhead
@@ -25,11 +36,14 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEMBER_CODE = r'''
 import json, sys, time, torch, starling
-path, node_id, listen, peers, n, steps, h, batch, context, threads = sys.argv[1:]
+(path, node_id, listen, peers, n, steps, h, batch, context, threads,
+ variant) = sys.argv[1:]
 torch.set_num_threads(int(threads))
 steps, h, batch, context = int(steps), int(h), int(batch), int(context)
+fast = variant == "fast"
 model = torch.jit.load(path)
-opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3,
+                        **({"foreach": True} if fast else {}))
 gen = torch.Generator().manual_seed(hash(node_id) % 1000)
 swarm = starling.Swarm(node_id=node_id, listen=listen, peers=peers or None,
                        run_id="overhead", insecure=True, min_members=int(n))
@@ -37,22 +51,27 @@ rounds = []
 with starling.DiLoCo(model, opt, swarm, inner_steps=h,
                      architecture=starling.torchscript_architecture(path)) as d:
     last = time.perf_counter()
+    inner = 0.0  # this round's inner steps, the user's code only
     for step in range(steps):
+        s0 = time.perf_counter()
         x = torch.randint(0, 256, (batch, context + 1), generator=gen)
         logits = model(x[:, :-1])
         loss = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=fast)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         t0 = time.perf_counter()
+        inner += t0 - s0
         r = d.step(samples=batch)
         if r is not None:
             now = time.perf_counter()
             rounds.append({"seconds": now - last, "round_call": now - t0,
+                           "inner_seconds": inner, "steps": h,
                            "outcome": r["outcome"]})
             last = now
+            inner = 0.0
 print(json.dumps(rounds))
 '''
 
@@ -92,7 +111,7 @@ def run_cxx(a, model, out):
     for p in procs:
         if p.wait() != 0:
             sys.exit("starling node failed; see %s" % out)
-    rounds, rest = [], []
+    rounds, rest, step = [], [], []
     for i in range(a.members):
         with open("%s/c%d/events.jsonl" % (out, i)) as f:
             events = [json.loads(l) for l in f]
@@ -100,10 +119,11 @@ def run_cxx(a, model, out):
         rounds += [e["seconds"] for e in rs]
         rest += [e["sync_seconds"] + e.get("copy_seconds", 0) +
                  e.get("outer_seconds", 0) for e in rs]
-    return rounds, rest
+        step += [e["inner_seconds"] / e["inner_steps"] for e in rs]
+    return rounds, rest, step
 
 
-def run_python(a, model):
+def run_python(a, model, variant):
     ports = free_ports(a.members)
     env = dict(os.environ)
     procs = [subprocess.Popen(
@@ -111,9 +131,9 @@ def run_python(a, model):
          "127.0.0.1:%d" % ports[i],
          "127.0.0.1:%d" % ports[0] if i else "", str(a.members),
          str(a.steps), str(a.inner_steps), str(a.batch), str(a.context),
-         str(a.threads)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+         str(a.threads), variant], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         text=True, env=env) for i in range(a.members)]
-    rounds, rest = [], []
+    rounds, rest, step = [], [], []
     for p in procs:
         stdout, _ = p.communicate()
         if p.returncode != 0:
@@ -121,7 +141,15 @@ def run_python(a, model):
         rs = json.loads(stdout.strip().splitlines()[-1])[1:]
         rounds += [r["seconds"] for r in rs]
         rest += [r["round_call"] for r in rs]
-    return rounds, rest
+        step += [r["inner_seconds"] / r["steps"] for r in rs]
+    return rounds, rest, step
+
+
+def equal_step(h, cxx_round, cxx_step, py_round, py_step):
+    """(H·t_cxx + overhead_py) / (H·t_cxx + overhead_cxx), overhead being a
+    side's round less its H inner steps: the Python round with its inner
+    steps replaced by the node's, over the node's round."""
+    return (h * cxx_step + py_round - h * py_step) / cxx_round
 
 
 def main():
@@ -136,29 +164,62 @@ def main():
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--python_variants", default="plain,fast",
+                    help="the Python loops to run: plain (AdamW, zero_grad) "
+                         "and/or fast (AdamW(foreach=True), "
+                         "zero_grad(set_to_none=True))")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     model = os.path.join(a.out, "gpt.pt")
     trace_model(model, a.context)
-    res = {"cxx": {"round": [], "rest": []},
-           "python": {"round": [], "rest": []}}
+    names = {"plain": "python", "fast": "python_fast"}
+    variants = [v for v in a.python_variants.split(",") if v]
+    sides = ["cxx"] + [names[v] for v in variants]
+    res = {side: {"round": [], "rest": [], "step": []} for side in sides}
     for rep in range(a.repeats):
-        for side in ("cxx", "python"):
+        for side in sides:
             out = os.path.join(a.out, "%s%d" % (side, rep))
-            rounds, rest = (run_cxx(a, model, out) if side == "cxx"
-                            else run_python(a, model))
+            if side == "cxx":
+                rounds, rest, step = run_cxx(a, model, out)
+            else:
+                rounds, rest, step = run_python(
+                    a, model, "fast" if side == "python_fast" else "plain")
             res[side]["round"].append(statistics.mean(rounds))
             res[side]["rest"].append(statistics.mean(rest))
-    summary = {side: {"round_seconds": statistics.mean(v["round"]),
-                      "round_seconds_runs": v["round"],
-                      "non_training_seconds": statistics.mean(v["rest"]),
-                      "non_training_seconds_runs": v["rest"]}
-               for side, v in res.items()}
-    summary["ratio_round"] = (summary["python"]["round_seconds"] /
-                              summary["cxx"]["round_seconds"])
+            res[side]["step"].append(statistics.mean(step))
+    h = a.inner_steps
+    summary = {}
+    for side, v in res.items():
+        round_s = statistics.mean(v["round"])
+        step_s = statistics.mean(v["step"])
+        summary[side] = {
+            "round_seconds": round_s, "round_seconds_runs": v["round"],
+            "non_training_seconds": statistics.mean(v["rest"]),
+            "non_training_seconds_runs": v["rest"],
+            "step_seconds": step_s, "step_seconds_runs": v["step"],
+            "overhead_seconds": round_s - h * step_s}
+    cxx = summary["cxx"]
+    for side in sides[1:]:
+        py = summary[side]
+        suffix = "" if side == "python" else side[len("python"):]
+        summary["ratio_round" + suffix] = (py["round_seconds"] /
+                                           cxx["round_seconds"])
+        summary["ratio_step" + suffix] = (py["step_seconds"] /
+                                          cxx["step_seconds"])
+        # Both rounds with the node's inner steps: Starling's part only.
+        summary["ratio_round_equal_step" + suffix] = equal_step(
+            h, cxx["round_seconds"], cxx["step_seconds"],
+            py["round_seconds"], py["step_seconds"])
+        # The same per repeat, each from the runs next to each other.
+        c, p = res["cxx"], res[side]
+        summary["ratio_round_runs" + suffix] = [
+            pr / cr for pr, cr in zip(p["round"], c["round"])]
+        summary["ratio_round_equal_step_runs" + suffix] = [
+            equal_step(h, cr, cs, pr, ps) for cr, cs, pr, ps in
+            zip(c["round"], c["step"], p["round"], p["step"])]
     summary["settings"] = {k: getattr(a, k) for k in (
         "members", "steps", "inner_steps", "batch", "context", "threads",
-        "repeats")}
+        "repeats", "python_variants")}
     summary["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     print(json.dumps(summary, indent=1))
 

@@ -17,11 +17,7 @@
 #include "node/run_output.h"
 
 namespace starling {
-namespace {
-
-// The rounds sum fp32 tensors held on the host: anything else is refused
-// before the swarm starts, naming the tensor.
-absl::Status CheckTensors(const EmbeddedModel& m) {
+absl::Status CheckEmbeddedModel(const EmbeddedModel& m) {
   if (m.params.empty()) {
     return absl::InvalidArgumentError("the model has no parameters");
   }
@@ -39,7 +35,7 @@ absl::Status CheckTensors(const EmbeddedModel& m) {
       if (float_only && t.scalar_type() != torch::kFloat32) {
         return absl::InvalidArgumentError(absl::StrCat(
             kind, " ", name, " is ", c10::toString(t.scalar_type()),
-            ": the rounds average float32 parameters"));
+            ": the swarm averages float32 parameters"));
       }
     }
     return absl::OkStatus();
@@ -48,8 +44,6 @@ absl::Status CheckTensors(const EmbeddedModel& m) {
   return check("buffer", m.buffer_names, m.buffers, false);
 }
 
-}  // namespace
-
 std::string EmbeddedArchitecture(const EmbeddedModel& model) {
   if (!model.architecture.empty()) return model.architecture;
   const std::string text =
@@ -57,6 +51,23 @@ std::string EmbeddedArchitecture(const EmbeddedModel& model) {
                                    model.buffer_names, model.buffers),
                     "\n");
   return absl::StrFormat("python(%016x)", HashBytes(text.data(), text.size()));
+}
+
+peer::v1::ModelFingerprint EmbeddedFingerprint(const EmbeddedModel& model,
+                                               const std::string& init_hash) {
+  return MakeFingerprint(EmbeddedArchitecture(model), NumElements(model.params),
+                         init_hash,
+                         SignatureLines(model.param_names, model.params,
+                                        model.buffer_names, model.buffers));
+}
+
+void RefreshEmbeddedMetrics(NodeMetrics* metrics, const Swarm& swarm,
+                            const std::string& node_id,
+                            const RingStats& compressed) {
+  if (metrics == nullptr) return;
+  metrics->SetTraffic(swarm.bytes_sent(), swarm.bytes_received(),
+                      compressed.raw_bytes, compressed.wire_bytes);
+  RefreshSwarmMetrics(swarm, node_id, *metrics);
 }
 
 EmbeddedDiloco::EmbeddedDiloco(NodeConfig config, EmbeddedModel model,
@@ -69,7 +80,7 @@ EmbeddedDiloco::~EmbeddedDiloco() { Leave(); }
 
 absl::StatusOr<std::unique_ptr<EmbeddedDiloco>> EmbeddedDiloco::Start(
     NodeConfig config, EmbeddedModel model, NodeOps ops) {
-  STARLING_RETURN_IF_ERROR(CheckTensors(model));
+  STARLING_RETURN_IF_ERROR(CheckEmbeddedModel(model));
   if (config.algo != "diloco") {
     return absl::InvalidArgumentError(
         absl::StrCat("--algo=", config.algo, ": DiLoCo needs --algo=diloco"));
@@ -109,9 +120,7 @@ absl::Status EmbeddedDiloco::Init() {
   lineage_ = FlatHash(theta_global_, buffers_global_);
   architecture_ = EmbeddedArchitecture(model_);
   const peer::v1::ModelFingerprint fingerprint =
-      MakeFingerprint(architecture_, n_params_, lineage_,
-                      SignatureLines(model_.param_names, model_.params,
-                                     model_.buffer_names, model_.buffers));
+      EmbeddedFingerprint(model_, lineage_);
   // After the fingerprint, which names the model every member starts from.
   if (config_.train.resume()) STARLING_RETURN_IF_ERROR(Restore());
   STARLING_ASSIGN_OR_RETURN(
@@ -250,19 +259,13 @@ absl::Status EmbeddedDiloco::CatchUp(const Swarm::Lineage& best) {
 }
 
 void EmbeddedDiloco::InnerStep(const StepResult& step) {
-  if (ops_.watchdog) ops_.watchdog->Step(absl::Seconds(step.seconds));
-  if (ops_.metrics) {
-    ops_.metrics->InnerStep(step.seconds, step.tokens, step.loss);
-    ops_.metrics->SetInnerLr(step.lr);
-  }
+  RecordInnerStep(ops_, step);
 }
 
 void EmbeddedDiloco::RefreshMetrics() {
-  if (!ops_.metrics || swarm_ == nullptr) return;
-  ops_.metrics->SetTraffic(swarm_->bytes_sent(), swarm_->bytes_received(),
-                           pseudo_gradient_bytes_.raw_bytes,
-                           pseudo_gradient_bytes_.wire_bytes);
-  RefreshSwarmMetrics(*swarm_, config_.net.node_id, *ops_.metrics);
+  if (swarm_ == nullptr) return;
+  RefreshEmbeddedMetrics(ops_.metrics.get(), *swarm_, config_.net.node_id,
+                         pseudo_gradient_bytes_);
 }
 
 void EmbeddedDiloco::Leave() {

@@ -19,7 +19,8 @@
 // state_dict there) instead of the trainer's. A resumed member starts from
 // the checkpoint's round and θ_global, then catches up if the swarm is
 // ahead. `starling node --resume` and `starling export` refuse such a file
-// (it has no trainer_state section), and Restore refuses a node's.
+// (it has no trainer_state section), and Restore refuses a node's and a
+// Gossip member's (embedded_checkpoint.h).
 //
 // Health and metrics are the node's too (node_ops.h, from --health_port,
 // --metrics_port and --watchdog_*): readiness is SERVING once joined and
@@ -74,6 +75,19 @@ struct EmbeddedModel {
 
 // The model's handshake identity, as above.
 std::string EmbeddedArchitecture(const EmbeddedModel& model);
+// The handshake's fingerprint of `model`, which starts from `init_hash`
+// (FlatHash of its parameters and buffers): the name above, the parameter
+// count, the hash and the signature lines, as a node fingerprints its own.
+peer::v1::ModelFingerprint EmbeddedFingerprint(const EmbeddedModel& model,
+                                               const std::string& init_hash);
+// The swarm averages fp32 tensors held on the host: InvalidArgument naming
+// the tensor for anything else, before the swarm starts.
+absl::Status CheckEmbeddedModel(const EmbeddedModel& model);
+// The traffic (with `compressed`: the payloads before and after their
+// codec) and the swarm's side of the metrics, now; nothing without metrics.
+void RefreshEmbeddedMetrics(NodeMetrics* metrics, const Swarm& swarm,
+                            const std::string& node_id,
+                            const RingStats& compressed);
 
 // What one call of Round did.
 struct EmbeddedRound {

@@ -297,9 +297,10 @@ absl::StatusOr<TrainConfig> ConfigOf(const std::string& path,
   if (it == ckpt.sections.end() && ckpt.sections.count("user_state")) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checkpoint ", path,
-        " was written by the Python module (starling.DiLoCo): its model is "
-        "the Python program's, with no trainer state to rebuild it from; "
-        "resume it with starling.DiLoCo(..., out=DIR, resume=True)"));
+        " was written by the Python module (starling.DiLoCo or "
+        "starling.Gossip): its model is the Python program's, with no "
+        "trainer state to rebuild it from; resume it with the same class "
+        "(..., out=DIR, resume=True)"));
   }
   if (it == ckpt.sections.end() || !st.ParseFromString(it->second)) {
     return absl::DataLossError(absl::StrCat(

@@ -27,6 +27,14 @@ void NodeOps::Step(const StepResult& r, int step) {
   }
 }
 
+void RecordInnerStep(const NodeOps& ops, const StepResult& r) {
+  if (ops.watchdog) ops.watchdog->Step(absl::Seconds(r.seconds));
+  if (ops.metrics) {
+    ops.metrics->InnerStep(r.seconds, r.tokens, r.loss);
+    ops.metrics->SetInnerLr(r.lr);
+  }
+}
+
 absl::Status StartOps(const std::string& node_id, const std::string& algo,
                       const std::string& device, NodeOps* ops) {
   WatchdogOptions wo;

@@ -33,6 +33,10 @@ struct NodeOps {
   }
 };
 
+// One inner step of a loop outside Starling (the Python module's): the
+// watchdog and the step metrics, each when there is one.
+void RecordInnerStep(const NodeOps& ops, const StepResult& r);
+
 // Starts the watchdog, health and metrics servers from the flags
 // (--watchdog_*, --test_stall, --health_port, --metrics_port, on the host
 // of --listen). InvalidArgument naming a bad flag; what the servers return

@@ -591,3 +591,425 @@ def test_python_and_cxx_members_share_rounds_bit_identically(tmp_path):
                         architecture=starling.torchscript_architecture(model))
     with pytest.raises(starling.SwarmError, match="is a starling node's"):
         d.start()
+
+
+# ---------------------------------------------------------------------------
+# starling.Gossip: push-sum from the user's loop (node/embedded_gossip.h)
+
+def small_linear(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 2)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def gossip_swarm(node_id="a", **flags):
+    return starling.Swarm(node_id=node_id, insecure=True, run_id="gossip",
+                          listen="127.0.0.1:%d" % free_ports(1)[0], **flags)
+
+
+def test_gossip_bad_arguments_are_the_clis_value_errors(tmp_path):
+    assert "Gossip" in starling.__all__
+    model, opt = small_linear()
+    with pytest.raises(ValueError) as e:
+        starling.Gossip(model, opt, gossip_swarm(), gossip_momentum=1.5)
+    assert "--gossip_momentum=1.5: must be in [0, 1)" in str(e.value)
+    if BINARY:
+        assert str(e.value) in cli_error("--insecure", "--algo=gossip",
+                                         "--gossip_momentum=1.5")
+    # Checked where the node checks it: when the member starts.
+    g = starling.Gossip(model, opt, gossip_swarm(), gossip_peers="ring")
+    with pytest.raises(ValueError) as e:
+        g.start()
+    assert "--gossip_peers=ring: expected random or exponential" in \
+        str(e.value)
+    if BINARY:
+        assert str(e.value) in cli_error(
+            "--insecure", "--algo=gossip", "--gossip_peers=ring", "--steps=1",
+            "--listen=127.0.0.1:%d" % free_ports(1)[0])
+    with pytest.raises(ValueError, match="--inner_steps"):
+        starling.Gossip(model, opt, gossip_swarm(), inner_steps=0)
+    with pytest.raises(ValueError, match="unknown keyword 'momentum'"):
+        starling.Gossip(model, opt, gossip_swarm(), momentum=0.5)
+    with pytest.raises(ValueError, match="parameter weight is Double"):
+        with starling.Gossip(torch.nn.Linear(4, 2).double(), opt,
+                             gossip_swarm()):
+            pass
+    with pytest.raises(RuntimeError, match="Gossip.step.. outside its"):
+        starling.Gossip(model, opt, gossip_swarm()).step()
+
+
+def train_once(model, opt, x):
+    loss = model(torch.full((3, 4), x)).pow(2).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def test_alone_a_gossip_period_applies_slowmo_and_writes_the_model():
+    model, opt = small_linear()
+    start = model.weight.detach().clone()
+    weight = model.weight
+    # Alone nothing is pushed or absorbed: with β = 0 and α = 2, SlowMo
+    # makes y = x0 − 2(x0 − trained).
+    with starling.Gossip(model, opt, gossip_swarm(), inner_steps=2,
+                         gossip_momentum=0.0, gossip_outer_lr=2.0) as g:
+        assert g.step(loss=train_once(model, opt, 1.0)) is None
+        train_once(model, opt, 1.0)
+        trained = model.weight.detach().clone()
+        r = g.step()
+        assert r["period"] == 1 and r["peer"] == "" and r["absorbed"] == 0
+        assert r["weight"] == 1.0 and r["members"] == 1
+        assert r["model_hash"] == g.model_hash
+    assert model.weight is weight  # written in place
+    assert torch.allclose(model.weight.detach(), 2 * trained - start,
+                          rtol=0, atol=1e-6)
+    assert not torch.equal(trained, start)
+
+
+def test_a_gossip_push_carries_half_the_mass_and_the_receiver_averages_it():
+    # Two members in one process, one step per period: a pushes (y_a, 1/2)
+    # to b, b absorbs it at its next period (push-sum's weighted average,
+    # weight 3/2) and pushes half of that back.
+    port_a = free_ports(1)[0]
+    model_a, opt_a = small_linear()
+    model_b, opt_b = small_linear()
+    ga = starling.Gossip(model_a, opt_a, starling.Swarm(
+        node_id="a", listen="127.0.0.1:%d" % port_a, insecure=True,
+        run_id="gossip"), inner_steps=1)
+    gb = starling.Gossip(model_b, opt_b, starling.Swarm(
+        node_id="b", listen="127.0.0.1:%d" % free_ports(1)[0], insecure=True,
+        run_id="gossip", peers="127.0.0.1:%d" % port_a, min_members=2),
+        inner_steps=1)
+    import threading
+    t = threading.Thread(target=ga.start)
+    t.start()
+    try:
+        gb.start()
+        t.join()
+        train_once(model_a, opt_a, 1.0)
+        y_a = model_a.weight.detach().clone()
+        ra = ga.step()
+        assert ra["peer"] == "b" and ra["weight"] == 0.5 and ra["absorbed"] == 0
+        train_once(model_b, opt_b, -2.0)
+        y_b = model_b.weight.detach().clone()
+        rb = gb.step()
+        assert rb["absorbed"] == 1 and rb["peer"] == "a"
+        assert rb["weight"] == 0.75  # (1 + 1/2) / 2
+        assert torch.allclose(model_b.weight.detach(),
+                              (1.0 * y_b + 0.5 * y_a) / 1.5, rtol=0,
+                              atol=1e-6)
+        ra = ga.step()  # a absorbs b's push without training, pushes again
+        assert ra["absorbed"] == 1 and ga.weight == (0.5 + 0.75) / 2
+        assert ga.counters["pushes"] == 2 and gb.counters["absorbs"] == 1
+    finally:
+        ga.close()
+        gb.close()
+        t.join()
+
+
+# Gossip checkpoints: the same keywords as DiLoCo's, plus the push-sum
+# weight and the SlowMo momentum.
+
+def adamw_linear(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 2)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def params_of(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_resumed_gossip_member_goes_on_from_its_weight_model_and_slowmo(
+        tmp_path):
+    run = tmp_path / "a"
+    port_a = free_ports(1)[0]
+    model_a, opt_a = adamw_linear(0)
+    model_b, opt_b = adamw_linear(0)
+    init = params_of(model_a)
+    slowmo = dict(inner_steps=1, gossip_momentum=0.5)
+    ga = starling.Gossip(model_a, opt_a, starling.Swarm(
+        node_id="a", listen="127.0.0.1:%d" % port_a, insecure=True,
+        run_id="gossip"), out=str(run), **slowmo)
+    gb = starling.Gossip(model_b, opt_b, starling.Swarm(
+        node_id="b", listen="127.0.0.1:%d" % free_ports(1)[0], insecure=True,
+        run_id="gossip", peers="127.0.0.1:%d" % port_a, min_members=2),
+        **slowmo)
+    import threading
+    t = threading.Thread(target=ga.start)
+    t.start()
+    try:
+        gb.start()
+        t.join()
+        assert not ga.resumed
+        train_once(model_a, opt_a, 1.0)
+        t1 = params_of(model_a)
+        r = ga.step()
+        # a pushed half its mass to b; alone in its period, SlowMo's first
+        # step (u = x0 - t1, y = x0 - u) leaves y = t1.
+        assert r["peer"] == "b" and r["weight"] == 0.5 and r["period"] == 1
+        saved, saved_hash = params_of(model_a), ga.model_hash
+        saved_opt = opt_a.state_dict()["state"][0]["exp_avg"].clone()
+    finally:
+        ga.close()  # checkpoints into `run`, then leaves
+        gb.close()
+        t.join()
+    assert all(torch.equal(p, q) for p, q in zip(saved, t1))
+    # Another seed's model and a fresh optimizer take all of it back.
+    model, opt = adamw_linear(5)
+    with starling.Gossip(model, opt, gossip_swarm(), out=str(run),
+                         resume=True, **slowmo) as g:
+        assert g.resumed and g.weight == 0.5
+        # (_d.step: the inner steps the driver counted, which
+        # checkpoint_every's boundaries are of.)
+        assert g.periods == 1 and g._d.step == 1
+        assert g.model_hash == saved_hash
+        assert all(torch.equal(p, q) for p, q in zip(params_of(model), saved))
+        assert torch.equal(opt.state_dict()["state"][0]["exp_avg"], saved_opt)
+        train_once(model, opt, -1.0)
+        t2 = params_of(model)
+        r = g.step()
+        assert r["period"] == 2 and r["weight"] == 0.5 and g._d.step == 2
+    # SlowMo went on from the saved u = x0 - t1: u' = u/2 + (t1 - t2) and
+    # y = t1 - u' = t2 - (x0 - t1)/2 (a lost u would leave y = t2).
+    for p, x0, a, b in zip(model.parameters(), init, t1, t2):
+        assert torch.allclose(p.detach(), b - 0.5 * (x0 - a), rtol=0,
+                              atol=1e-6)
+        assert not torch.allclose(p.detach(), b, rtol=0, atol=1e-4)
+
+
+GOSSIP_MEMBER = textwrap.dedent("""
+    import json, sys, time, torch, starling
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    swarm = starling.Swarm(node_id="k", listen=sys.argv[1], insecure=True)
+    with starling.Gossip(model, opt, swarm, inner_steps=1,
+                         gossip_momentum=0.5, out=sys.argv[2],
+                         checkpoint_every=2, resume_if_exists=True) as g:
+        print(json.dumps({"resumed": g.resumed, "period": g.periods,
+                          "weight": g.weight, "params": [
+                              p.detach().reshape(-1).tolist()
+                              for p in model.parameters()]}), flush=True)
+        while True:
+            x = torch.randn(3, 4)
+            loss = model(x).pow(2).sum()
+            opt.zero_grad(); loss.backward(); opt.step()
+            r = g.step()
+            r["params"] = [p.detach().reshape(-1).tolist()
+                           for p in model.parameters()]
+            print(json.dumps(r), flush=True)
+            if r["period"] == 3:
+                time.sleep(600)  # killed here, after period 3
+""")
+
+
+def test_kill_9_of_a_gossip_member_then_resume_from_its_checkpoint(tmp_path):
+    run = str(tmp_path / "k")
+    listen = "127.0.0.1:%d" % free_ports(1)[0]
+
+    def start():
+        return subprocess.Popen([sys.executable, "-c", GOSSIP_MEMBER,
+                                 listen, run], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    p = start()
+    lines = []
+    for line in p.stdout:
+        lines.append(json.loads(line))
+        if lines[-1].get("period") == 3:
+            break
+    p.kill()  # after period 3, whose step (3) wrote no checkpoint
+    p.communicate()
+    assert not lines[0]["resumed"] and lines[0]["period"] == 0
+    [period2] = [l for l in lines if l.get("period") == 2 and "peer" in l]
+    p = start()
+    first = json.loads(p.stdout.readline())
+    p.kill()
+    _, stderr = p.communicate()
+    assert first["resumed"], stderr
+    assert first["period"] == 2 and first["weight"] == 1.0
+    # Exactly the parameters period 2 wrote (fp32 through JSON's doubles).
+    assert first["params"] == period2["params"]
+    assert first["params"] != lines[-1]["params"]
+
+
+def test_gossip_checkpoint_errors_are_clear_and_come_first(tmp_path):
+    def start(model=None, member=starling.Gossip, **flags):
+        model = model or torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with member(model, opt, gossip_swarm(), **flags):
+            pass
+
+    with pytest.raises(ValueError, match="--resume needs --out=DIR"):
+        start(resume=True)
+    with pytest.raises(ValueError, match="--resume: no checkpoint at .*empty"):
+        start(resume=True, out=str(tmp_path / "empty"))
+    gossip_run = str(tmp_path / "g")
+    start(out=gossip_run)  # close() checkpoints
+    with pytest.raises(ValueError, match="already holds a run .*pass --resume"):
+        start(out=gossip_run)
+    with pytest.raises(starling.SwarmError,
+                       match="holds model python.*weight is float32\\[2,4\\] "
+                             "at the checkpoint, float32\\[3,4\\]"):
+        start(model=torch.nn.Linear(4, 3), out=gossip_run, resume=True)
+    with pytest.raises(starling.SwarmError,
+                       match="holds no SlowMo momentum.*--gossip_momentum"):
+        start(out=gossip_run, resume=True, gossip_momentum=0.5)
+    # Each kind resumes only its own checkpoints.
+    with pytest.raises(starling.SwarmError,
+                       match="is a starling.Gossip member's: resume it with "
+                             "starling.Gossip"):
+        start(member=starling.DiLoCo, out=gossip_run, resume=True)
+    model, opt = linear(0)
+    train_alone(tmp_path / "d", 1, model, opt)
+    with pytest.raises(starling.SwarmError,
+                       match="is a starling.DiLoCo member's: resume it with "
+                             "starling.DiLoCo"):
+        start(out=str(tmp_path / "d"), resume=True)
+    with pytest.raises(ValueError, match="--snapshot_every: not available"):
+        start(snapshot_every=1)
+    if BINARY:  # `starling export` cannot rebuild a Python program's model
+        p = subprocess.run([BINARY, "export", "--from=%s" % gossip_run,
+                            "--out=%s" % (tmp_path / "x.pt")],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2, p.stderr
+        assert "written by the Python module (starling.DiLoCo or " \
+            "starling.Gossip)" in p.stderr
+
+
+def gossip_lines(lines):
+    periods = [l for l in lines if "period" in l]
+    [done] = [l for l in lines if l.get("done")]
+    return periods, done
+
+
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+def test_two_python_gossip_members_exchange_pushes_and_learn():
+    procs = start_members(2, rounds=16,
+                          extra=["--algo=gossip", "--compression=int8",
+                                 "--step_sleep=0.02"])
+    res = results(procs)
+    for rc, lines, stderr in res:
+        assert rc == 0, stderr
+        periods, done = gossip_lines(lines)
+        assert len(periods) == 16, lines
+        assert done["counters"]["pushes"] >= 8, done
+        assert done["counters"]["absorbs"] >= 8, done
+        assert mean([p["loss"] for p in periods[-3:]]) < \
+            0.8 * periods[0]["loss"], periods
+    # They gossip: their models are near each other (each trained on its
+    # own data from the same start).
+    pa, pb = (gossip_lines(lines)[1]["params"] for _, lines, _ in res)
+    far = max(abs(x) for x in pa)
+    assert max(abs(x - y) for x, y in zip(pa, pb)) < 0.25 * far, (pa, pb)
+
+
+def test_kill_9_of_a_python_gossip_member_the_survivors_finish():
+    procs = start_members(3, rounds=30,
+                          extra=["--algo=gossip", "--step_sleep=0.02"])
+    victim = procs[2]
+    for line in victim.stdout:  # its first period pushed: now mid-run
+        if '"period"' in line:
+            break
+    victim.kill()
+    victim.communicate()
+    for rc, lines, stderr in results(procs[:2], timeout=300):
+        assert rc == 0, stderr
+        periods, done = gossip_lines(lines)
+        assert len(periods) == 30, lines
+        # The survivors still push to each other after the kill.
+        assert any(p["peer"] in ("p0", "p1") for p in periods[-5:]), periods
+        assert sum(p["absorbed"] for p in periods[-10:]) > 0, periods
+
+
+def test_python_and_cxx_gossip_members_exchange_pushes_and_learn(tmp_path):
+    model = os.path.join(FIXTURES, "byte_bn.pt")
+    if not BINARY or not os.path.exists(model):
+        pytest.skip("needs STARLING_BINARY and STARLING_FIXTURES/byte_bn.pt")
+    text = os.path.join(HERE, "..", "..", "docs", "design.md")
+    ports = free_ports(3)
+    seed = "127.0.0.1:%d" % ports[0]
+    cxx = []
+    for i in range(2):
+        args = [BINARY, "node", "--insecure", "--run_id=pytest",
+                "--algo=gossip", "--node_id=c%d" % i,
+                "--listen=127.0.0.1:%d" % ports[i],
+                "--model=torchscript:%s" % model, "--data=text:%s" % text,
+                "--context=16", "--batch=32", "--steps=100", "--lr=1e-2",
+                "--inner_steps=5", "--min_members=3", "--seed=%d" % i,
+                "--compression=int8", "--linger_seconds=0",
+                "--out=%s" % (tmp_path / ("c%d" % i))]
+        if i:
+            args.append("--peers=" + seed)
+        cxx.append(subprocess.Popen(args, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True))
+    py = subprocess.Popen(
+        [sys.executable, MEMBER, "--node_id=p0", "--algo=gossip",
+         "--listen=127.0.0.1:%d" % ports[2], "--peers=" + seed,
+         "--rounds=20", "--inner_steps=5", "--min_members=3",
+         "--compression=int8", "--torchscript=%s" % model,
+         "--text=%s" % text],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    [(rc, lines, stderr)] = results([py])
+    cxx_err = []
+    for p in cxx:
+        if rc != 0:
+            p.kill()
+        cxx_err.append(p.communicate(timeout=240)[1])
+    assert rc == 0, stderr + "\n".join(cxx_err)
+    periods, done = gossip_lines(lines)
+    assert len(periods) == 20
+    # The Python member took pushes from the C++ nodes and pushed to them.
+    assert {p["peer"] for p in periods} & {"c0", "c1"}, periods
+    assert done["counters"]["absorbs"] > 0, done
+    assert mean([p["loss"] for p in periods[-3:]]) < \
+        0.85 * periods[0]["loss"], periods
+    absorbed_from_python = 0
+    for i, p in enumerate(cxx):
+        assert p.returncode == 0, cxx_err[i]
+        events = [json.loads(l) for l in
+                  (tmp_path / ("c%d" % i) / "events.jsonl").read_text()
+                  .splitlines()]
+        absorbed_from_python += sum(
+            1 for e in events if e.get("event") == "exchange" and
+            e.get("kind") == "absorb" and e.get("peer") == "p0")
+        pushes = [e["train_loss"] for e in events
+                  if e.get("event") == "exchange" and e.get("kind") == "push"]
+        assert pushes and pushes[-1] < 0.85 * pushes[0], pushes
+    assert absorbed_from_python > 0
+
+
+def test_ctrl_c_of_a_gossip_member_says_goodbye_and_metrics_say_gossip():
+    procs = start_members(2, rounds=400,
+                          extra=["--algo=gossip", "--step_sleep=0.02"],
+                          per_member=[["--metrics_port=0"], []])
+    survivor, victim = procs
+    try:
+        first = json.loads(survivor.stdout.readline())
+        for line in victim.stdout:  # a period done: now mid-run
+            if '"period"' in line:
+                break
+        victim.send_signal(signal.SIGINT)
+        out, err = victim.communicate(timeout=120)
+        assert victim.returncode == 130, err
+        assert '"interrupted": true' in out
+        for line in survivor.stdout:  # a goodbye, not the failure detector
+            peers = json.loads(line).get("peers", {})
+            assert peers.get("p1") in ("alive", "left"), peers
+            if peers.get("p1") == "left":
+                break
+        else:
+            pytest.fail("p0 never saw p1 leave")
+        text = scrape(first["metrics"])
+        [info] = [l for l in text.splitlines()
+                  if l.startswith("starling_build_info{")]
+        assert 'algo="gossip"' in info and 'node="p0"' in info, info
+        assert sample(text, "starling_inner_steps_total") >= 5
+    finally:
+        survivor.send_signal(signal.SIGINT)
+        survivor.communicate(timeout=120)
