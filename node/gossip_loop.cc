@@ -79,6 +79,11 @@ absl::Status GossipLoop::Start() {
   swarm_->SetProgress({}, /*joining=*/false);
   STARLING_RETURN_IF_ERROR(WaitForMembers(run_, *swarm_));
   period_.Start(Flatten(run_.params), run_.state.gossip_weight);
+  if (period_.slowmo() && !run_.state.gossip_momentum.empty()) {
+    STARLING_RETURN_IF_ERROR(
+        period_.RestoreMomentum(std::move(run_.state.gossip_momentum)));
+    run_.state.gossip_momentum.clear();
+  }
   session_.Start(JsonObject()
                      .Add("algo", "gossip")
                      .Add("address", swarm_->address())
@@ -124,7 +129,7 @@ absl::StatusOr<double> GossipLoop::RunInnerSteps(int steps) {
 
 absl::Status GossipLoop::FailPeriod(absl::Status s) {
   if (period_.link_failed()) {
-    run_.state.gossip_weight = period_.weight();
+    KeepForCheckpoint();
     session_.CheckpointBeforeFailing(Unflatten(period_.y(), run_.params), 0);
   }
   session_.events().Write("error", JsonObject().Add("message", s.message()));
@@ -154,9 +159,16 @@ absl::Status GossipLoop::EndPeriod(int prev_step, double train_loss) {
   run_.state.gossip_weight = period_.weight();
   session_.SetCompressionTraffic(c.raw_bytes, c.wire_bytes);
   if (session_.CheckpointDue(prev_step, step)) {
+    KeepForCheckpoint();
     session_.PeriodicCheckpoint(0);
+    run_.state.gossip_momentum.clear();
   }
   return absl::OkStatus();
+}
+
+void GossipLoop::KeepForCheckpoint() {
+  run_.state.gossip_weight = period_.weight();
+  if (period_.slowmo()) run_.state.gossip_momentum = period_.momentum();
 }
 
 int GossipLoop::End(bool left) {
@@ -164,7 +176,7 @@ int GossipLoop::End(bool left) {
   run_.ops.SetReady(false);
   // Goodbye first, so that nobody pushes to this node any more.
   swarm_->Leave();
-  run_.state.gossip_weight = period_.weight();
+  KeepForCheckpoint();
   const int step = trainer_.state().step();
   const GossipCounters& c = period_.counters();
   if (left) {

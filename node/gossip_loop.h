@@ -42,6 +42,9 @@ class GossipLoop {
   absl::Status FailPeriod(absl::Status s);
   // After a period: evaluation, snapshot, log line, checkpoint.
   absl::Status EndPeriod(int prev_step, double train_loss);
+  // Puts what a checkpoint needs of the period (weight, SlowMo's momentum)
+  // in run_.state.
+  void KeepForCheckpoint();
   int End(bool left);
 
   // Constant after construction.

@@ -178,6 +178,18 @@ absl::Status Resume(NodeRun& run) {
       absl::SimpleAtod(sections["gossip_weight"], &w) && w > 0) {
     state.gossip_weight = w;
   }
+  if (run.config.algo == "gossip" && sections.count("gossip_momentum") > 0) {
+    const std::string& u = sections["gossip_momentum"];
+    if (u.size() != static_cast<size_t>(run.n_params) * sizeof(float)) {
+      return WithExitCode(absl::DataLossError(absl::StrCat(
+                              "--resume: checkpoint ", run.CheckpointPath(),
+                              " section gossip_momentum holds ", u.size(),
+                              " bytes, not ", run.n_params, " floats")),
+                          2);
+    }
+    state.gossip_momentum.resize(static_cast<size_t>(run.n_params));
+    std::memcpy(state.gossip_momentum.data(), u.data(), u.size());
+  }
   // Rounds before the checkpoint, as this node logged them.
   state.rounds =
       ReadRoundEvents(absl::StrCat(run.out(), "/events.jsonl"), state.round);

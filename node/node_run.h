@@ -155,6 +155,9 @@ struct NodeState {
   int evaluated_step = -1;            // its step
   int64_t contributions_dropped = 0;  // --aggregate / --norm_bound
   double gossip_weight = 0;           // push-sum weight (0: not set)
+  // Gossip with SlowMo: its momentum u as of the next checkpoint (empty:
+  // none); a resume without it would restart u at zero.
+  std::vector<float> gossip_momentum;
   // DiLoCo's outer optimizer; every algorithm checkpoints its state.
   std::unique_ptr<OuterOptimizer> outer;
   std::unique_ptr<ErrorFeedback> feedback;  // null without error feedback

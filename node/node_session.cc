@@ -12,6 +12,7 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "gossip/reachability.h"
+#include "node/embedded_checkpoint.h"
 #include "node/swarm_end_report.h"
 #include "node/swarm_metrics.h"
 
@@ -255,6 +256,9 @@ absl::Status NodeSession::Checkpoint(int64_t next_round) {
     if (state.feedback) extra["error_feedback"] = state.feedback->SaveState();
     if (state.gossip_weight > 0) {
       extra["gossip_weight"] = absl::StrFormat("%.17g", state.gossip_weight);
+    }
+    if (!state.gossip_momentum.empty()) {
+      extra["gossip_momentum"] = FloatBytes(state.gossip_momentum);
     }
     const absl::Time start = absl::Now();
     STARLING_RETURN_IF_ERROR(

@@ -315,5 +315,37 @@ TEST(GossipTest, MalformedAndStalledPushesAreRefused) {
   EXPECT_TRUE(g.Running("g0")) << "the node died:\n" << g.LogText("g0");
 }
 
+// A lone gossip node with SlowMo, interrupted and resumed, ends on the
+// model of one never interrupted: the checkpoint keeps the push-sum weight
+// and SlowMo's momentum (without it, the momentum restarts at zero and the
+// models part).
+TEST(GossipTest, AResumedNodeKeepsItsSlowMoMomentum) {
+  const std::string dir = TempDir();
+  const std::string common = absl::StrCat(
+      TinyTextFlags(60000),
+      " --algo=gossip --insecure --listen=127.0.0.1:0 --steps=400"
+      " --inner_steps=10 --eval_every=0 --threads=1 --gossip_momentum=0.5"
+      " --checkpoint_every=10");
+  auto straight =
+      RunStarling(absl::StrCat("node ", common, " --out=", dir, "/straight"));
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+  const std::string out = dir + "/cut";
+  testing::Process cut = testing::Process::Start(
+      absl::StrCat("node ", common, " --out=", out), dir + "/cut.err");
+  ASSERT_TRUE(cut.started());
+  ASSERT_TRUE(testing::WaitForText(dir + "/cut.err", " step 100/",
+                                   absl::Seconds(60)));
+  EXPECT_EQ(cut.Interrupt(), 1);
+  auto resumed =
+      RunStarling(absl::StrCat("node ", common, " --out=", out, " --resume"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  const auto a =
+      Field(ReadJson(dir + "/straight/summary.json"), "final").struct_value();
+  const auto b = Field(ReadJson(out + "/summary.json"), "final").struct_value();
+  EXPECT_EQ(Field(b, "inner_steps").number_value(), 400);
+  EXPECT_EQ(Field(a, "model_hash").string_value(),
+            Field(b, "model_hash").string_value());
+}
+
 }  // namespace
 }  // namespace starling
