@@ -333,8 +333,8 @@ TEST(GossipTest, AResumedNodeKeepsItsSlowMoMomentum) {
   testing::Process cut = testing::Process::Start(
       absl::StrCat("node ", common, " --out=", out), dir + "/cut.err");
   ASSERT_TRUE(cut.started());
-  ASSERT_TRUE(testing::WaitForText(dir + "/cut.err", " step 100/",
-                                   absl::Seconds(60)));
+  ASSERT_TRUE(
+      testing::WaitForText(dir + "/cut.err", " step 100/", absl::Seconds(60)));
   EXPECT_EQ(cut.Interrupt(), 1);
   auto resumed =
       RunStarling(absl::StrCat("node ", common, " --out=", out, " --resume"));
