@@ -83,6 +83,11 @@ absl::Status GossipLoop::Start() {
     STARLING_RETURN_IF_ERROR(
         period_.RestoreMomentum(std::move(run_.state.gossip_momentum)));
     run_.state.gossip_momentum.clear();
+  } else if (period_.slowmo() && config_.train.resume()) {
+    // A checkpoint written without SlowMo, or before it was saved.
+    LogEvent(LogLevel::kWarning, "resume",
+             "--resume: the checkpoint holds no SlowMo momentum; it starts "
+             "again at zero");
   }
   session_.Start(JsonObject()
                      .Add("algo", "gossip")
